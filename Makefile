@@ -1,0 +1,34 @@
+# The two commands: `make demo` (set up, build the embedded demo mix, print its summary) and
+# `make test` (set up, run the test suite). Everything else is a convenience.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint ui clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned: anything else would pull a multi-GB CUDA build (see DESIGN.md)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(BIN)/weir demo-data
+	$(BIN)/weir build mixes/demo.yaml --out build/demo
+
+test: setup
+	$(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+ui: setup
+	$(BIN)/weir ui
+
+clean:
+	rm -rf build .dagster_home

@@ -1,0 +1,172 @@
+"""Dagster assets of one mix: index → tokenizer → documents → length stats → plan → packed shards.
+
+Every asset calls one function of :mod:`mixing.stages` and returns its summary as metadata. Per-source
+assets are partitioned by source name. Asset keys are ``[<mix name>, <stage>]``; the group is the mix name.
+"""
+
+from collections.abc import Sequence
+
+import dagster as dg
+import polars as pl
+from dagster import AssetExecutionContext
+
+from assets.storage import WeirStorage
+from mixing import Mix, stages
+from mixing.packed import inspect_build
+
+__all__ = ["STAGES", "mix_assets"]
+
+STAGES = ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards")
+_MIN_PACKING_EFFICIENCY = 0.995  # DESIGN.md goal
+
+
+def _markdown(df: pl.DataFrame) -> str:
+    """A polars frame as a markdown table (floats to 4 decimals) for Dagster metadata."""
+
+    def cell(v: object) -> str:
+        return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns)
+    rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.iter_rows()]
+    return "\n".join([head, *rows])
+
+
+def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
+    """The six assets of ``mix`` (keys ``[mix.name, stage]`` for stage in :data:`STAGES`)."""
+    group = mix.name
+    parts = dg.StaticPartitionsDefinition(sorted(mix.sources))
+
+    def key(stage: str) -> dg.AssetKey:
+        return dg.AssetKey([mix.name, stage])
+
+    @dg.asset(
+        key=key("source_index"),
+        group_name=group,
+        partitions_def=parts,
+        kinds={"fsspec"},
+        description="Files of one source with their fingerprints.",
+    )
+    def source_index(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
+        df = stages.index(mix, storage.layout(mix), context.partition_key)
+        return dg.MaterializeResult(metadata={"files": len(df), "bytes": int(df["size"].sum())})
+
+    @dg.asset(
+        key=key("tokenizer"),
+        group_name=group,
+        deps=[key("source_index")],
+        kinds={"tokenizers"},
+        description="The mix's tokenizer (a byte-level BPE trained on the sources by default).",
+    )
+    def tokenizer(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
+        tok = stages.prepare_tokenizer(mix, storage.layout(mix))
+        return dg.MaterializeResult(
+            metadata={
+                "kind": mix.tokenizer.kind,
+                "vocab_size": tok.vocab_size,
+                "eos_id": tok.eos_id,
+                "fingerprint": tok.fingerprint,
+            }
+        )
+
+    @dg.asset(
+        key=key("documents"),
+        group_name=group,
+        partitions_def=parts,
+        deps=[key("source_index"), key("tokenizer")],
+        kinds={"parquet"},
+        description="Tokenized documents of one source; malformed records are quarantined.",
+    )
+    def documents(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
+        r = stages.tokenize(mix, storage.layout(mix), context.partition_key, context.log.info)
+        return dg.MaterializeResult(
+            metadata={
+                "docs_seen": r.docs_seen,
+                "docs_kept": r.docs_kept,
+                "docs_quarantined": r.docs_quarantined,
+                "tokens": r.tokens,
+                "bytes": r.bytes_in,
+                "quarantine_reasons": r.quarantine_reasons,
+            }
+        )
+
+    @dg.asset(
+        key=key("length_stats"),
+        group_name=group,
+        deps=[key("documents")],
+        kinds={"duckdb"},
+        description="Per-source length summary and log2 histogram, in the build's DuckDB file.",
+    )
+    def length_stats(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
+        st = stages.length_stats(mix, storage.layout(mix))
+        return dg.MaterializeResult(
+            metadata={
+                "summary": dg.MetadataValue.md(_markdown(st.summary)),
+                "documents": int(st.summary.filter(source="*")["docs"][0]),
+            }
+        )
+
+    @dg.asset(
+        key=key("plan"),
+        group_name=group,
+        deps=[key("length_stats")],
+        kinds={"duckdb"},
+        description="Per-step token quotas per source and the documents each step draws.",
+    )
+    def plan(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
+        p = stages.plan(mix, storage.layout(mix))
+        return dg.MaterializeResult(
+            metadata={
+                "steps": mix.total_steps,
+                "units": p.units,
+                "per_source": dg.MetadataValue.md(_markdown(p.per_source)),
+            }
+        )
+
+    @dg.asset(
+        key=key("packed_shards"),
+        group_name=group,
+        deps=[key("plan")],
+        kinds={"numpy"},
+        description="Packed fixed-length sequences with document boundaries, as checksummed shards.",
+        check_specs=[
+            dg.AssetCheckSpec("packing_efficiency", asset=key("packed_shards")),
+            dg.AssetCheckSpec("truncated_docs", asset=key("packed_shards")),
+            dg.AssetCheckSpec("manifest_checksums", asset=key("packed_shards")),
+        ],
+    )
+    def packed_shards(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
+        layout = storage.layout(mix)
+        stages.pack(mix, layout)
+        r = inspect_build(layout.root)
+        eff, trunc, bad = r["packing_efficiency"], r["truncated_docs"], r["corrupt_files"]
+        return dg.MaterializeResult(
+            metadata={
+                "path": dg.MetadataValue.path(str(layout.shards_dir)),
+                "sequences": r["sequences"],
+                "tokens": r["tokens"],
+                "packing_efficiency": eff,
+                "truncated_docs": trunc,
+            },
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name="packing_efficiency",
+                    passed=eff >= _MIN_PACKING_EFFICIENCY,
+                    severity=dg.AssetCheckSeverity.WARN,
+                    description=f"{eff:.4f} (goal ≥ {_MIN_PACKING_EFFICIENCY})",
+                    metadata={"value": eff},
+                ),
+                dg.AssetCheckResult(
+                    check_name="truncated_docs",
+                    passed=trunc == 0,
+                    description=f"{trunc:.4f} of documents ≤ S were split (goal 0)",
+                    metadata={"value": trunc},
+                ),
+                dg.AssetCheckResult(
+                    check_name="manifest_checksums",
+                    passed=not bad,
+                    description="all shard checksums match" if not bad else f"corrupt: {', '.join(bad)}",
+                ),
+            ],
+        )
+
+    return [source_index, tokenizer, documents, length_stats, plan, packed_shards]

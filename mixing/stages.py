@@ -1,0 +1,93 @@
+"""One function per pipeline stage, each reading the previous stages' outputs from a build folder.
+
+Dagster assets and the CLI call exactly these; each writes only under ``layout.root`` (atomically, file by
+file) and returns a small summary for metadata. Order: ``index`` (per source) → ``prepare_tokenizer`` →
+``tokenize`` (per source) → ``length_stats`` → ``plan`` → ``pack``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import polars as pl
+
+from mixing.documents import TokenizeReport, tokenize_source
+from mixing.layout import BuildLayout, atomic_path
+from mixing.mixfile import Mix
+from mixing.packed import write_packed
+from mixing.packing import pack_plan
+from mixing.plan import Plan, make_plan
+from mixing.sources import index_source, read_records
+from mixing.stats import LengthStats, compute_length_stats
+from mixing.tokenizer import TextTokenizer, load_tokenizer
+from mixing.tokenizer import prepare_tokenizer as _prepare
+
+__all__ = ["index", "length_stats", "pack", "plan", "prepare_tokenizer", "tokenize"]
+
+Progress = Callable[[str], None]
+
+
+def index(mix: Mix, layout: BuildLayout, source: str) -> pl.DataFrame:
+    """List and fingerprint the files of ``source``; write ``sources/<source>/index.parquet``."""
+    df = index_source(mix, source)
+    with atomic_path(layout.source_dir(source) / "index.parquet") as tmp:
+        df.write_parquet(tmp)
+    return df
+
+
+def _files(layout: BuildLayout, source: str) -> list[str]:
+    return pl.read_parquet(layout.source_dir(source) / "index.parquet")["path"].to_list()
+
+
+def _sample(mix: Mix, layout: BuildLayout) -> Iterator[str]:
+    """Up to ``tokenizer.sample_bytes`` of text, an equal share per source, in index order."""
+    share = mix.tokenizer.sample_bytes // len(mix.sources)
+    for name in sorted(mix.sources):
+        taken = 0
+        for path in _files(layout, name):
+            for rec in read_records(path, mix.sources[name]):
+                if rec.text:
+                    yield rec.text[: share - taken]
+                    taken += min(len(rec.text), share - taken)
+                if taken >= share:
+                    break
+            if taken >= share:
+                break
+
+
+def prepare_tokenizer(mix: Mix, layout: BuildLayout) -> TextTokenizer:
+    """Train (``bpe``) or copy the mix's tokenizer into ``tokenizer/``; needs every source indexed."""
+    return _prepare(mix.tokenizer, layout.tokenizer_dir, _sample(mix, layout))
+
+
+def tokenize(mix: Mix, layout: BuildLayout, source: str, progress: Progress = lambda _m: None) -> TokenizeReport:
+    """Tokenize every indexed file of ``source`` into ``sources/<source>/``."""
+    tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+    return tokenize_source(
+        source, mix.sources[source], _files(layout, source), tok, layout.source_dir(source), progress
+    )
+
+
+def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
+    """Length tables in ``weir.duckdb`` over every source's documents."""
+    files = {name: layout.source_dir(name) / "docs.parquet" for name in mix.sources}
+    stats = compute_length_stats(layout.duckdb, files, mix.sequence.length)
+    with atomic_path(layout.plan_dir / "length_histogram.parquet") as tmp:
+        stats.histogram.write_parquet(tmp)
+    return stats
+
+
+def plan(mix: Mix, layout: BuildLayout) -> Plan:
+    """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/quotas.parquet``)."""
+    result = make_plan(mix, layout.duckdb)
+    with atomic_path(layout.plan_dir / "quotas.parquet") as tmp:
+        result.quotas.write_parquet(tmp)
+    return result
+
+
+def pack(mix: Mix, layout: BuildLayout) -> dict[str, Any]:
+    """Pack the plan and write ``shards/`` with its manifest (last); return the manifest."""
+    tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch)
+    return write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, tok.eos_id)

@@ -1,0 +1,42 @@
+"""Materialize a mix's assets in-process, stage by stage (what ``weir build`` runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+
+from assets import WeirStorage, mix_assets
+from mixing import Mix
+
+__all__ = ["build_mix"]
+
+
+def build_mix(mix: Mix, out: Path, say: Callable[[str], None] = print) -> None:
+    """Build ``mix`` into ``out`` by materializing its assets: each source partition, then the rest.
+
+    Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
+    """
+    defs = mix_assets(mix)
+    resources = {"storage": WeirStorage(root=str(out), per_mix=False)}
+    instance = dg.DagsterInstance.ephemeral()
+    quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+    def run(stage: str, partition: str | None = None) -> None:
+        say(f"  {stage}" + (f" [{partition}]" if partition else ""))
+        dg.materialize(
+            defs,
+            selection=[dg.AssetKey([mix.name, stage])],
+            partition_key=partition,
+            resources=resources,
+            instance=instance,
+            run_config=quiet,
+        )
+
+    for stage in ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards"):
+        if stage in ("source_index", "documents"):
+            for name in sorted(mix.sources):
+                run(stage, name)
+        else:
+            run(stage)

@@ -1,0 +1,60 @@
+"""Shared fixtures: a tiny mix written into a temporary folder, and the demo mix built once per session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def write_tiny_sources(root: Path) -> None:
+    """Two small sources: 12 text files (one longer than S=64 tokens) and a jsonl with one bad line."""
+    (root / "notes").mkdir(parents=True, exist_ok=True)
+    for i in range(12):
+        words = " ".join(f"word{(i * 7 + k) % 23}" for k in range(5 + 9 * i))
+        (root / "notes" / f"n{i:02d}.txt").write_text(f"Note {i}. {words}.\n")
+    lines = [json.dumps({"q": f"what is {i}+{i}?", "a": str(2 * i)}) for i in range(40)]
+    lines.insert(5, "{not json")
+    (root / "qa.jsonl").write_text("\n".join(lines) + "\n")
+
+
+TINY_MIX = """\
+name: tiny
+seed: 7
+tokenizer: {{kind: bytes}}
+sequence: {{length: 64, global_batch: 4}}
+sources:
+  notes: {{uri: "{root}/notes/*.txt", format: text, max_epochs: 50}}
+  qa:    {{uri: "{root}/qa.jsonl", format: jsonl, template: "Q: {{q}} A: {{a}}", max_epochs: 50}}
+curriculum:
+  - {{phase: first, steps: 3, mixture: {{notes: 0.75, qa: 0.25}}}}
+  - {{phase: second, steps: 5, mixture: {{notes: 0.25, qa: 0.75}}}}
+"""
+
+
+@pytest.fixture
+def tiny_mix_path(tmp_path: Path) -> Path:
+    write_tiny_sources(tmp_path / "data")
+    p = tmp_path / "tiny.yaml"
+    p.write_text(TINY_MIX.format(root=tmp_path / "data"))
+    return p
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded demo mix, built once by the real CLI (demo data generated into a temp folder)."""
+    base = tmp_path_factory.mktemp("demo")
+    data = base / "demo-data"
+    weir = [sys.executable, "-m", "pipelines.cli"]
+    subprocess.run([*weir, "demo-data", "--out", str(data)], check=True, cwd=ROOT)
+    mix = (ROOT / "mixes" / "demo.yaml").read_text().replace("{mix_dir}/../build/demo-data", str(data))
+    (base / "demo.yaml").write_text(mix)
+    out = base / "build"
+    subprocess.run([*weir, "build", str(base / "demo.yaml"), "--out", str(out)], check=True, cwd=ROOT)
+    return out

@@ -1,0 +1,87 @@
+"""The mix file: valid files load; every invalid one names file, line and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mixing import MixError, load_mix
+from mixing.mixfile import parse_mix
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = """\
+name: m
+sequence: {length: 128, global_batch: 2}
+sources:
+  a: {uri: "x/*.txt"}
+  b: {uri: "y/*.jsonl", format: jsonl, field: body}
+curriculum:
+  - phase: one
+    steps: 10
+    mixture: {a: 0.5, b: 0.5}
+  - phase: two
+    steps: 5
+    mixture:
+      a: 0.25
+      b: 0.75
+"""
+
+
+def test_demo_mix_is_valid() -> None:
+    mix = load_mix(ROOT / "mixes" / "demo.yaml")
+    assert len(mix.curriculum) >= 3
+    assert len({tuple(sorted(p.mixture.items())) for p in mix.curriculum}) == len(mix.curriculum)
+
+
+def test_good_mix_round_trips() -> None:
+    mix = parse_mix(GOOD, "good.yaml")
+    assert mix.total_steps == 15
+    assert mix.sources["b"].field == "body"
+    assert mix.fingerprint() == parse_mix(GOOD.replace("\n", "\n\n"), "other.yaml").fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "field", "words"),
+    [
+        # unknown source in a mixture
+        (
+            ("a: 0.25\n      b: 0.75", "a: 0.25\n      c: 0.75"),
+            14,
+            "curriculum[1].mixture.c",
+            "unknown source 'c'",
+        ),
+        # weights that do not sum to 1
+        (("mixture: {a: 0.5, b: 0.5}", "mixture: {a: 0.5, b: 0.6}"), 9, "curriculum[0].mixture", "sum to 1"),
+        # negative steps
+        (("steps: 5", "steps: -5"), 11, "curriculum[1].steps", "greater than 0"),
+        # a missing field
+        (("sequence: {length: 128, global_batch: 2}\n", ""), 1, "sequence", "missing"),
+        # a field of the wrong type
+        (("length: 128", "length: lots"), 2, "sequence.length", "integer"),
+        # an unknown field
+        (("format: jsonl,", "fromat: jsonl,"), 5, "sources.b.fromat", "unknown field"),
+        # YAML syntax error
+        (("  - phase: two", "  - phase: [two"), 11, "YAML syntax error", "expected valid YAML"),
+    ],
+)
+def test_invalid_mix_names_line_and_field(edit: tuple[str, str], line: int, field: str, words: str) -> None:
+    text = GOOD.replace(*edit)
+    assert text != GOOD, "the edit did not apply"
+    with pytest.raises(MixError) as e:
+        parse_mix(text, "bad.yaml")
+    msg = str(e.value)
+    assert msg.startswith(f"bad.yaml:{line}: "), msg
+    assert field in msg and words in msg, msg
+    assert "\n" not in msg
+
+
+def test_unreadable_file_is_a_mix_error(tmp_path: Path) -> None:
+    with pytest.raises(MixError, match="cannot read"):
+        load_mix(tmp_path / "absent.yaml")
+
+
+def test_only_safe_yaml(tmp_path: Path) -> None:
+    with pytest.raises(MixError, match="YAML"):
+        parse_mix("!!python/object/apply:os.system ['true']\n", "evil.yaml")
