@@ -62,6 +62,7 @@ def write_packed(
         "vocab_size": vocab_size,
         "pad_id": pad_id,
         "global_batch": mix.sequence.global_batch,
+        "cost": mix.balance.cost.model_dump(),
         "steps": mix.total_steps,
         "sources": list(packing.sources),
         "phases": [{"phase": p, "first_step": s, "steps": c} for p, s, c in phases],
