@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
+# ../shared beside the checkout (a git worktree one level deeper also finds it); absent on users' machines.
+SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared, or skip the calling test with a clear reason when it is absent."""
+    if SHARED is None or not SHARED.joinpath(*parts).exists():
+        pytest.skip(f"../shared/{'/'.join(parts)} is not here (real test data lives beside the checkout)")
+    assert SHARED is not None
+    return SHARED.joinpath(*parts)
 
 
 def write_tiny_sources(root: Path) -> None:
