@@ -46,7 +46,7 @@ _SYLLABLES = [
 
 
 def _lexicon(rng: np.random.Generator, n: int) -> list[str]:
-    words = set()
+    words: set[str] = set()
     while len(words) < n:
         k = int(rng.integers(1, 5))
         words.add("".join(rng.choice(_SYLLABLES, size=k)))
