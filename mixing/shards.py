@@ -329,6 +329,10 @@ class ShardSet:
             self._open[k] = (tokens, meta)
         return self._open[k]
 
+    def shard_tokens(self, k: int) -> np.ndarray:
+        """Tokens of shard ``k``, [its sequences, S] (memory-mapped when local)."""
+        return self._shard(k)[0]
+
     def sequence(self, i: int) -> SequenceView:
         if not 0 <= i < len(self):
             raise IndexError(f"sequence {i} out of range [0, {len(self)})")

@@ -127,6 +127,30 @@ def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
     out.print(t)
 
 
+@app.command("export-megatron")
+def export_megatron(
+    build_dir: Path,
+    prefix: Path,
+    unit: Annotated[str, typer.Option(help="segment (one Megatron sequence per document) or sequence")] = "segment",
+) -> None:
+    """Write the build's shards as a Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx."""
+    from mixing.megatron import export_megatron as _export
+    from mixing.shards import ShardError, ShardSet
+
+    root = build_dir / "shards" if (build_dir / "shards").is_dir() else build_dir
+    if unit not in ("segment", "sequence"):
+        err.print(f"[bold red]--unit[/] must be segment or sequence, not {unit!r}")
+        raise typer.Exit(2)
+    try:
+        r = _export(ShardSet(root), prefix, unit)  # type: ignore[arg-type]
+    except ShardError as e:
+        err.print(f"[bold red]not a build[/]: {e}", highlight=False)
+        raise typer.Exit(1) from None
+    out.print(
+        f"{r['prefix']}.bin/.idx: {r['sequences']:,} sequences, {r['documents']:,} documents, {r['tokens']:,} tokens"
+    )
+
+
 @app.command("demo-data")
 def demo_data(
     out_dir: Annotated[Path, typer.Option("--out", help="where the demo corpora go")] = PROJECT_ROOT
