@@ -114,6 +114,15 @@ def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
         f"{r['tokens']:,} tokens; packing_efficiency {r['packing_efficiency']:.4f}, "
         f"truncated_docs {r['truncated_docs']:.4f}"
     )
+    if "sequence_cost" in r:  # packing figures (shard format 2)
+        c, g = r["sequence_cost"], r["segments_per_sequence"]
+        out.print(
+            f"shards {r['shards']} (format {r['format_version']}, {r['dtype']}); documents per sequence "
+            f"mean {g['mean']:.1f} max {g['max']}; sequence cost max/mean {c['max_over_mean']:.3f}, "
+            f"p95/mean {c['p95_over_mean']:.3f}, cv {c['cv']:.3f}; tokens dropped at phase ends "
+            f"{r['tokens_dropped']:,}",
+            highlight=False,
+        )
     t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
     for name, s in r["per_source"].items():
         share = s["tokens_packed"] / r["tokens"] if r["tokens"] else 0.0
