@@ -44,13 +44,13 @@ seed: 17
 tokenizer: {{kind: tiktoken, name: o200k_base}}
 sequence: {{length: {seq_len}, global_batch: {batch}}}
 sources:
-  books:        {{uri: "{data}/gutenberg_books_subset/*/*.txt", format: text, max_epochs: 20}}
-  code:         {{uri: "{{stdlib}}/*.py", format: text, max_epochs: 20}}
+  books:        {{uri: "{data}/gutenberg_books_subset/*/*.txt", format: text, max_epochs: 200}}
+  code:         {{uri: "{{stdlib}}/*.py", format: text, max_epochs: 200}}
   math:         {{uri: "{data}/gsm8k/train.jsonl", format: jsonl, template: "{{question}}\\n\\n{{answer}}",
-                  max_epochs: 20}}
+                  max_epochs: 200}}
   chat:         {{uri: "{data}/hh_rlhf_harmless_base_test/test.jsonl.gz", format: jsonl, field: chosen,
-                  max_epochs: 20}}
-  multilingual: {{uri: "{data}/udhr2_multilingual/udhr2/*.txt", format: text, max_epochs: 20}}
+                  max_epochs: 200}}
+  multilingual: {{uri: "{data}/udhr2_multilingual/udhr2/*.txt", format: text, max_epochs: 200}}
 curriculum:
   - {{phase: main,   steps: {main}, mixture: {{books: 0.35, code: 0.2, math: 0.15, chat: 0.1, multilingual: 0.2}}}}
   - {{phase: anneal, steps: {anneal}, mixture: {{books: 0.2, code: 0.2, math: 0.3, chat: 0.2, multilingual: 0.1}}}}

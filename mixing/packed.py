@@ -18,6 +18,7 @@ from mixing.shards import ShardSet, token_dtype, write_shards
 __all__ = ["gather_tokens", "inspect_build", "write_packed"]
 
 _SHARD_TOKENS = 1 << 24  # ~32-64 MB of tokens per shard
+_SLICE_TOKENS = 256  # segments this long are copied as slices; shorter ones in one vectorized gather
 
 
 def gather_tokens(
@@ -25,7 +26,8 @@ def gather_tokens(
 ) -> np.ndarray:
     """Tokens of sequences ``lo..hi-1`` of ``packing``, array [hi-lo, S] of ``dtype``, padded with ``pad_id``.
 
-    Vectorized: one fancy-index gather per source (no per-sequence Python loop).
+    Short segments go through one fancy-index gather per source; long ones (≥ ``_SLICE_TOKENS``, hence
+    few per sequence) are slice copies, which avoids index arrays as large as the tokens themselves.
     """
     seq_len = packing.seq_len
     out = np.full((hi - lo, seq_len), pad_id, dtype=dtype)
@@ -41,16 +43,23 @@ def gather_tokens(
     seq_base = np.repeat(starts_all[np.minimum(first_seg, len(segs) - 1)], counts)
     dst = seq_of * seq_len + (starts_all - seq_base)  # flat slot of each segment's first token
     flat = out.reshape(-1)
+    long = segs[:, 3] >= _SLICE_TOKENS
     for k, name in enumerate(packing.sources):
         mine = segs[:, 0] == k
         if not mine.any():
             continue
         ds = sources[name]
         offsets = ds.docs["offset"].to_numpy()
-        length = segs[mine, 3]
-        src0 = offsets[segs[mine, 1]] + segs[mine, 2]
+        src0 = np.zeros(len(segs), np.int64)
+        src0[mine] = offsets[segs[mine, 1]] + segs[mine, 2]
+        # long segments: one slice copy each (few of them); short ones: one fancy-index gather in all
+        big = mine & long
+        for d, s, n in zip(dst[big].tolist(), src0[big].tolist(), segs[big, 3].tolist(), strict=True):
+            flat[d : d + n] = ds.tokens[s : s + n]
+        short = mine & ~long
+        length = segs[short, 3]
         run = np.arange(int(length.sum()), dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
-        flat[np.repeat(dst[mine], length) + run] = ds.tokens[np.repeat(src0, length) + run]
+        flat[np.repeat(dst[short], length) + run] = ds.tokens[np.repeat(src0[short], length) + run]
     return out
 
 
