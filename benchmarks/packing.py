@@ -79,6 +79,25 @@ def baseline_concat_chunk(units: np.ndarray, doc_len: np.ndarray, seq_len: int) 
     }
 
 
+def mixture_error(packing: Packing, db: Path) -> tuple[float, float]:
+    """Realized vs planned token shares after packing: max over 10-step windows, max over phases."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        q = con.sql("SELECT step, phase, source, quota FROM plan_quotas ORDER BY step, source").fetchnumpy()
+    n_steps, ns = len(np.unique(q["step"])), len(packing.sources)
+    quota = q["quota"].reshape(n_steps, ns).astype(np.float64)
+    real = np.zeros_like(quota)
+    seg_step = np.repeat(packing.seq_step, np.diff(packing.seg_offsets))
+    np.add.at(real, (seg_step, packing.segments[:, 0]), packing.segments[:, 3])
+
+    def err(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.abs(a / a.sum() - b / b.sum()).max())
+
+    window = max(err(real[i : i + 10].sum(0), quota[i : i + 10].sum(0)) for i in range(max(1, n_steps - 9)))
+    phases = q["phase"].reshape(n_steps, ns)[:, 0]
+    phase = max(err(real[phases == ph].sum(0), quota[phases == ph].sum(0)) for ph in set(phases.tolist()))
+    return window, phase
+
+
 def _cost_spread(cost: np.ndarray) -> tuple[float, float]:
     m = float(cost.mean())
     return float(cost.max() / m), float(cost.std() / m)
@@ -143,6 +162,7 @@ def main() -> int:
             tok.eos_id,
         )
         report = inspect_build(layout.root)
+        mix_window, mix_phase = mixture_error(packing, layout.duckdb)
         with duckdb.connect(str(layout.duckdb), read_only=True) as con:
             rows = con.sql(
                 "SELECT u.length, u.start, d.n_tokens FROM plan_units u JOIN documents d USING (source, doc_id) "
@@ -174,6 +194,7 @@ def main() -> int:
     bm, bc = _cost_spread(b_cost)
     print(f"{'sequence cost max/mean':28s}{wm:14.3f}{bm:18.3f}")
     print(f"{'sequence cost cv':28s}{wc:14.3f}{bc:18.3f}")
+    print(f"mixture_error after packing (weir): {mix_window:.4f} per 10-step window, {mix_phase:.4f} per phase")
     pack_s = times["pack (bin packing)"]
     print(f"\npacking throughput: {n_units / pack_s:,.0f} documents/s ({n_units:,} units in {pack_s:.3f} s)")
     print("stage wall times (s):")
