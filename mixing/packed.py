@@ -72,8 +72,13 @@ def write_packed(
     pad_id: int,
     *,
     on_shard: Callable[[int], None] = lambda _k: None,
+    out: str | Path | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Gather each sequence's tokens from the sources and write shards plus manifest; return the manifest.
+
+    Shards go to ``out`` (a folder or fsspec URL such as ``s3://bucket/prefix``; default the build's
+    ``shards/``), with ``storage_options`` for the filesystem.
 
     The manifest's ``per_source`` records, for each source: ``tokens_planned`` (Σ planned unit lengths),
     ``tokens_packed``, ``tokens_dropped`` (planned = packed + dropped) and ``documents_packed``.
@@ -112,7 +117,7 @@ def write_packed(
         "packing": {"algorithm": "best-fit-decreasing per step, cost-aware ties, lookahead fill within phase"},
     }
     return write_shards(
-        layout.shards_dir,
+        layout.shards_dir if out is None else out,
         lambda lo, hi: gather_tokens(packing, docsets, lo, hi, dtype, pad_id),
         packing.seq_step,
         packing.seg_offsets,
@@ -122,6 +127,7 @@ def write_packed(
         seg_cost=packing.seg_cost,
         seq_len=seq_len,
         on_shard=on_shard,
+        storage_options=storage_options,
     )
 
 

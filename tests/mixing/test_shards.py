@@ -19,8 +19,10 @@ import pytest
 from mixing import stages
 from mixing.layout import BuildLayout
 from mixing.mixfile import load_mix
-from mixing.packed import inspect_build
+from mixing.packed import inspect_build, write_packed
+from mixing.packing import pack_plan
 from mixing.shards import FORMAT_VERSION, ShardError, ShardSet, token_dtype, write_shards
+from mixing.tokenizer import load_tokenizer
 from tests.conftest import ROOT
 from tests.mixing.test_packing import _build
 
@@ -180,6 +182,23 @@ def test_s3_write_read_and_verify(s3_endpoint: str, tmp_path: Path) -> None:
     assert ShardSet("s3://weir-test/b/shards", storage_options=opts).verify() == [name]
     with pytest.raises(ShardError, match="no manifest"):
         ShardSet("s3://weir-test/nothing", storage_options=opts)
+
+
+def test_a_build_packs_straight_to_s3(s3_endpoint: str, tiny_mix_path: Path, tmp_path: Path) -> None:
+    opts = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "eu-west-1"}}
+    import s3fs
+
+    s3fs.S3FileSystem(**opts).mkdir("weir-build")
+    layout = _build(tiny_mix_path, tmp_path / "b")
+    mix = load_mix(tiny_mix_path)
+    tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+    cost = (mix.balance.cost.attention, mix.balance.cost.linear)
+    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost)
+    url = "s3://weir-build/tiny/shards"
+    write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, tok.eos_id, out=url, storage_options=opts)
+    local, remote = ShardSet(layout.shards_dir), ShardSet(url, storage_options=opts)
+    assert remote.manifest["shards"] == local.manifest["shards"] and remote.verify() == []
+    assert all(np.array_equal(remote.sequence(i).tokens, local.sequence(i).tokens) for i in range(len(local)))
 
 
 def test_a_killed_build_of_a_tiny_mix_through_stages_is_not_readable(tiny_mix_path: Path, tmp_path: Path) -> None:
