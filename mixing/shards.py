@@ -238,12 +238,16 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 
 @dataclass(frozen=True)
 class SequenceView:
-    """One packed sequence: ``tokens`` [S], ``segments`` [k, 4] (source, doc_id, start, length), ``step``."""
+    """One packed sequence: ``tokens`` [S], ``segments`` [k, 4] (source, doc_id, start, length), ``step``.
+
+    ``seg_cost`` float64 [k]: each segment's cost under the manifest's cost model.
+    """
 
     index: int
     step: int
     tokens: np.ndarray
     segments: np.ndarray
+    seg_cost: np.ndarray | None = None
 
     @property
     def cu_seqlens(self) -> np.ndarray:
@@ -340,7 +344,7 @@ class ShardSet:
         tokens, meta = self._shard(k)
         j = i - int(self._starts[k])
         a, b = meta["seg_offsets"][j], meta["seg_offsets"][j + 1]
-        return SequenceView(i, int(meta["step"][j]), tokens[j], meta["segments"][a:b])
+        return SequenceView(i, int(meta["step"][j]), tokens[j], meta["segments"][a:b], meta["seg_cost"][a:b])
 
     def verify(self) -> list[str]:
         """Names of shard files whose size or sha256 differs from the manifest (empty when all are sound)."""

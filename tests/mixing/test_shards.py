@@ -55,6 +55,8 @@ def test_round_trip_and_manifest_fields(tmp_path: Path, high: int) -> None:
         v = s.sequence(i)
         assert np.array_equal(v.tokens, tokens[i]) and np.array_equal(v.segments, segs[offs[i] : offs[i + 1]])
         assert v.cu_seqlens[-1] == segs[offs[i] : offs[i + 1], 3].sum()
+        length = v.segments[:, 3].astype(float)
+        assert v.seg_cost is not None and np.allclose(v.seg_cost, length**2 + 2 * length)
     length = segs[:, 3].astype(float)
     cum = np.concatenate([[0.0], np.cumsum(length**2 + 2 * length)])
     assert np.allclose(s.seq_cost, cum[offs[1:]] - cum[offs[:-1]])
