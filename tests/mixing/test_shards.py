@@ -211,3 +211,21 @@ def test_a_killed_build_of_a_tiny_mix_through_stages_is_not_readable(tiny_mix_pa
         stages.index(mix, layout, name)
     with pytest.raises(ShardError, match="manifest"):
         ShardSet(layout.shards_dir)
+
+
+def test_format_1_builds_still_read(tmp_path: Path) -> None:
+    import json
+
+    tokens, step, offs, segs = _toy(high=1000)
+    m = write_shards(tmp_path, tokens, step, offs, segs, 10, {"cost": {"attention": 1.0, "linear": 0.0}})
+    meta = tmp_path / m["shards"][0]["files"]["meta"]["name"]
+    with np.load(meta) as z:
+        old = {k: z[k] for k in ("step", "seg_offsets", "segments")}  # what format 1 wrote
+    with meta.open("wb") as f:
+        np.savez(f, **old)
+    (tmp_path / "manifest.json").write_text(json.dumps({**m, "format_version": 1}))
+    s = ShardSet(tmp_path)
+    length = segs[:, 3].astype(float)
+    per_seq = np.split(length, offs[1:-1])
+    assert np.allclose(s.seq_cost, [float((x**2).sum()) for x in per_seq])
+    assert np.array_equal(s.seq_tokens, [x.sum() for x in per_seq])
