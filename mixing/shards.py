@@ -19,21 +19,18 @@ so a folder whose build was interrupted has no manifest and no reader trusts it;
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import fsspec
 import numpy as np
 
 from mixing.errors import WeirError
-from mixing.layout import atomic_path
+from mixing.store import Store, sha256_file
 
 __all__ = [
     "FORMAT_VERSION",
@@ -58,95 +55,6 @@ class ShardError(WeirError, RuntimeError):
 def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
     """uint16 when every id (0..vocab_size-1) fits, else uint32."""
     return np.uint16 if vocab_size <= 1 << 16 else np.uint32
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-class _Hashing(io.RawIOBase):
-    """A write-only stream that hashes and counts what passes through to ``f``."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self.f, self.h, self.n = f, hashlib.sha256(), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        mv = memoryview(b).cast("B")
-        self.h.update(mv)
-        self.f.write(mv)
-        self.n += len(mv)
-        return len(mv)
-
-
-def _is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
-
-
-class _Store:
-    """A folder on a local disk or any fsspec filesystem, with atomic whole-file writes."""
-
-    def __init__(self, url: str | Path, storage_options: dict[str, Any] | None = None) -> None:
-        self.url = str(url).rstrip("/")
-        self.local = _is_local(self.url)
-        self.path = Path(self.url.removeprefix("file://"))
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
-
-    def key(self, name: str) -> str:
-        return f"{self.root}/{name}"
-
-    def put(self, name: str, write: Callable[[BinaryIO], None]) -> dict[str, Any]:
-        """Write ``name`` via ``write(stream)`` under a temporary name, rename it; return bytes and sha256."""
-        if self.local:
-            with atomic_path(self.path / name) as tmp, tmp.open("wb") as f:
-                hw = _Hashing(f)
-                write(hw)  # type: ignore[arg-type]
-        else:
-            tmp = self.key(f".{name}.{uuid.uuid4().hex}.tmp")
-            with self.fs.open(tmp, "wb") as f:
-                hw = _Hashing(f)
-                write(hw)  # type: ignore[arg-type]
-            self.fs.mv(tmp, self.key(name))
-        return {"name": name, "bytes": hw.n, "sha256": hw.h.hexdigest()}
-
-    def names(self) -> list[str]:
-        if self.local:
-            return sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
-        try:
-            return sorted(p.rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
-        except FileNotFoundError:
-            return []
-
-    def remove(self, name: str) -> None:
-        if self.local:
-            (self.path / name).unlink(missing_ok=True)
-        elif self.fs.exists(self.key(name)):
-            self.fs.rm(self.key(name))
-
-    def read(self, name: str) -> bytes:
-        if self.local:
-            return (self.path / name).read_bytes()
-        return self.fs.cat_file(self.key(name))
-
-    def digest(self, name: str) -> tuple[int, str] | None:
-        """(bytes, sha256) of ``name``, or None when it is missing."""
-        if self.local:
-            p = self.path / name
-            return (p.stat().st_size, sha256_file(p)) if p.exists() else None
-        if not self.fs.exists(self.key(name)):
-            return None
-        h, n = hashlib.sha256(), 0
-        with self.fs.open(self.key(name), "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-                n += len(block)
-        return n, h.hexdigest()
 
 
 def _ours(name: str) -> bool:
@@ -174,7 +82,7 @@ def write_shards(
     model. ``manifest`` holds the caller's fields; this adds the format fields and the shard list, writes
     it last, removes shard files of older builds, and returns it. ``on_shard(k)`` runs after shard ``k``.
     """
-    store = _Store(out_dir, storage_options)
+    store = Store(out_dir, storage_options)
     if store.local:
         store.path.mkdir(parents=True, exist_ok=True)
     store.remove("manifest.json")  # the old build is no longer valid from here on
@@ -263,7 +171,7 @@ class ShardSet:
     """
 
     def __init__(self, shards_dir: Path | str, storage_options: dict[str, Any] | None = None) -> None:
-        self._store = _Store(shards_dir, storage_options)
+        self._store = Store(shards_dir, storage_options)
         self.url = self._store.url
         self.dir = self._store.path
         try:
