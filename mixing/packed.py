@@ -2,44 +2,90 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
 
-from mixing.documents import open_documents
+from mixing.documents import DocumentSet, open_documents
 from mixing.layout import BuildLayout
 from mixing.mixfile import Mix
 from mixing.packing import Packing
-from mixing.shards import ShardSet, write_shards
+from mixing.shards import ShardSet, token_dtype, write_shards
 
-__all__ = ["inspect_build", "write_packed"]
+__all__ = ["gather_tokens", "inspect_build", "write_packed"]
 
 _SHARD_TOKENS = 1 << 24  # ~32-64 MB of tokens per shard
+_SLICE_TOKENS = 256  # segments this long are copied as slices; shorter ones in one vectorized gather
+
+
+def gather_tokens(
+    packing: Packing, sources: dict[str, DocumentSet], lo: int, hi: int, dtype: Any, pad_id: int
+) -> np.ndarray:
+    """Tokens of sequences ``lo..hi-1`` of ``packing``, array [hi-lo, S] of ``dtype``, padded with ``pad_id``.
+
+    Short segments go through one fancy-index gather per source; long ones (≥ ``_SLICE_TOKENS``, hence
+    few per sequence) are slice copies, which avoids index arrays as large as the tokens themselves.
+    """
+    seq_len = packing.seq_len
+    out = np.full((hi - lo, seq_len), pad_id, dtype=dtype)
+    s0, s1 = int(packing.seg_offsets[lo]), int(packing.seg_offsets[hi])
+    segs = packing.segments[s0:s1]
+    if not len(segs):
+        return out
+    counts = np.diff(packing.seg_offsets[lo : hi + 1])
+    seq_of = np.repeat(np.arange(hi - lo, dtype=np.int64), counts)
+    ends = np.cumsum(segs[:, 3])
+    starts_all = ends - segs[:, 3]  # start of each segment in the concatenation of this block's segments
+    first_seg = np.cumsum(counts) - counts
+    seq_base = np.repeat(starts_all[np.minimum(first_seg, len(segs) - 1)], counts)
+    dst = seq_of * seq_len + (starts_all - seq_base)  # flat slot of each segment's first token
+    flat = out.reshape(-1)
+    long = segs[:, 3] >= _SLICE_TOKENS
+    for k, name in enumerate(packing.sources):
+        mine = segs[:, 0] == k
+        if not mine.any():
+            continue
+        ds = sources[name]
+        offsets = ds.docs["offset"].to_numpy()
+        src0 = np.zeros(len(segs), np.int64)
+        src0[mine] = offsets[segs[mine, 1]] + segs[mine, 2]
+        # long segments: one slice copy each (few of them); short ones: one fancy-index gather in all
+        big = mine & long
+        for d, s, n in zip(dst[big].tolist(), src0[big].tolist(), segs[big, 3].tolist(), strict=True):
+            flat[d : d + n] = ds.tokens[s : s + n]
+        short = mine & ~long
+        length = segs[short, 3]
+        run = np.arange(int(length.sum()), dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
+        flat[np.repeat(dst[short], length) + run] = ds.tokens[np.repeat(src0[short], length) + run]
+    return out
 
 
 def write_packed(
-    mix: Mix, layout: BuildLayout, packing: Packing, tokenizer_fingerprint: str, vocab_size: int, pad_id: int
+    mix: Mix,
+    layout: BuildLayout,
+    packing: Packing,
+    tokenizer_fingerprint: str,
+    vocab_size: int,
+    pad_id: int,
+    *,
+    on_shard: Callable[[int], None] = lambda _k: None,
+    out: str | Path | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Gather each sequence's tokens from the sources and write shards plus manifest; return the manifest.
+
+    Shards go to ``out`` (a folder or fsspec URL such as ``s3://bucket/prefix``; default the build's
+    ``shards/``), with ``storage_options`` for the filesystem.
 
     The manifest's ``per_source`` records, for each source: ``tokens_planned`` (Σ planned unit lengths),
     ``tokens_packed``, ``tokens_dropped`` (planned = packed + dropped) and ``documents_packed``.
     """
     seq_len = packing.seq_len
-    dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+    dtype = token_dtype(vocab_size)
     docsets = {name: open_documents(layout.source_dir(name)) for name in packing.sources}
-    offsets = {name: ds.docs["offset"].to_numpy() for name, ds in docsets.items()}
-    n = len(packing.seq_step)
-    tokens = np.full((n, seq_len), pad_id, dtype=dtype)
-    for i in range(n):
-        pos = 0
-        for src, doc, start, length in packing.segments[packing.seg_offsets[i] : packing.seg_offsets[i + 1]]:
-            name = packing.sources[src]
-            base = offsets[name][doc] + start
-            tokens[i, pos : pos + length] = docsets[name].tokens[base : base + length]
-            pos += length
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         planned = dict(con.sql("SELECT source, sum(length)::BIGINT FROM plan_units GROUP BY 1").fetchall())
         phases = con.sql(
@@ -54,6 +100,7 @@ def write_packed(
             "tokens_packed": int(seg[:, 3].sum()),
             "tokens_dropped": int(drop[:, 3].sum()),
             "documents_packed": len(np.unique(seg[:, 1])),
+            "documents_dropped": len(np.unique(drop[:, 1])),
         }
     manifest = {
         "mix": mix.name,
@@ -67,15 +114,20 @@ def write_packed(
         "sources": list(packing.sources),
         "phases": [{"phase": p, "first_step": s, "steps": c} for p, s, c in phases],
         "per_source": per_source,
+        "packing": {"algorithm": "best-fit-decreasing per step, cost-aware ties, lookahead fill within phase"},
     }
     return write_shards(
-        layout.shards_dir,
-        tokens,
+        layout.shards_dir if out is None else out,
+        lambda lo, hi: gather_tokens(packing, docsets, lo, hi, dtype, pad_id),
         packing.seq_step,
         packing.seg_offsets,
         packing.segments,
         max(1, _SHARD_TOKENS // seq_len),
         manifest,
+        seg_cost=packing.seg_cost,
+        seq_len=seq_len,
+        on_shard=on_shard,
+        storage_options=storage_options,
     )
 
 
@@ -85,49 +137,72 @@ def inspect_build(root: Path) -> dict[str, Any]:
     Keys: ``sequences``, ``steps``, ``seq_len``, ``tokens`` (real, non-padding), ``packing_efficiency``
     (tokens ÷ (sequences × S)), ``truncated_docs`` (documents ≤ S split ÷ documents packed),
     ``per_source`` (documents and tokens indexed; tokens planned, packed, dropped; documents packed),
-    ``corrupt_files`` (shard files whose checksum does not match the manifest).
+    ``sequence_cost`` (spread of Σ cost per sequence: mean, max/mean, p95/mean, cv), ``segments_per_sequence``
+    (mean, max), ``format_version``, ``dtype``, ``shards``, ``corrupt_files`` (shard files whose size or
+    checksum does not match the manifest).
     """
     layout = BuildLayout(root)
     shards = ShardSet(layout.shards_dir)
     m = shards.manifest
-    segs = [shards.sequence(i).segments for i in range(len(shards))]
-    allseg = np.concatenate(segs) if segs else np.zeros((0, 4), np.int64)
+    offs, allseg = shards.segments
     tokens = int(allseg[:, 3].sum())
     seq_len = int(m["seq_len"])
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
-        lengths = {(s, d): n for s, d, n in con.sql("SELECT source, doc_id, n_tokens FROM documents").fetchall()}
+        docs_df = con.sql("SELECT source, doc_id, n_tokens FROM documents").fetchnumpy()
         indexed = {
             s: (d, t)
             for s, d, t in con.sql(
                 "SELECT source, count(*), sum(n_tokens)::BIGINT FROM documents GROUP BY 1"
             ).fetchall()
         }
-    docs, split = set(), set()
-    for src, doc, _start, length in allseg.tolist():
-        key = (m["sources"][src], doc)
-        docs.add(key)
-        if lengths[key] <= seq_len and length < lengths[key]:
-            split.add(key)
+    n_docs_total = split_total = 0
     per_source = {}
     for k, name in enumerate(m["sources"]):
         mine = allseg[allseg[:, 0] == k]
+        sel = docs_df["source"] == name
+        lengths = np.zeros(int(docs_df["doc_id"][sel].max()) + 1 if sel.any() else 0, np.int64)
+        lengths[np.asarray(docs_df["doc_id"][sel], np.int64)] = np.asarray(docs_df["n_tokens"][sel], np.int64)
+        doc_len = lengths[mine[:, 1]] if len(mine) else np.zeros(0, np.int64)
+        split = np.unique(mine[(doc_len <= seq_len) & (mine[:, 3] < doc_len), 1])
+        packed_docs = len(np.unique(mine[:, 1]))
+        n_docs_total += packed_docs
+        split_total += len(split)
         per_source[name] = {
             **m["per_source"][name],
             "documents_indexed": indexed.get(name, (0, 0))[0],
             "tokens_indexed": indexed.get(name, (0, 0))[1],
             "tokens_packed": int(mine[:, 3].sum()),
-            "documents_packed": len(np.unique(mine[:, 1])),
+            "documents_packed": packed_docs,
+            "truncated_docs": len(split),
+            "mean_doc_tokens": float(mine[:, 3].mean()) if len(mine) else 0.0,
         }
     n = len(shards)
+    cost = shards.seq_cost
+    mean_cost = float(cost.mean()) if n else 0.0
+    counts = np.diff(offs)
     return {
         "mix": m["mix"],
+        "format_version": m["format_version"],
+        "dtype": m["dtype"],
+        "shards": len(m["shards"]),
         "sequences": n,
         "steps": int(m["steps"]),
         "seq_len": seq_len,
         "global_batch": int(m["global_batch"]),
         "tokens": tokens,
         "packing_efficiency": tokens / (n * seq_len) if n else 0.0,
-        "truncated_docs": len(split) / len(docs) if docs else 0.0,
+        "truncated_docs": split_total / n_docs_total if n_docs_total else 0.0,
+        "tokens_dropped": int(sum(s.get("tokens_dropped", 0) for s in per_source.values())),
+        "sequence_cost": {
+            "mean": mean_cost,
+            "max_over_mean": float(cost.max() / mean_cost) if mean_cost else 0.0,
+            "p95_over_mean": float(np.percentile(cost, 95) / mean_cost) if mean_cost else 0.0,
+            "cv": float(cost.std() / mean_cost) if mean_cost else 0.0,
+        },
+        "segments_per_sequence": {
+            "mean": float(counts.mean()) if n else 0.0,
+            "max": int(counts.max()) if n else 0,
+        },
         "per_source": per_source,
         "phases": m["phases"],
         "corrupt_files": shards.verify(),

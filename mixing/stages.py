@@ -86,8 +86,12 @@ def plan(mix: Mix, layout: BuildLayout) -> Plan:
     return result
 
 
-def pack(mix: Mix, layout: BuildLayout) -> dict[str, Any]:
-    """Pack the plan and write ``shards/`` with its manifest (last); return the manifest."""
+def pack(mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda _k: None) -> dict[str, Any]:
+    """Pack the plan and write ``shards/`` with its manifest (last); return the manifest.
+
+    ``on_shard(k)`` runs after shard ``k`` is written (progress reporting).
+    """
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
-    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch)
-    return write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, tok.eos_id)
+    cost = (mix.balance.cost.attention, mix.balance.cost.linear)
+    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost)
+    return write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, tok.eos_id, on_shard=on_shard)

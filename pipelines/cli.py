@@ -114,6 +114,15 @@ def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
         f"{r['tokens']:,} tokens; packing_efficiency {r['packing_efficiency']:.4f}, "
         f"truncated_docs {r['truncated_docs']:.4f}"
     )
+    if "sequence_cost" in r:  # packing figures (shard format 2)
+        c, g = r["sequence_cost"], r["segments_per_sequence"]
+        out.print(
+            f"shards {r['shards']} (format {r['format_version']}, {r['dtype']}); documents per sequence "
+            f"mean {g['mean']:.1f} max {g['max']}; sequence cost max/mean {c['max_over_mean']:.3f}, "
+            f"p95/mean {c['p95_over_mean']:.3f}, cv {c['cv']:.3f}; tokens dropped at phase ends "
+            f"{r['tokens_dropped']:,}",
+            highlight=False,
+        )
     t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
     for name, s in r["per_source"].items():
         share = s["tokens_packed"] / r["tokens"] if r["tokens"] else 0.0
@@ -125,6 +134,30 @@ def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
             f"{share:.3f}",
         )
     out.print(t)
+
+
+@app.command("export-megatron")
+def export_megatron(
+    build_dir: Path,
+    prefix: Path,
+    unit: Annotated[str, typer.Option(help="segment (one Megatron sequence per document) or sequence")] = "segment",
+) -> None:
+    """Write the build's shards as a Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx."""
+    from mixing.megatron import export_megatron as _export
+    from mixing.shards import ShardError, ShardSet
+
+    root = build_dir / "shards" if (build_dir / "shards").is_dir() else build_dir
+    if unit not in ("segment", "sequence"):
+        err.print(f"[bold red]--unit[/] must be segment or sequence, not {unit!r}")
+        raise typer.Exit(2)
+    try:
+        r = _export(ShardSet(root), prefix, unit)  # type: ignore[arg-type]
+    except ShardError as e:
+        err.print(f"[bold red]not a build[/]: {e}", highlight=False)
+        raise typer.Exit(1) from None
+    out.print(
+        f"{r['prefix']}.bin/.idx: {r['sequences']:,} sequences, {r['documents']:,} documents, {r['tokens']:,} tokens"
+    )
 
 
 @app.command("demo-data")
