@@ -1,18 +1,23 @@
 """The curriculum plan: per-step token quotas per source, and which document pieces each step draws.
 
 Documents longer than the sequence length S are cut into S-sized pieces (only those); a *unit* is a whole
-document or one such piece. Tables written to the build's DuckDB file:
+document or one such piece. Tables written to the build's DuckDB file, all at once and only when the whole
+plan is feasible:
 
-- ``plan_quotas(step, phase, source, quota, cum_quota)``: tokens of ``source`` planned for ``step``;
-  the cumulative quota is the rounded cumulative ideal, so rounding error never accumulates.
-- ``plan_units(step, phase, source, doc_id, piece, start, length, epoch, ord)``: the units each step draws,
-  in a seeded order per source (a fresh permutation each epoch of that source).
+- ``plan_quotas(step, phase, source, quota, cum_quota, share)``: tokens of ``source`` planned for ``step``
+  from the (ramped) mixture; ``cum_quota`` is the rounded cumulative ideal, so rounding error is carried
+  forward and never accumulates (Σ quota over any prefix of steps is within 0.5 token of ideal).
+- ``plan_units(step, phase, source, doc_id, piece, start, length, epoch, ord)``: the units each step draws.
+  Each source's units come in a seeded order (a fresh permutation of its documents for every epoch);
+  a phase with ``max_doc_tokens`` skips longer documents, which stay available to later phases.
+- ``plan_phases``, ``plan_sources``: the summaries :class:`Plan` returns.
 
 Deterministic for the same documents, mix and seed.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +25,15 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
+from mixing.curriculum import PhaseSpan, phase_spans, schedule
 from mixing.errors import WeirError
 from mixing.mixfile import Mix
 
-__all__ = ["Plan", "PlanError", "make_plan", "step_quotas"]
+__all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
+
+_MAX_EXTRA_EPOCHS = 4  # retries when skipped long documents leave a length-limited phase short
 
 
 class PlanError(WeirError, ValueError):
@@ -33,116 +42,332 @@ class PlanError(WeirError, ValueError):
 
 @dataclass(frozen=True)
 class Plan:
+    """A plan's summaries.
+
+    ``quotas``: the ``plan_quotas`` frame. ``per_source``: source, tokens_planned, tokens_drawn,
+    tokens_available, docs_available, epochs (tokens drawn ÷ available, float), epochs_started,
+    max_epochs. ``phases``: phase, first_step, steps, transition, max_doc_tokens, tokens_planned and one
+    ``tokens_<source>`` column per source. ``units``: rows of ``plan_units``. ``warnings``: sentences.
+    """
+
     quotas: pl.DataFrame
-    per_source: pl.DataFrame  # source, tokens_planned, tokens_available, epochs
+    per_source: pl.DataFrame
+    phases: pl.DataFrame
     units: int
+    warnings: tuple[str, ...] = ()
 
 
 def step_quotas(mix: Mix) -> pl.DataFrame:
-    """Per step and source: ``quota`` tokens, from each phase's mixture × S × global_batch.
+    """Per step and source: ``quota`` tokens from the ramped mixture × S × global_batch (int64).
 
     Cumulative quotas are rounded, so Σ quota over any prefix of steps is within 0.5 token of ideal.
     """
+    sch = schedule(mix)
     cap = mix.sequence.length * mix.sequence.global_batch
-    names = sorted(mix.sources)
-    shares = np.array([[ph.mixture.get(s, 0.0) for s in names] for ph in mix.curriculum for _ in range(ph.steps)])
-    phases = [ph.phase for ph in mix.curriculum for _ in range(ph.steps)]
-    cum = np.floor(np.cumsum(shares * cap, axis=0) + 0.5).astype(np.int64)
-    quota = np.diff(cum, axis=0, prepend=np.zeros((1, len(names)), np.int64))
-    n = len(phases)
+    k, n = len(sch.sources), len(sch.phase)
+    cum = np.floor(np.cumsum(sch.shares * cap, axis=0) + 0.5).astype(np.int64)
+    quota = np.diff(cum, axis=0, prepend=np.zeros((1, k), np.int64))
+    names = np.array([s.name for s in sch.spans])
     return pl.DataFrame(
         {
-            "step": np.repeat(np.arange(n, dtype=np.int64), len(names)),
-            "phase": np.repeat(np.array(phases), len(names)),
-            "source": np.tile(np.array(names), n),
+            "step": np.repeat(np.arange(n, dtype=np.int64), k),
+            "phase": np.repeat(names[sch.phase] if n else np.array([], str), k),
+            "source": np.tile(np.array(sch.sources), n),
             "quota": quota.reshape(-1),
             "cum_quota": cum.reshape(-1),
+            "share": sch.shares.reshape(-1),
         }
     )
 
 
 def make_plan(mix: Mix, db_path: Path) -> Plan:
-    """Write ``plan_quotas`` and ``plan_units`` into ``db_path`` (which must hold ``documents``).
+    """Plan ``mix`` over the ``documents`` table of ``db_path`` and write the plan tables there.
 
     Raises :class:`PlanError` before writing anything when a source with a positive share has no
-    documents or would need more epochs than its ``max_epochs``.
+    documents, would need more epochs than its ``max_epochs``, or a length limit leaves too few tokens.
+    """
+    with duckdb.connect(str(db_path)) as con:
+        return _plan(con, mix, persist=True)
+
+
+def preview_plan(mix: Mix, db_path: Path) -> Plan:
+    """The same plan as :func:`make_plan`, computed from ``db_path`` opened read-only; writes nothing."""
+    with duckdb.connect() as con:
+        path = str(db_path).replace("'", "''")
+        con.execute(f"ATTACH '{path}' AS build (READ_ONLY)")
+        tables = {
+            r[0] for r in con.sql("SELECT table_name FROM duckdb_tables() WHERE database_name='build'").fetchall()
+        }
+        if "documents" not in tables:
+            raise PlanError(f"{db_path}: no documents table; build the mix (weir build) up to length_stats first")
+        con.execute("CREATE TEMP VIEW documents AS SELECT * FROM build.documents")
+        return _plan(con, mix, persist=False)
+
+
+def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
+    quotas = step_quotas(mix)
+    spans = phase_spans(mix)
+    names = sorted(mix.sources)
+    demand = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
+    need = {(p, s): int(v[0][0]) for (p, s), v in demand.items()}
+    have = {r[0]: (int(r[1]), int(r[2])) for r in con.sql(_HAVE).fetchall()}
+    limits = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
+    short = _short_tokens(con, limits)
+    epochs = {s: _epochs_needed(mix, s, spans, need, have, short) for s in names}
+
+    for _attempt in range(_MAX_EXTRA_EPOCHS + 1):
+        _load_units(con, mix, epochs)
+        taken = _assign(con, quotas, spans, mix.sequence.length)
+        got = {(r[0], r[1]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
+        lacking = [(sp, s) for sp in spans for s in names if got.get((sp.name, s), 0) < need.get((sp.name, s), 0)]
+        if not lacking:
+            break
+        grow = [s for _sp, s in lacking if epochs[s] + 1 <= _epoch_cap(mix, s)]
+        if not grow:
+            sp, s = lacking[0]
+            limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
+            raise PlanError(
+                f"phase {sp.name!r} needs {need[(sp.name, s)]} tokens of source {s!r}{limit}, but only "
+                f"{got.get((sp.name, s), 0)} are left for it after the earlier phases within max_epochs "
+                f"{mix.sources[s].max_epochs:g} ({have.get(s, (0, 0))[0]} tokens per epoch)"
+            )
+        for s in set(grow):
+            epochs[s] += 1
+    per_source, phases = _summaries(con, mix, spans, quotas, have, epochs)
+    n_units = con.sql(f"SELECT count(*) FROM {taken}").fetchall()[0][0]
+    if persist:
+        con.register("quotas_in", quotas.to_arrow())
+        con.register("per_source_in", per_source.to_arrow())
+        con.register("phases_in", phases.to_arrow())
+        con.execute("BEGIN TRANSACTION")
+        con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
+        con.execute(f"CREATE OR REPLACE TABLE plan_units AS SELECT * FROM {taken} ORDER BY step, source, ord")
+        con.execute("CREATE OR REPLACE TABLE plan_sources AS SELECT * FROM per_source_in")
+        con.execute("CREATE OR REPLACE TABLE plan_phases AS SELECT * FROM phases_in")
+        con.execute("COMMIT")
+    return Plan(quotas, per_source, phases, int(n_units), tuple(_warnings(mix, per_source, have)))
+
+
+_HAVE = "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents GROUP BY 1"
+_TAKEN = "SELECT phase, source, sum(length)::BIGINT FROM _taken GROUP BY 1, 2"
+
+
+def _short_tokens(con: duckdb.DuckDBPyConnection, limits: list[int]) -> dict[tuple[int, str], tuple[int, int]]:
+    """(limit, source) → (tokens, docs) of documents of at most ``limit`` tokens."""
+    out: dict[tuple[int, str], tuple[int, int]] = {}
+    for lim in limits:
+        rows = con.sql(
+            "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents WHERE n_tokens <= ? GROUP BY 1",
+            params=[lim],
+        ).fetchall()
+        out.update({(lim, r[0]): (int(r[1]), int(r[2])) for r in rows})
+    return out
+
+
+def _epoch_cap(mix: Mix, source: str) -> int:
+    cap = mix.sources[source].max_epochs
+    return math.ceil(cap) if math.isfinite(cap) else 1 << 20
+
+
+def _epochs_needed(
+    mix: Mix,
+    source: str,
+    spans: tuple[PhaseSpan, ...],
+    need: dict[tuple[str, str], int],
+    have: dict[str, tuple[int, int]],
+    short: dict[tuple[int, str], tuple[int, int]],
+) -> int:
+    """Epochs of ``source`` to draw; raises :class:`PlanError` when the caps make the plan infeasible."""
+    total = sum(need.get((sp.name, source), 0) for sp in spans)
+    if total == 0:
+        return 0
+    first = next(sp.name for sp in spans if need.get((sp.name, source), 0) > 0)
+    avail = have.get(source, (0, 0))[0]
+    cap = mix.sources[source].max_epochs
+    if avail == 0:
+        raise PlanError(f"phase {first!r} needs {total} tokens of source {source!r}, but it has no documents")
+    if total > cap * avail:
+        run, at = 0, first
+        for sp in spans:
+            run += need.get((sp.name, source), 0)
+            if run > cap * avail:
+                at = sp.name
+                break
+        raise PlanError(
+            f"source {source!r} runs out in phase {at!r}: the plan needs {total} tokens of it "
+            f"({total / avail:.2f} epochs) but it has {avail} tokens and max_epochs is {cap:g} "
+            f"({int(cap * avail)} tokens at most)"
+        )
+    epochs = -(-total // avail)
+    limited = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
+    for lim in limited:
+        phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
+        want = sum(need.get((sp.name, source), 0) for sp in phases)
+        if want == 0:
+            continue
+        tokens = short.get((lim, source), (0, 0))[0]
+        names = ", ".join(repr(sp.name) for sp in phases)
+        if tokens == 0:
+            raise PlanError(
+                f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
+                f"tokens, but it has no document that short"
+            )
+        if want > cap * tokens:
+            raise PlanError(
+                f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
+                f"tokens, but those hold {tokens} tokens and max_epochs is {cap:g} ({int(cap * tokens)} at most)"
+            )
+        epochs = max(epochs, -(-want // tokens))
+    return min(epochs, _epoch_cap(mix, source))
+
+
+def _load_units(con: duckdb.DuckDBPyConnection, mix: Mix, epochs: dict[str, int]) -> None:
+    """Temp table ``_units``: every source's units in draw order (``ord``), ``epochs[source]`` epochs.
+
+    The order is a numpy PCG64 permutation seeded by (seed, crc32(source), epoch): stable across versions.
     """
     seq = mix.sequence.length
-    quotas = step_quotas(mix)
-    need = quotas.group_by("source").agg(pl.col("quota").sum().alias("tokens_planned"))
-    with duckdb.connect(str(db_path)) as con:
-        have = con.sql(
-            "SELECT source, sum(n_tokens)::BIGINT AS tokens, count(*) AS docs FROM documents GROUP BY 1"
-        ).pl()
-        per_source = need.join(have, on="source", how="left").fill_null(0).sort("source")
-        epochs: dict[str, int] = {}
-        for row in per_source.iter_rows(named=True):
-            name, planned, avail = row["source"], row["tokens_planned"], row["tokens"]
-            if planned == 0:
-                epochs[name] = 0
-                continue
-            first_phase = quotas.filter((pl.col("source") == name) & (pl.col("quota") > 0))["phase"][0]
-            if avail == 0:
-                raise PlanError(
-                    f"phase {first_phase!r} needs {planned} tokens of source {name!r}, but it has no documents"
-                )
-            epochs[name] = -(-planned // avail)
-            cap = mix.sources[name].max_epochs
-            if epochs[name] > cap:
-                mine = quotas.filter(pl.col("source") == name)
-                short = mine.filter(pl.col("cum_quota") > cap * avail).row(0, named=True)
-                raise PlanError(
-                    f"source {name!r} runs out in phase {short['phase']!r} at step {short['step']}: the plan needs "
-                    f"{planned} tokens of it ({planned / avail:.2f} epochs) but it has {avail} tokens and "
-                    f"max_epochs is {cap:g} ({int(cap * avail)} tokens at most)"
-                )
-        order = _draw_order(con, mix.seed, epochs)
-        con.register("draw_order", order.to_arrow())
-        con.register("quotas_in", quotas.to_arrow())
-        con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
+    cols: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("src", "epoch", "doc_id", "piece", "start", "length", "doc_len", "ord")
+    }
+    names = sorted(epochs)
+    for k, name in enumerate(names):
+        if not epochs[name]:
+            continue
+        docs = con.sql(
+            "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[name]
+        ).fetchnumpy()
+        ids, lens = docs["doc_id"].astype(np.int64), docs["n_tokens"].astype(np.int64)
+        pieces = np.maximum(1, -(-lens // seq))
+        base = 0
+        for e in range(epochs[name]):
+            rng = np.random.default_rng([mix.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
+            perm = rng.permutation(len(ids))
+            n_p = pieces[perm]
+            rep = np.repeat(perm, n_p)
+            first = np.repeat(np.cumsum(n_p) - n_p, n_p)
+            piece = np.arange(len(rep), dtype=np.int64) - first
+            start = piece * seq
+            cols["src"].append(np.full(len(rep), k, np.int16))
+            cols["epoch"].append(np.full(len(rep), e, np.int32))
+            cols["doc_id"].append(ids[rep])
+            cols["piece"].append(piece)
+            cols["start"].append(start)
+            cols["length"].append(np.minimum(seq, lens[rep] - start))
+            cols["doc_len"].append(lens[rep])
+            cols["ord"].append(np.arange(base, base + len(rep), dtype=np.int64))
+            base += len(rep)
+    empty = {"src": np.int16, "epoch": np.int32}
+    table = pa.table({k: np.concatenate(v) if v else np.zeros(0, empty.get(k, np.int64)) for k, v in cols.items()})
+    con.register("_units_in", table)
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _units AS SELECT ($names)[src + 1] AS source, * EXCLUDE (src) FROM _units_in",
+        {"names": names},
+    )
+    con.unregister("_units_in")
+
+
+def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[PhaseSpan, ...], seq: int) -> str:
+    """Assign units to steps into temp table ``_taken``; returns its name.
+
+    Consecutive phases with the same ``max_doc_tokens`` form one segment drawn in one pass: units whose
+    document fits the limit, in draw order, go to the first step whose cumulative quota (counted from the
+    segment's start) exceeds the tokens drawn before them (a DuckDB ASOF join). What a segment skips stays
+    in the pool for the next ones.
+    """
+    con.register("_quotas_in", quotas.to_arrow())
+    con.execute("CREATE OR REPLACE TEMP TABLE _pool AS SELECT * FROM _units")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, phase VARCHAR, source VARCHAR, doc_id BIGINT, "
+        "piece BIGINT, start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
+    )
+    segments: list[list[PhaseSpan]] = []
+    for sp in spans:
+        if segments and segments[-1][-1].max_doc_tokens == sp.max_doc_tokens:
+            segments[-1].append(sp)
+        else:
+            segments.append([sp])
+    for g, seg in enumerate(segments):
+        lo, hi = seg[0].first_step, seg[-1].end_step
+        limit = seg[0].max_doc_tokens if seg[0].max_doc_tokens is not None else (1 << 62)
         con.execute(
             """
-            CREATE OR REPLACE TABLE plan_units AS
-            WITH units AS (
-                SELECT o.source, o.epoch, o.rank, d.doc_id, p.start,
-                       least($seq, d.n_tokens - p.start)::BIGINT AS length,
-                       (p.start // $seq)::BIGINT AS piece
-                FROM draw_order o JOIN documents d USING (source, doc_id),
-                     LATERAL (SELECT unnest(range(0, d.n_tokens, $seq)) AS start) p
-            ), ordered AS (
-                SELECT *, row_number() OVER w - 1 AS ord,
-                       coalesce(sum(length) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-                           AS cum_before
-                FROM units WINDOW w AS (PARTITION BY source ORDER BY epoch, rank, piece)
+            INSERT INTO _taken
+            WITH q AS (
+                SELECT step, phase, source, quota, sum(quota) OVER (PARTITION BY source ORDER BY step) AS cum_seg
+                FROM _quotas_in WHERE step >= $lo AND step < $hi
+            ), cand AS (
+                SELECT source, doc_id, piece, start, length, epoch, ord,
+                       coalesce(sum(length) OVER (PARTITION BY source ORDER BY ord
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+                FROM _pool WHERE doc_len <= $limit
             )
             SELECT q.step, q.phase, u.source, u.doc_id, u.piece, u.start, u.length, u.epoch, u.ord
-            FROM ordered u ASOF JOIN (FROM quotas_in WHERE quota > 0) q
-                ON u.source = q.source AND q.cum_quota > u.cum_before
-            ORDER BY q.step, u.source, u.ord
+            FROM cand u ASOF JOIN (FROM q WHERE quota > 0) q ON u.source = q.source AND q.cum_seg > u.before
             """,
-            {"seq": seq},
+            {"lo": lo, "hi": hi, "limit": limit},
         )
-        n_units = con.sql("SELECT count(*) FROM plan_units").fetchall()[0][0]
-    per_source = per_source.with_columns(
-        pl.col("source").replace_strict(epochs, return_dtype=pl.Int64).alias("epochs")
-    ).rename({"tokens": "tokens_available"})
-    return Plan(quotas, per_source, int(n_units))
-
-
-def _draw_order(con: duckdb.DuckDBPyConnection, seed: int, epochs: dict[str, int]) -> pl.DataFrame:
-    """A seeded permutation of each source's documents per epoch (numpy PCG64: stable across versions)."""
-    frames = []
-    for name, n_epochs in sorted(epochs.items()):
-        ids = con.sql("SELECT doc_id FROM documents WHERE source = ? ORDER BY doc_id", params=[name]).pl()
-        doc_ids = ids["doc_id"].to_numpy()
-        for e in range(n_epochs):
-            rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
-            frames.append(
-                pl.DataFrame(
-                    {"source": name, "epoch": e, "doc_id": doc_ids, "rank": rng.permutation(len(doc_ids))},
-                    schema={"source": pl.String, "epoch": pl.Int64, "doc_id": pl.Int64, "rank": pl.Int64},
-                )
+        if g + 1 < len(segments):
+            con.execute(
+                "DELETE FROM _pool USING _taken t WHERE _pool.source = t.source AND _pool.ord = t.ord"
+                " AND t.step >= $lo AND t.step < $hi",
+                {"lo": lo, "hi": hi},
             )
-    if not frames:
-        return pl.DataFrame(schema={"source": pl.String, "epoch": pl.Int64, "doc_id": pl.Int64, "rank": pl.Int64})
-    return pl.concat(frames)
+    con.unregister("_quotas_in")
+    return "_taken"
+
+
+def _summaries(
+    con: duckdb.DuckDBPyConnection,
+    mix: Mix,
+    spans: tuple[PhaseSpan, ...],
+    quotas: pl.DataFrame,
+    have: dict[str, tuple[int, int]],
+    epochs: dict[str, int],
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    drawn = {
+        r[0]: (int(r[1]), int(r[2]))
+        for r in con.sql("SELECT source, sum(length)::BIGINT, max(epoch) + 1 FROM _taken GROUP BY 1").fetchall()
+    }
+    planned = dict(quotas.group_by("source").agg(pl.col("quota").sum()).iter_rows())
+    names = sorted(mix.sources)
+    per_source = pl.DataFrame(
+        {
+            "source": names,
+            "tokens_planned": [int(planned.get(s, 0)) for s in names],
+            "tokens_drawn": [drawn.get(s, (0, 0))[0] for s in names],
+            "tokens_available": [have.get(s, (0, 0))[0] for s in names],
+            "docs_available": [have.get(s, (0, 0))[1] for s in names],
+            "epochs": [drawn.get(s, (0, 0))[0] / have[s][0] if have.get(s, (0, 0))[0] else 0.0 for s in names],
+            "epochs_started": [drawn.get(s, (0, 0))[1] for s in names],
+            "max_epochs": [float(mix.sources[s].max_epochs) for s in names],
+        },
+        schema_overrides={"tokens_planned": pl.Int64, "tokens_drawn": pl.Int64, "epochs_started": pl.Int64},
+    )
+    by_phase = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
+    phases = pl.DataFrame(
+        {
+            "phase": [sp.name for sp in spans],
+            "first_step": [sp.first_step for sp in spans],
+            "steps": [sp.steps for sp in spans],
+            "transition": [f"{sp.shape} {sp.ramp_steps}" if sp.ramp_steps else "step" for sp in spans],
+            "max_doc_tokens": [sp.max_doc_tokens for sp in spans],
+            "tokens_planned": [sum(int(by_phase.get((sp.name, s), [[0]])[0][0]) for s in names) for sp in spans],
+            **{f"tokens_{s}": [int(by_phase.get((sp.name, s), [[0]])[0][0]) for sp in spans] for s in names},
+        },
+        schema_overrides={"max_doc_tokens": pl.Int64},
+    )
+    return per_source, phases
+
+
+def _warnings(mix: Mix, per_source: pl.DataFrame, have: dict[str, tuple[int, int]]) -> list[str]:
+    out = []
+    for row in per_source.iter_rows(named=True):
+        s = row["source"]
+        if row["tokens_planned"] == 0:
+            out.append(f"source {s!r} is declared but no phase draws it")
+        elif row["epochs"] > 1 and not math.isfinite(mix.sources[s].max_epochs):
+            out.append(f"source {s!r} is repeated {row['epochs']:.2f} times (no max_epochs caps it)")
+        elif row["epochs"] > 0.999 * row["max_epochs"]:
+            out.append(f"source {s!r} is drawn {row['epochs']:.2f} epochs, at its max_epochs {row['max_epochs']:g}")
+    return out
