@@ -119,7 +119,14 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
         _load_units(con, mix, epochs)
         taken = _assign(con, quotas, spans, mix.sequence.length)
         got = {(r[0], r[1]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
-        lacking = [(sp, s) for sp in spans for s in names if got.get((sp.name, s), 0) < need.get((sp.name, s), 0)]
+        # A segment's draw overshoots by at most one unit, and the unit straddling two phases counts for
+        # the earlier one: only a segment that drew less than it needs ran out of documents.
+        lacking = [
+            (seg[-1], s)
+            for seg in _segments(spans)
+            for s in names
+            if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg)
+        ]
         if not lacking:
             break
         grow = [s for _sp, s in lacking if epochs[s] + 1 <= _epoch_cap(mix, s)]
@@ -127,8 +134,9 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
             sp, s = lacking[0]
             limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
             raise PlanError(
-                f"phase {sp.name!r} needs {need[(sp.name, s)]} tokens of source {s!r}{limit}, but only "
-                f"{got.get((sp.name, s), 0)} are left for it after the earlier phases within max_epochs "
+                f"phase {sp.name!r} runs out of source {s!r}{limit}: the phases up to it need "
+                f"{_upto(need, spans, sp, s)} tokens of it, but only {_upto(got, spans, sp, s)} are left after "
+                f"skipping longer documents within max_epochs "
                 f"{mix.sources[s].max_epochs:g} ({have.get(s, (0, 0))[0]} tokens per epoch)"
             )
         for s in set(grow):
@@ -267,6 +275,22 @@ def _load_units(con: duckdb.DuckDBPyConnection, mix: Mix, epochs: dict[str, int]
     con.unregister("_units_in")
 
 
+def _segments(spans: tuple[PhaseSpan, ...]) -> list[list[PhaseSpan]]:
+    """Runs of consecutive phases with the same ``max_doc_tokens`` (each drawn in one pass)."""
+    segments: list[list[PhaseSpan]] = []
+    for sp in spans:
+        if segments and segments[-1][-1].max_doc_tokens == sp.max_doc_tokens:
+            segments[-1].append(sp)
+        else:
+            segments.append([sp])
+    return segments
+
+
+def _upto(tokens: dict[tuple[str, str], int], spans: tuple[PhaseSpan, ...], last: PhaseSpan, source: str) -> int:
+    """Σ tokens of ``source`` over the phases up to and including ``last``."""
+    return sum(tokens.get((sp.name, source), 0) for sp in spans[: spans.index(last) + 1])
+
+
 def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[PhaseSpan, ...], seq: int) -> str:
     """Assign units to steps into temp table ``_taken``; returns its name.
 
@@ -281,12 +305,7 @@ def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[P
         "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, phase VARCHAR, source VARCHAR, doc_id BIGINT, "
         "piece BIGINT, start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
     )
-    segments: list[list[PhaseSpan]] = []
-    for sp in spans:
-        if segments and segments[-1][-1].max_doc_tokens == sp.max_doc_tokens:
-            segments[-1].append(sp)
-        else:
-            segments.append([sp])
+    segments = _segments(spans)
     for g, seg in enumerate(segments):
         lo, hi = seg[0].first_step, seg[-1].end_step
         limit = seg[0].max_doc_tokens if seg[0].max_doc_tokens is not None else (1 << 62)
