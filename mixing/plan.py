@@ -33,8 +33,6 @@ from mixing.mixfile import Mix
 
 __all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
 
-_MAX_EXTRA_EPOCHS = 4  # retries when skipped long documents leave a length-limited phase short
-
 
 class PlanError(WeirError, ValueError):
     """The mix cannot be planned with the documents there are (names phase, source, tokens)."""
@@ -115,32 +113,23 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
     short = _short_tokens(con, limits)
     epochs = {s: _epochs_needed(mix, s, spans, need, have, short) for s in names}
 
-    for _attempt in range(_MAX_EXTRA_EPOCHS + 1):
-        _load_units(con, mix, epochs)
-        taken = _assign(con, quotas, spans, mix.sequence.length)
-        got = {(r[0], r[1]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
-        # A segment's draw overshoots by at most one unit, and the unit straddling two phases counts for
-        # the earlier one: only a segment that drew less than it needs ran out of documents.
-        lacking = [
-            (seg[-1], s)
-            for seg in _segments(spans)
-            for s in names
-            if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg)
-        ]
-        if not lacking:
-            break
-        grow = [s for _sp, s in lacking if epochs[s] + 1 <= _epoch_cap(mix, s)]
-        if not grow:
-            sp, s = lacking[0]
-            limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
-            raise PlanError(
-                f"phase {sp.name!r} runs out of source {s!r}{limit}: the phases up to it need "
-                f"{_upto(need, spans, sp, s)} tokens of it, but only {_upto(got, spans, sp, s)} are left after "
-                f"skipping longer documents within max_epochs "
-                f"{mix.sources[s].max_epochs:g} ({have.get(s, (0, 0))[0]} tokens per epoch)"
-            )
-        for s in set(grow):
-            epochs[s] += 1
+    _load_units(con, mix, epochs)
+    taken = _assign(con, quotas, spans, mix.sequence.length)
+    got = {(r[0], r[1]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
+    # A segment's draw overshoots by at most one unit, and the unit straddling two phases counts for the
+    # earlier one: only a segment that drew less than it needs ran out of documents (possible only when
+    # max_epochs capped the epochs drawn below the sufficient count of _epochs_needed).
+    for seg in _segments(spans):
+        for s in names:
+            if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg):
+                sp = seg[-1]
+                limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
+                raise PlanError(
+                    f"phase {sp.name!r} runs out of source {s!r}{limit}: the phases up to it need "
+                    f"{_upto(need, spans, sp, s)} tokens of it, but only {_upto(got, spans, sp, s)} can be drawn "
+                    f"in order within max_epochs {mix.sources[s].max_epochs:g} "
+                    f"({have.get(s, (0, 0))[0]} tokens per epoch)"
+                )
     per_source, phases = _summaries(con, mix, spans, quotas, have, epochs)
     n_units = con.sql(f"SELECT count(*) FROM {taken}").fetchall()[0][0]
     if persist:
@@ -189,6 +178,7 @@ def _epochs_needed(
     total = sum(need.get((sp.name, source), 0) for sp in spans)
     if total == 0:
         return 0
+    segments, seq = _segments(spans), mix.sequence.length
     first = next(sp.name for sp in spans if need.get((sp.name, source), 0) > 0)
     avail = have.get(source, (0, 0))[0]
     cap = mix.sources[source].max_epochs
@@ -206,7 +196,6 @@ def _epochs_needed(
             f"({total / avail:.2f} epochs) but it has {avail} tokens and max_epochs is {cap:g} "
             f"({int(cap * avail)} tokens at most)"
         )
-    epochs = -(-total // avail)
     limited = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
     for lim in limited:
         phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
@@ -225,7 +214,15 @@ def _epochs_needed(
                 f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
                 f"tokens, but those hold {tokens} tokens and max_epochs is {cap:g} ({int(cap * tokens)} at most)"
             )
-        epochs = max(epochs, -(-want // tokens))
+    # Enough epochs that every segment finds its tokens: segments before g take at most their demand plus
+    # one unit (≤ S) each, so a stream holding Σ_{h ≤ g} (demand_h + S) tokens that g may draw suffices.
+    epochs, run = 1, 0
+    for seg in segments:
+        run += sum(need.get((sp.name, source), 0) for sp in seg) + seq
+        lim = seg[0].max_doc_tokens
+        pool = avail if lim is None else short.get((lim, source), (0, 0))[0]
+        if pool and any(need.get((sp.name, source), 0) for sp in seg):
+            epochs = max(epochs, -(-run // pool))
     return min(epochs, _epoch_cap(mix, source))
 
 
