@@ -116,12 +116,13 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
     _load_units(con, mix, epochs)
     taken = _assign(con, quotas, spans, mix.sequence.length)
     got = {(r[0], r[1]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
-    # A segment's draw overshoots by at most one unit, and the unit straddling two phases counts for the
-    # earlier one: only a segment that drew less than it needs ran out of documents (possible only when
-    # max_epochs capped the epochs drawn below the sufficient count of _epochs_needed).
+    # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
+    # demand: one short by more than a unit ran out of documents (possible only when max_epochs capped
+    # the epochs drawn below the sufficient count of _epochs_needed).
+    seq = mix.sequence.length
     for seg in _segments(spans):
         for s in names:
-            if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg):
+            if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg) - seq:
                 sp = seg[-1]
                 limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
                 raise PlanError(
@@ -293,8 +294,9 @@ def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[P
 
     Consecutive phases with the same ``max_doc_tokens`` form one segment drawn in one pass: units whose
     document fits the limit, in draw order, go to the first step whose cumulative quota (counted from the
-    segment's start) exceeds the tokens drawn before them (a DuckDB ASOF join). What a segment skips stays
-    in the pool for the next ones.
+    segment's start) exceeds the unit's midpoint in the cumulative draw (a DuckDB ASOF join): through any
+    step the tokens drawn stay within half a unit of the cumulative quota, so shares track the plan. What a
+    segment skips stays in the pool for the next ones.
     """
     con.register("_quotas_in", quotas.to_arrow())
     con.execute("CREATE OR REPLACE TEMP TABLE _pool AS SELECT * FROM _units")
@@ -310,16 +312,17 @@ def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[P
             """
             INSERT INTO _taken
             WITH q AS (
-                SELECT step, phase, source, quota, sum(quota) OVER (PARTITION BY source ORDER BY step) AS cum_seg
+                SELECT step, phase, source, quota,
+                       2 * sum(quota) OVER (PARTITION BY source ORDER BY step) AS cum2
                 FROM _quotas_in WHERE step >= $lo AND step < $hi
             ), cand AS (
                 SELECT source, doc_id, piece, start, length, epoch, ord,
-                       coalesce(sum(length) OVER (PARTITION BY source ORDER BY ord
-                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+                       2 * coalesce(sum(length) OVER (PARTITION BY source ORDER BY ord
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) + length AS mid2
                 FROM _pool WHERE doc_len <= $limit
             )
             SELECT q.step, q.phase, u.source, u.doc_id, u.piece, u.start, u.length, u.epoch, u.ord
-            FROM cand u ASOF JOIN (FROM q WHERE quota > 0) q ON u.source = q.source AND q.cum_seg > u.before
+            FROM cand u ASOF JOIN (FROM q WHERE quota > 0) q ON u.source = q.source AND q.cum2 > u.mid2
             """,
             {"lo": lo, "hi": hi, "limit": limit},
         )
