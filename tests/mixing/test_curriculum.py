@@ -139,7 +139,8 @@ def curricula(draw: st.DrawFn) -> str:
     for i in range(draw(st.integers(1, 4))):
         w = draw(_weights)
         steps = draw(st.integers(1, 30))
-        line = f"{{phase: p{i}, steps: {steps}, normalize: true, mixture: {{{', '.join(f'{k}: {v}' for k, v in w.items())}}}"
+        weights = ", ".join(f"{k}: {v}" for k, v in w.items())
+        line = f"{{phase: p{i}, steps: {steps}, normalize: true, mixture: {{{weights}}}"
         if i and draw(st.booleans()):
             shape = draw(st.sampled_from(["linear", "cosine", "step"]))
             n = 0 if shape == "step" else draw(st.integers(1, steps))

@@ -62,7 +62,8 @@ def planned_mixes(draw: st.DrawFn) -> tuple[Mix, dict[str, np.ndarray]]:
         if draw(st.booleans()):
             line += f", max_doc_tokens: {draw(st.sampled_from([seq // 2, seq, 2 * seq]))}"
         if i and draw(st.booleans()):
-            line += f", transition: {{shape: {draw(st.sampled_from(['linear', 'cosine']))}, steps: {draw(st.integers(1, 20))}}}"
+            shape, ramp_steps = draw(st.sampled_from(["linear", "cosine"])), draw(st.integers(1, 20))
+            line += f", transition: {{shape: {shape}, steps: {ramp_steps}}}"
         phases.append(line + "}")
     text = (
         f"name: p\nseed: {draw(st.integers(0, 1000))}\nsequence: {{length: {seq}, global_batch: {batch}}}\nsources:\n"
