@@ -216,12 +216,12 @@ def _epochs_needed(
                 f"tokens, but those hold {tokens} tokens and max_epochs is {cap:g} ({int(cap * tokens)} at most)"
             )
     # Enough epochs that every segment finds its tokens: segments before g take at most their demand plus
-    # one unit (≤ S) each, so a stream holding Σ_{h ≤ g} (demand_h + S) tokens that g may draw suffices.
+    # half a unit (< S) each, so a stream holding Σ_{h ≤ g} (demand_h + S) tokens that g may draw suffices.
     epochs, run = 1, 0
     for seg in segments:
         run += sum(need.get((sp.name, source), 0) for sp in seg) + seq
-        lim = seg[0].max_doc_tokens
-        pool = avail if lim is None else short.get((lim, source), (0, 0))[0]
+        seg_limit = seg[0].max_doc_tokens
+        pool = avail if seg_limit is None else short.get((seg_limit, source), (0, 0))[0]
         if pool and any(need.get((sp.name, source), 0) for sp in seg):
             epochs = max(epochs, -(-run // pool))
     return min(epochs, _epoch_cap(mix, source))
