@@ -113,7 +113,8 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
     short = _short_tokens(con, limits)
     epochs = {s: _epochs_needed(mix, s, spans, need, have, short) for s in names}
 
-    _load_units(con, mix, epochs)
+    targets = {s: _targets(spans, need, s, mix.sequence.length) for s in names}
+    _load_units(con, mix, epochs, targets)
     taken = _assign(con, quotas, spans, mix.sequence.length)
     got = {(r[0], r[1]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
     # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
@@ -227,10 +228,30 @@ def _epochs_needed(
     return min(epochs, _epoch_cap(mix, source))
 
 
-def _load_units(con: duckdb.DuckDBPyConnection, mix: Mix, epochs: dict[str, int]) -> None:
-    """Temp table ``_units``: every source's units in draw order (``ord``), ``epochs[source]`` epochs.
+def _targets(spans: tuple[PhaseSpan, ...], need: dict[tuple[str, str], int], source: str, seq: int) -> list:  # type: ignore[type-arg]
+    """Per segment that draws ``source``: (its ``max_doc_tokens`` or None, Σ over it and earlier segments
+    of demand + S). A draw order holding that many tokens the segment may draw is enough for it."""
+    out, run = [], 0
+    for seg in _segments(spans):
+        want = sum(need.get((sp.name, source), 0) for sp in seg)
+        run += want + seq
+        if want:
+            out.append((seg[0].max_doc_tokens, run))
+    return out
+
+
+def _load_units(
+    con: duckdb.DuckDBPyConnection,
+    mix: Mix,
+    epochs: dict[str, int],
+    targets: dict[str, list],  # type: ignore[type-arg]
+) -> None:
+    """Temp table ``_units``: each source's units in draw order (``ord``), at most ``epochs[source]`` epochs.
 
     The order is a numpy PCG64 permutation seeded by (seed, crc32(source), epoch): stable across versions.
+    Only the prefix of the order that meets every one of the source's ``targets`` is kept (see
+    :func:`_targets`): the draw never reaches past it, so the plan is the same as over the whole order
+    while the work grows with the tokens planned rather than with the corpus.
     """
     seq = mix.sequence.length
     cols: dict[str, list[np.ndarray]] = {
@@ -246,6 +267,7 @@ def _load_units(con: duckdb.DuckDBPyConnection, mix: Mix, epochs: dict[str, int]
         ids, lens = docs["doc_id"].astype(np.int64), docs["n_tokens"].astype(np.int64)
         pieces = np.maximum(1, -(-lens // seq))
         base = 0
+        got = [0] * len(targets[name])  # tokens each target may draw, in the epochs kept so far
         for e in range(epochs[name]):
             rng = np.random.default_rng([mix.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
             perm = rng.permutation(len(ids))
@@ -254,15 +276,29 @@ def _load_units(con: duckdb.DuckDBPyConnection, mix: Mix, epochs: dict[str, int]
             first = np.repeat(np.cumsum(n_p) - n_p, n_p)
             piece = np.arange(len(rep), dtype=np.int64) - first
             start = piece * seq
-            cols["src"].append(np.full(len(rep), k, np.int16))
-            cols["epoch"].append(np.full(len(rep), e, np.int32))
-            cols["doc_id"].append(ids[rep])
-            cols["piece"].append(piece)
-            cols["start"].append(start)
-            cols["length"].append(np.minimum(seq, lens[rep] - start))
-            cols["doc_len"].append(lens[rep])
-            cols["ord"].append(np.arange(base, base + len(rep), dtype=np.int64))
-            base += len(rep)
+            length = np.minimum(seq, lens[rep] - start)
+            doc_len = lens[rep]
+            cut = 0
+            for t, (limit, want) in enumerate(targets[name]):
+                if got[t] >= want:
+                    continue  # met in an earlier epoch
+                cum = np.cumsum(length if limit is None else np.where(doc_len <= limit, length, 0))
+                if len(cum) and got[t] + int(cum[-1]) >= want:
+                    cut = max(cut, int(np.searchsorted(cum, want - got[t])) + 1)
+                got[t] += int(cum[-1]) if len(cum) else 0
+            done = all(g >= w for g, (_lim, w) in zip(got, targets[name], strict=True))
+            end = cut if done else len(rep)
+            cols["src"].append(np.full(end, k, np.int16))
+            cols["epoch"].append(np.full(end, e, np.int32))
+            cols["doc_id"].append(ids[rep[:end]])
+            cols["piece"].append(piece[:end])
+            cols["start"].append(start[:end])
+            cols["length"].append(length[:end])
+            cols["doc_len"].append(doc_len[:end])
+            cols["ord"].append(np.arange(base, base + end, dtype=np.int64))
+            base += end
+            if done:
+                break
     empty = {"src": np.int16, "epoch": np.int32}
     table = pa.table({k: np.concatenate(v) if v else np.zeros(0, empty.get(k, np.int64)) for k, v in cols.items()})
     con.register("_units_in", table)

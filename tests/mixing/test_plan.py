@@ -191,3 +191,28 @@ def test_infeasible_plan_names_phase_source_tokens_and_writes_nothing(
     for w in words:
         assert w in str(e.value), str(e.value)
     assert tables(db) == before
+
+
+def test_prefix_of_the_draw_order_gives_the_plan_of_the_whole_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner keeps only the prefix of each source's order it can reach; the plan must not change."""
+    import mixing.plan as plan_mod
+
+    mix = parse_mix(
+        "name: t\nseed: 9\nsequence: {length: 64, global_batch: 16}\nsources:\n  a: {uri: x}\n  b: {uri: y}\n"
+        "curriculum:\n  - {phase: w, steps: 30, mixture: {a: 0.5, b: 0.5}, max_doc_tokens: 16}\n"
+        "  - {phase: m, steps: 40, mixture: {a: 0.8, b: 0.2}, transition: {shape: linear, steps: 15}}\n"
+        "  - {phase: z, steps: 20, mixture: {a: 0.1, b: 0.9}, max_doc_tokens: 40}\n"
+    )
+    rng = np.random.default_rng(3)
+    lengths = {"a": rng.integers(1, 200, 400), "b": rng.integers(1, 100, 300)}
+    write_documents(tmp_path / "prefix.duckdb", lengths)
+    make_plan(mix, tmp_path / "prefix.duckdb")
+    whole = plan_mod._targets
+    monkeypatch.setattr(plan_mod, "_targets", lambda *a: [(lim, 1 << 60) for lim, _ in whole(*a)])
+    write_documents(tmp_path / "whole.duckdb", lengths)
+    make_plan(mix, tmp_path / "whole.duckdb")
+    assert tables(tmp_path / "prefix.duckdb")["plan_units"] == tables(tmp_path / "whole.duckdb")["plan_units"]
+    with duckdb.connect(str(tmp_path / "prefix.duckdb"), read_only=True) as con:
+        assert con.sql("SELECT max(epoch) FROM plan_units").fetchall()[0][0] >= 1  # several epochs were needed
