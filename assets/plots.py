@@ -60,7 +60,9 @@ def mixture_area_md(quotas: pl.DataFrame) -> str:
     steps = wide["step"].to_numpy()
     fig = Figure(figsize=(7, 3.2))
     ax = fig.subplots()
-    ax.stackplot(steps, shares.T, labels=sources, step="post")
+    # one more edge so the last step gets its full width
+    edges = np.append(steps, steps[-1] + 1) if len(steps) else steps
+    ax.stackplot(edges, np.vstack([shares, shares[-1:]]).T if len(steps) else shares.T, labels=sources, step="post")
     phases = wide["phase"].to_list()
     for i, name in enumerate(phases):
         if i == 0 or name != phases[i - 1]:
