@@ -15,7 +15,7 @@ import numpy as np
 
 from mixing.mixfile import Mix
 
-__all__ = ["PhaseSpan", "Schedule", "phase_spans", "ramp", "schedule"]
+__all__ = ["PhaseSpan", "Schedule", "length_segments", "phase_spans", "ramp", "schedule"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,17 @@ def phase_spans(mix: Mix) -> tuple[PhaseSpan, ...]:
         out.append(PhaseSpan(ph.phase, first, n, ramp_steps, shape, ph.max_doc_tokens))
         first += n
     return tuple(out)
+
+
+def length_segments(spans: tuple[PhaseSpan, ...]) -> list[list[PhaseSpan]]:
+    """Runs of consecutive phases with the same ``max_doc_tokens`` (each drawn in one pass)."""
+    segments: list[list[PhaseSpan]] = []
+    for sp in spans:
+        if segments and segments[-1][-1].max_doc_tokens == sp.max_doc_tokens:
+            segments[-1].append(sp)
+        else:
+            segments.append([sp])
+    return segments
 
 
 def ramp(shape: str, n: int) -> np.ndarray:

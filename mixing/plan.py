@@ -18,16 +18,15 @@ Deterministic for the same documents, mix and seed.
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
-from mixing.curriculum import PhaseSpan, phase_spans, schedule
+from mixing.curriculum import PhaseSpan, length_segments, phase_spans, schedule
+from mixing.draws import draw_targets, load_draws
 from mixing.errors import WeirError
 from mixing.mixfile import Mix
 
@@ -113,15 +112,15 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
     short = _short_tokens(con, limits)
     epochs = {s: _epochs_needed(mix, s, spans, need, have, short) for s in names}
 
-    targets = {s: _targets(spans, need, s, mix.sequence.length) for s in names}
-    _load_units(con, mix, epochs, targets)
+    targets = {s: draw_targets(spans, need, s, mix.sequence.length) for s in names}
+    load_draws(con, mix, epochs, targets)
     taken = _assign(con, quotas, spans, mix.sequence.length)
     got = {(r[0], r[1]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
     # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
     # demand: one short by more than a unit ran out of documents (possible only when max_epochs capped
     # the epochs drawn below the sufficient count of _epochs_needed).
     seq = mix.sequence.length
-    for seg in _segments(spans):
+    for seg in length_segments(spans):
         for s in names:
             if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg) - seq:
                 sp = seg[-1]
@@ -138,11 +137,15 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
         con.register("quotas_in", quotas.to_arrow())
         con.register("per_source_in", per_source.to_arrow())
         con.register("phases_in", phases.to_arrow())
-        con.execute("BEGIN TRANSACTION")
-        con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
-        con.execute(f"CREATE OR REPLACE TABLE plan_units AS SELECT * FROM {taken} ORDER BY step, source, ord")
-        con.execute("CREATE OR REPLACE TABLE plan_sources AS SELECT * FROM per_source_in")
-        con.execute("CREATE OR REPLACE TABLE plan_phases AS SELECT * FROM phases_in")
+        con.execute("BEGIN TRANSACTION")  # readers see the old plan tables or all the new ones
+        try:
+            con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
+            con.execute(f"CREATE OR REPLACE TABLE plan_units AS SELECT * FROM {taken} ORDER BY step, source, ord")
+            con.execute("CREATE OR REPLACE TABLE plan_sources AS SELECT * FROM per_source_in")
+            con.execute("CREATE OR REPLACE TABLE plan_phases AS SELECT * FROM phases_in")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
         con.execute("COMMIT")
     return Plan(quotas, per_source, phases, int(n_units), tuple(_warnings(mix, per_source, have)))
 
@@ -180,7 +183,7 @@ def _epochs_needed(
     total = sum(need.get((sp.name, source), 0) for sp in spans)
     if total == 0:
         return 0
-    segments, seq = _segments(spans), mix.sequence.length
+    segments, seq = length_segments(spans), mix.sequence.length
     first = next(sp.name for sp in spans if need.get((sp.name, source), 0) > 0)
     avail = have.get(source, (0, 0))[0]
     cap = mix.sources[source].max_epochs
@@ -228,98 +231,6 @@ def _epochs_needed(
     return min(epochs, _epoch_cap(mix, source))
 
 
-def _targets(spans: tuple[PhaseSpan, ...], need: dict[tuple[str, str], int], source: str, seq: int) -> list:  # type: ignore[type-arg]
-    """Per segment that draws ``source``: (its ``max_doc_tokens`` or None, Σ over it and earlier segments
-    of demand + S). A draw order holding that many tokens the segment may draw is enough for it."""
-    out, run = [], 0
-    for seg in _segments(spans):
-        want = sum(need.get((sp.name, source), 0) for sp in seg)
-        run += want + seq
-        if want:
-            out.append((seg[0].max_doc_tokens, run))
-    return out
-
-
-def _load_units(
-    con: duckdb.DuckDBPyConnection,
-    mix: Mix,
-    epochs: dict[str, int],
-    targets: dict[str, list],  # type: ignore[type-arg]
-) -> None:
-    """Temp table ``_units``: each source's units in draw order (``ord``), at most ``epochs[source]`` epochs.
-
-    The order is a numpy PCG64 permutation seeded by (seed, crc32(source), epoch): stable across versions.
-    Only the prefix of the order that meets every one of the source's ``targets`` is kept (see
-    :func:`_targets`): the draw never reaches past it, so the plan is the same as over the whole order
-    while the work grows with the tokens planned rather than with the corpus.
-    """
-    seq = mix.sequence.length
-    cols: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("src", "epoch", "doc_id", "piece", "start", "length", "doc_len", "ord")
-    }
-    names = sorted(epochs)
-    for k, name in enumerate(names):
-        if not epochs[name]:
-            continue
-        docs = con.sql(
-            "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[name]
-        ).fetchnumpy()
-        ids, lens = docs["doc_id"].astype(np.int64), docs["n_tokens"].astype(np.int64)
-        pieces = np.maximum(1, -(-lens // seq))
-        base = 0
-        got = [0] * len(targets[name])  # tokens each target may draw, in the epochs kept so far
-        for e in range(epochs[name]):
-            rng = np.random.default_rng([mix.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
-            perm = rng.permutation(len(ids))
-            n_p = pieces[perm]
-            rep = np.repeat(perm, n_p)
-            first = np.repeat(np.cumsum(n_p) - n_p, n_p)
-            piece = np.arange(len(rep), dtype=np.int64) - first
-            start = piece * seq
-            length = np.minimum(seq, lens[rep] - start)
-            doc_len = lens[rep]
-            cut = 0
-            for t, (limit, want) in enumerate(targets[name]):
-                if got[t] >= want:
-                    continue  # met in an earlier epoch
-                cum = np.cumsum(length if limit is None else np.where(doc_len <= limit, length, 0))
-                if len(cum) and got[t] + int(cum[-1]) >= want:
-                    cut = max(cut, int(np.searchsorted(cum, want - got[t])) + 1)
-                got[t] += int(cum[-1]) if len(cum) else 0
-            done = all(g >= w for g, (_lim, w) in zip(got, targets[name], strict=True))
-            end = cut if done else len(rep)
-            cols["src"].append(np.full(end, k, np.int16))
-            cols["epoch"].append(np.full(end, e, np.int32))
-            cols["doc_id"].append(ids[rep[:end]])
-            cols["piece"].append(piece[:end])
-            cols["start"].append(start[:end])
-            cols["length"].append(length[:end])
-            cols["doc_len"].append(doc_len[:end])
-            cols["ord"].append(np.arange(base, base + end, dtype=np.int64))
-            base += end
-            if done:
-                break
-    empty = {"src": np.int16, "epoch": np.int32}
-    table = pa.table({k: np.concatenate(v) if v else np.zeros(0, empty.get(k, np.int64)) for k, v in cols.items()})
-    con.register("_units_in", table)
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE _units AS SELECT ($names)[src + 1] AS source, * EXCLUDE (src) FROM _units_in",
-        {"names": names},
-    )
-    con.unregister("_units_in")
-
-
-def _segments(spans: tuple[PhaseSpan, ...]) -> list[list[PhaseSpan]]:
-    """Runs of consecutive phases with the same ``max_doc_tokens`` (each drawn in one pass)."""
-    segments: list[list[PhaseSpan]] = []
-    for sp in spans:
-        if segments and segments[-1][-1].max_doc_tokens == sp.max_doc_tokens:
-            segments[-1].append(sp)
-        else:
-            segments.append([sp])
-    return segments
-
-
 def _upto(tokens: dict[tuple[str, str], int], spans: tuple[PhaseSpan, ...], last: PhaseSpan, source: str) -> int:
     """Σ tokens of ``source`` over the phases up to and including ``last``."""
     return sum(tokens.get((sp.name, source), 0) for sp in spans[: spans.index(last) + 1])
@@ -340,7 +251,7 @@ def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[P
         "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, phase VARCHAR, source VARCHAR, doc_id BIGINT, "
         "piece BIGINT, start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
     )
-    segments = _segments(spans)
+    segments = length_segments(spans)
     for g, seg in enumerate(segments):
         lo, hi = seg[0].first_step, seg[-1].end_step
         limit = seg[0].max_doc_tokens if seg[0].max_doc_tokens is not None else (1 << 62)

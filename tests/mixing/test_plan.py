@@ -209,8 +209,8 @@ def test_prefix_of_the_draw_order_gives_the_plan_of_the_whole_order(
     lengths = {"a": rng.integers(1, 200, 400), "b": rng.integers(1, 100, 300)}
     write_documents(tmp_path / "prefix.duckdb", lengths)
     make_plan(mix, tmp_path / "prefix.duckdb")
-    whole = plan_mod._targets
-    monkeypatch.setattr(plan_mod, "_targets", lambda *a: [(lim, 1 << 60) for lim, _ in whole(*a)])
+    whole = plan_mod.draw_targets
+    monkeypatch.setattr(plan_mod, "draw_targets", lambda *a: [(lim, 1 << 60) for lim, _ in whole(*a)])
     write_documents(tmp_path / "whole.duckdb", lengths)
     make_plan(mix, tmp_path / "whole.duckdb")
     assert tables(tmp_path / "prefix.duckdb")["plan_units"] == tables(tmp_path / "whole.duckdb")["plan_units"]
