@@ -98,7 +98,6 @@ def load_draws(
     table = pa.table({k: np.concatenate(v) if v else np.zeros(0, empty.get(k, np.int64)) for k, v in cols.items()})
     con.register("_units_in", table)
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _units AS SELECT ($names)[src + 1] AS source, * EXCLUDE (src) FROM _units_in",
-        {"names": names},
+        "CREATE OR REPLACE TEMP TABLE _units AS FROM _units_in",
     )
     con.unregister("_units_in")

@@ -114,8 +114,8 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
 
     targets = {s: draw_targets(spans, need, s, mix.sequence.length) for s in names}
     load_draws(con, mix, epochs, targets)
-    taken = _assign(con, quotas, spans, mix.sequence.length)
-    got = {(r[0], r[1]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
+    _assign(con, quotas, spans)
+    got = {(r[0], names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
     # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
     # demand: one short by more than a unit ran out of documents (possible only when max_epochs capped
     # the epochs drawn below the sufficient count of _epochs_needed).
@@ -132,7 +132,7 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
                     f"({have.get(s, (0, 0))[0]} tokens per epoch)"
                 )
     per_source, phases = _summaries(con, mix, spans, quotas, have, epochs)
-    n_units = con.sql(f"SELECT count(*) FROM {taken}").fetchall()[0][0]
+    n_units = con.sql("SELECT count(*) FROM _taken").fetchall()[0][0]
     if persist:
         con.register("quotas_in", quotas.to_arrow())
         con.register("per_source_in", per_source.to_arrow())
@@ -140,7 +140,7 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
         con.execute("BEGIN TRANSACTION")  # readers see the old plan tables or all the new ones
         try:
             con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
-            con.execute(f"CREATE OR REPLACE TABLE plan_units AS SELECT * FROM {taken} ORDER BY step, source, ord")
+            con.execute("CREATE OR REPLACE TABLE plan_units AS FROM _plan_units ORDER BY step, source, ord")
             con.execute("CREATE OR REPLACE TABLE plan_sources AS SELECT * FROM per_source_in")
             con.execute("CREATE OR REPLACE TABLE plan_phases AS SELECT * FROM phases_in")
         except BaseException:
@@ -151,7 +151,7 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
 
 
 _HAVE = "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents GROUP BY 1"
-_TAKEN = "SELECT phase, source, sum(length)::BIGINT FROM _taken GROUP BY 1, 2"
+_TAKEN = "SELECT s.phase, t.src, sum(t.length)::BIGINT FROM _taken t JOIN _steps s USING (step) GROUP BY 1, 2"
 
 
 def _short_tokens(con: duckdb.DuckDBPyConnection, limits: list[int]) -> dict[tuple[int, str], tuple[int, int]]:
@@ -236,51 +236,53 @@ def _upto(tokens: dict[tuple[str, str], int], spans: tuple[PhaseSpan, ...], last
     return sum(tokens.get((sp.name, source), 0) for sp in spans[: spans.index(last) + 1])
 
 
-def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[PhaseSpan, ...], seq: int) -> str:
-    """Assign units to steps into temp table ``_taken``; returns its name.
+def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[PhaseSpan, ...]) -> None:
+    """Assign units to steps: temp table ``_taken(step, src, doc_id, piece, start, length, epoch, ord)``.
 
     Consecutive phases with the same ``max_doc_tokens`` form one segment drawn in one pass: units whose
     document fits the limit, in draw order, go to the first step whose cumulative quota (counted from the
     segment's start) exceeds the unit's midpoint in the cumulative draw (a DuckDB ASOF join): through any
     step the tokens drawn stay within half a unit of the cumulative quota, so shares track the plan. What a
-    segment skips stays in the pool for the next ones.
+    segment skips stays available to the next ones (an anti join on what was taken).
     """
-    con.register("_quotas_in", quotas.to_arrow())
-    con.execute("CREATE OR REPLACE TEMP TABLE _pool AS SELECT * FROM _units")
+    names = sorted(set(quotas["source"].to_list()))
+    src = quotas["source"].replace_strict({n: i for i, n in enumerate(names)}, return_dtype=pl.Int16)
+    con.register("_quotas_in", quotas.select("step", "quota").with_columns(src=src).to_arrow())
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, phase VARCHAR, source VARCHAR, doc_id BIGINT, "
-        "piece BIGINT, start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
+        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, src SMALLINT, doc_id BIGINT, piece BIGINT, "
+        "start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
     )
-    segments = length_segments(spans)
-    for g, seg in enumerate(segments):
+    for g, seg in enumerate(length_segments(spans)):
         lo, hi = seg[0].first_step, seg[-1].end_step
         limit = seg[0].max_doc_tokens if seg[0].max_doc_tokens is not None else (1 << 62)
+        pool = "_units" if g == 0 else "(FROM _units ANTI JOIN _taken USING (src, ord))"
         con.execute(
-            """
+            f"""
             INSERT INTO _taken
             WITH q AS (
-                SELECT step, phase, source, quota,
-                       2 * sum(quota) OVER (PARTITION BY source ORDER BY step) AS cum2
+                SELECT step, src, quota, 2 * sum(quota) OVER (PARTITION BY src ORDER BY step) AS cum2
                 FROM _quotas_in WHERE step >= $lo AND step < $hi
             ), cand AS (
-                SELECT source, doc_id, piece, start, length, epoch, ord,
-                       2 * coalesce(sum(length) OVER (PARTITION BY source ORDER BY ord
-                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) + length AS mid2
-                FROM _pool WHERE doc_len <= $limit
+                -- 2 × (tokens drawn before the unit) + its length: twice its midpoint in the draw
+                SELECT src, doc_id, piece, start, length, epoch, ord,
+                       2 * sum(length) OVER (PARTITION BY src ORDER BY ord) - length AS mid2
+                FROM {pool} WHERE doc_len <= $limit
             )
-            SELECT q.step, q.phase, u.source, u.doc_id, u.piece, u.start, u.length, u.epoch, u.ord
-            FROM cand u ASOF JOIN (FROM q WHERE quota > 0) q ON u.source = q.source AND q.cum2 > u.mid2
+            SELECT q.step, u.src, u.doc_id, u.piece, u.start, u.length, u.epoch, u.ord
+            FROM cand u ASOF JOIN (FROM q WHERE quota > 0) q ON u.src = q.src AND q.cum2 > u.mid2
             """,
             {"lo": lo, "hi": hi, "limit": limit},
         )
-        if g + 1 < len(segments):
-            con.execute(
-                "DELETE FROM _pool USING _taken t WHERE _pool.source = t.source AND _pool.ord = t.ord"
-                " AND t.step >= $lo AND t.step < $hi",
-                {"lo": lo, "hi": hi},
-            )
     con.unregister("_quotas_in")
-    return "_taken"
+    steps = quotas.select("step", "phase").unique("step").sort("step")
+    con.register("_steps_in", steps.to_arrow())
+    con.execute("CREATE OR REPLACE TEMP TABLE _steps AS FROM _steps_in")
+    con.unregister("_steps_in")
+    listed = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW _plan_units AS SELECT t.step, s.phase, [{listed}][t.src + 1] AS source, "
+        "t.doc_id, t.piece, t.start, t.length, t.epoch, t.ord FROM _taken t JOIN _steps s USING (step)"
+    )
 
 
 def _summaries(
@@ -291,12 +293,12 @@ def _summaries(
     have: dict[str, tuple[int, int]],
     epochs: dict[str, int],
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    names = sorted(mix.sources)
     drawn = {
-        r[0]: (int(r[1]), int(r[2]))
-        for r in con.sql("SELECT source, sum(length)::BIGINT, max(epoch) + 1 FROM _taken GROUP BY 1").fetchall()
+        names[r[0]]: (int(r[1]), int(r[2]))
+        for r in con.sql("SELECT src, sum(length)::BIGINT, max(epoch) + 1 FROM _taken GROUP BY 1").fetchall()
     }
     planned = dict(quotas.group_by("source").agg(pl.col("quota").sum()).iter_rows())
-    names = sorted(mix.sources)
     per_source = pl.DataFrame(
         {
             "source": names,
