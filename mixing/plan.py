@@ -140,7 +140,7 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
         con.execute("BEGIN TRANSACTION")  # readers see the old plan tables or all the new ones
         try:
             con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
-            con.execute("CREATE OR REPLACE TABLE plan_units AS FROM _plan_units ORDER BY step, source, ord")
+            con.execute("CREATE OR REPLACE TABLE plan_units AS FROM _plan_units")  # ordered by step, source, ord
             con.execute("CREATE OR REPLACE TABLE plan_sources AS SELECT * FROM per_source_in")
             con.execute("CREATE OR REPLACE TABLE plan_phases AS SELECT * FROM phases_in")
         except BaseException:
@@ -281,7 +281,8 @@ def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[P
     listed = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW _plan_units AS SELECT t.step, s.phase, [{listed}][t.src + 1] AS source, "
-        "t.doc_id, t.piece, t.start, t.length, t.epoch, t.ord FROM _taken t JOIN _steps s USING (step)"
+        "t.doc_id, t.piece, t.start, t.length, t.epoch, t.ord FROM _taken t JOIN _steps s USING (step) "
+        "ORDER BY t.step, t.src, t.ord"  # src follows name order: sorting ints is the cheap way to sort names"
     )
 
 
