@@ -10,8 +10,10 @@ import dagster as dg
 import polars as pl
 from dagster import AssetExecutionContext
 
+from assets.plots import length_histogram_md, mixture_area_md
 from assets.storage import WeirStorage
 from mixing import Mix, stages
+from mixing.mixture import GOAL_PHASE, GOAL_WINDOW
 from mixing.packed import inspect_build
 
 __all__ = ["STAGES", "mix_assets"]
@@ -98,10 +100,14 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
     )
     def length_stats(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         st = stages.length_stats(mix, storage.layout(mix))
+        overall = st.summary.filter(source="*")
         return dg.MaterializeResult(
             metadata={
+                "histogram": dg.MetadataValue.md(length_histogram_md(st.histogram, mix.sequence.length)),
                 "summary": dg.MetadataValue.md(_markdown(st.summary)),
-                "documents": int(st.summary.filter(source="*")["docs"][0]),
+                "documents": int(overall["docs"][0]),
+                "tokens": int(overall["tokens"][0]),
+                "share_over_seq": float(overall["share_over_seq"][0]),
             }
         )
 
@@ -111,15 +117,55 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         deps=[key("length_stats")],
         kinds={"duckdb"},
         description="Per-step token quotas per source and the documents each step draws.",
+        check_specs=[
+            dg.AssetCheckSpec("mixture_error", asset=key("plan")),
+            dg.AssetCheckSpec("planned_documents_exist", asset=key("plan")),
+            dg.AssetCheckSpec("token_budget_per_phase", asset=key("plan")),
+        ],
     )
     def plan(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
-        p = stages.plan(mix, storage.layout(mix))
+        layout = storage.layout(mix)
+        p = stages.plan(mix, layout)
+        audit = stages.plan_audit(mix, layout)
+        me = audit.mixture
+        short = audit.budget.filter(pl.col("short") > 0)
         return dg.MaterializeResult(
             metadata={
                 "steps": mix.total_steps,
                 "units": p.units,
+                "mixture": dg.MetadataValue.md(mixture_area_md(p.quotas)),
+                "phases": dg.MetadataValue.md(_markdown(p.phases)),
                 "per_source": dg.MetadataValue.md(_markdown(p.per_source)),
-            }
+                "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in p.warnings) or "none"),
+                "mixture_error_window": me.window,
+                "mixture_error_phase": me.phase,
+            },
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name="mixture_error",
+                    passed=me.ok,
+                    severity=dg.AssetCheckSeverity.WARN,
+                    description=(
+                        f"window {me.window:.4f} (goal ≤ {GOAL_WINDOW}), phase {me.phase:.4f} (goal ≤ {GOAL_PHASE})"
+                    ),
+                    metadata={"window": me.window, "phase": me.phase},
+                ),
+                dg.AssetCheckResult(
+                    check_name="planned_documents_exist",
+                    passed=audit.missing_units == 0 and audit.duplicate_units == 0,
+                    description=f"{audit.missing_units} planned units missing, "
+                    f"{audit.duplicate_units} drawn twice within an epoch (goal 0 and 0)",
+                    metadata={"missing": audit.missing_units, "duplicates": audit.duplicate_units},
+                ),
+                dg.AssetCheckResult(
+                    check_name="token_budget_per_phase",
+                    passed=audit.budget_met,
+                    description="every phase draws its planned tokens of every source"
+                    if audit.budget_met
+                    else "short: " + ", ".join(f"{r[0]}/{r[1]} by {r[4]}" for r in short.iter_rows()),
+                    metadata={"budget": dg.MetadataValue.md(_markdown(audit.budget))},
+                ),
+            ],
         )
 
     @dg.asset(

@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mixing.errors import WeirError
 
@@ -31,6 +40,7 @@ __all__ = [
     "SequenceSpec",
     "SourceSpec",
     "TokenizerSpec",
+    "Transition",
     "load_mix",
     "parse_mix",
 ]
@@ -92,22 +102,102 @@ class SourceSpec(_Model):
     max_epochs: Annotated[float, Field(gt=0)] = math.inf
 
 
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+
+def _steps_value(v: object) -> int | str | None:
+    """A phase's ``steps``: a positive int or a percentage string like ``'15%'`` (no union: one message)."""
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return v
+    if isinstance(v, str) and (m := _PERCENT.match(v)) and 0 < float(m.group(1)) < 100:
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        raise ValueError(f"steps must be greater than 0, got {v}")
+    raise ValueError(f"steps {v!r}: expected a positive integer or a percentage like '15%' (0–100)")
+
+
+def _tokens_value(v: object) -> int | str | None:
+    """A phase's ``tokens``: a positive int or a count string like ``'50M'`` or ``'1.5B'``."""
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return v
+    if isinstance(v, str) and (m := _TOKENS.match(v)) and float(m.group(1)) > 0:
+        return v
+    raise ValueError(f"tokens {v!r}: expected a positive integer or a count like '50M', '1.5B'")
+
+
+class Transition(_Model):
+    """How the mixture moves from the previous phase's to this one's over the first ``steps`` steps.
+
+    ``step`` switches at the phase boundary (``steps`` must be 0); ``linear`` and ``cosine`` ramp over
+    ``steps`` ≥ 1 steps, sampling the ramp at each step's midpoint, and reach the phase's own mixture
+    exactly at step ``first_step + steps``.
+    """
+
+    shape: Literal["step", "linear", "cosine"] = "linear"
+    steps: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _steps_match_shape(self) -> Transition:
+        if self.shape == "step" and self.steps:
+            raise ValueError("a 'step' transition switches at once; expected steps: 0 (or shape linear/cosine)")
+        if self.shape != "step" and self.steps < 1:
+            raise ValueError(f"a {self.shape!r} transition needs steps ≥ 1 (the length of the ramp)")
+        return self
+
+
 class Phase(_Model):
-    """A run of ``steps`` optimizer steps drawing sources in the shares of ``mixture`` (summing to 1)."""
+    """A run of optimizer steps drawing sources in the shares of ``mixture``.
+
+    Its length is ``steps`` (an int, or ``"15%"`` of the whole run's steps) or ``tokens`` (an int or
+    ``"50M"``-style, rounded up to whole steps of S × global_batch tokens); exactly one of the two.
+    ``mixture`` weights sum to 1 unless the mix (or the phase) says ``normalize: true``.
+    ``transition`` ramps in from the previous phase's mixture; ``max_doc_tokens`` draws only documents
+    of at most that many tokens in this phase (the length curriculum).
+    """
 
     phase: Annotated[str, Field(pattern=_NAME)]
-    steps: Annotated[int, Field(gt=0)]
+    steps: Annotated[int | str | None, PlainValidator(_steps_value)] = None
+    tokens: Annotated[int | str | None, PlainValidator(_tokens_value)] = None
     mixture: dict[str, Annotated[float, Field(ge=0)]]
+    transition: Transition | None = None
+    max_doc_tokens: Annotated[int, Field(ge=1)] | None = None
+    normalize: bool | None = None
 
     @field_validator("mixture")
     @classmethod
-    def _sums_to_one(cls, v: dict[str, float]) -> dict[str, float]:
+    def _not_empty(cls, v: dict[str, float]) -> dict[str, float]:
         if not v:
             raise ValueError("mixture is empty; expected at least one source with a positive weight")
-        total = sum(v.values())
-        if not math.isclose(total, 1.0, abs_tol=1e-6):
-            raise ValueError(f"mixture weights sum to {total:g}; expected them to sum to 1")
+        if sum(v.values()) <= 0:
+            raise ValueError("mixture weights are all 0; expected at least one positive weight")
         return v
+
+    @model_validator(mode="after")
+    def _one_length(self) -> Phase:
+        if (self.steps is None) == (self.tokens is None):
+            raise ValueError("give the phase's length as exactly one of 'steps' or 'tokens'")
+        return self
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """The mixture's weights divided by their sum (the same values when they already sum to 1)."""
+        total = sum(self.mixture.values())
+        return {k: v / total for k, v in self.mixture.items()}
+
+    @property
+    def percent(self) -> float | None:
+        """The phase's share of the run in percent when ``steps`` is a percentage, else None."""
+        return float(_PERCENT.match(self.steps).group(1)) if isinstance(self.steps, str) else None  # type: ignore[union-attr]
+
+    def token_count(self) -> int | None:
+        """``tokens`` as an int (suffixes K/M/B/T expanded), or None when the phase is given in steps."""
+        if self.tokens is None or isinstance(self.tokens, int):
+            return self.tokens
+        m = _TOKENS.match(self.tokens)
+        assert m is not None
+        return round(float(m.group(1)) * _SUFFIX[m.group(2).upper()])
 
 
 class Cost(_Model):
@@ -135,7 +225,9 @@ class Mix(_Model):
     sources: dict[str, SourceSpec]
     curriculum: Annotated[list[Phase], Field(min_length=1)]
     balance: Balance = Balance()
+    normalize: bool = False
     path: str | None = Field(default=None, exclude=True)
+    _steps: tuple[int, ...] = PrivateAttr(default=())
 
     @field_validator("sources")
     @classmethod
@@ -160,11 +252,72 @@ class Mix(_Model):
                         ("curriculum", i, "mixture", src),
                         f"unknown source {src!r}; expected one of: {', '.join(sorted(self.sources))}",
                     )
+            total = sum(ph.mixture.values())
+            normalize = self.normalize if ph.normalize is None else ph.normalize
+            if not normalize and not math.isclose(total, 1.0, abs_tol=1e-6):
+                raise _FieldError(
+                    ("curriculum", i, "mixture"),
+                    f"mixture weights sum to {total:g}; expected them to sum to 1 (or set normalize: true "
+                    "to divide them by their sum)",
+                )
+            if ph.transition is not None and i == 0 and ph.transition.shape != "step":
+                raise _FieldError(
+                    ("curriculum", 0, "transition"), "the first phase has no previous mixture to ramp from"
+                )
+        object.__setattr__(self, "_steps", self._resolve_steps())
+        for i, (ph, n) in enumerate(zip(self.curriculum, self._steps, strict=True)):
+            if ph.transition is not None and ph.transition.steps > n:
+                raise _FieldError(
+                    ("curriculum", i, "transition", "steps"),
+                    f"the ramp is {ph.transition.steps} steps but the phase has only {n}",
+                )
         return self
+
+    def _resolve_steps(self) -> tuple[int, ...]:
+        """Steps per phase: ints as given, tokens rounded up to whole steps, percentages of the whole run.
+
+        The whole run is ``fixed / (1 - Σ percent)`` steps where ``fixed`` is the other phases' steps, so
+        an ``anneal`` of ``15%`` is 15% of all steps, itself included (rounded to the nearest step, ≥ 1).
+        """
+        per_step = self.sequence.length * self.sequence.global_batch
+        fixed = 0
+        for ph in self.curriculum:
+            if isinstance(ph.steps, int):
+                fixed += ph.steps
+            elif ph.tokens is not None:
+                fixed += -(-(ph.token_count() or 0) // per_step)
+        pct = [ph.percent or 0.0 for ph in self.curriculum]
+        if sum(pct) > 0:
+            last = max(i for i, p in enumerate(pct) if p)
+            if sum(pct) >= 100:
+                raise _FieldError(
+                    ("curriculum", last, "steps"),
+                    f"the percentages of the phases sum to {sum(pct):g}%; expected less than 100%",
+                )
+            if fixed == 0:
+                raise _FieldError(
+                    ("curriculum", last, "steps"),
+                    "every phase is a percentage; expected at least one phase in steps or tokens to fix the length",
+                )
+        run = fixed / (1 - sum(pct) / 100)
+        out = []
+        for ph, p in zip(self.curriculum, pct, strict=True):
+            if isinstance(ph.steps, int):
+                out.append(ph.steps)
+            elif ph.tokens is not None:
+                out.append(-(-(ph.token_count() or 0) // per_step))
+            else:
+                out.append(max(1, round(run * p / 100)))
+        return tuple(out)
+
+    @property
+    def phase_steps(self) -> tuple[int, ...]:
+        """Resolved number of steps of each phase, in curriculum order."""
+        return self._steps
 
     @property
     def total_steps(self) -> int:
-        return sum(p.steps for p in self.curriculum)
+        return sum(self._steps)
 
     @property
     def mix_dir(self) -> Path:

@@ -1,19 +1,23 @@
 """The curriculum plan: per-step token quotas per source, and which document pieces each step draws.
 
 Documents longer than the sequence length S are cut into S-sized pieces (only those); a *unit* is a whole
-document or one such piece. Tables written to the build's DuckDB file:
+document or one such piece. Tables written to the build's DuckDB file, all at once and only when the whole
+plan is feasible:
 
-- ``plan_quotas(step, phase, source, quota, cum_quota)``: tokens of ``source`` planned for ``step``;
-  the cumulative quota is the rounded cumulative ideal, so rounding error never accumulates.
-- ``plan_units(step, phase, source, doc_id, piece, start, length, epoch, ord)``: the units each step draws,
-  in a seeded order per source (a fresh permutation each epoch of that source).
+- ``plan_quotas(step, phase, source, quota, cum_quota, share)``: tokens of ``source`` planned for ``step``
+  from the (ramped) mixture; ``cum_quota`` is the rounded cumulative ideal, so rounding error is carried
+  forward and never accumulates (Σ quota over any prefix of steps is within 0.5 token of ideal).
+- ``plan_units(step, phase, source, doc_id, piece, start, length, epoch, ord)``: the units each step draws.
+  Each source's units come in a seeded order (a fresh permutation of its documents for every epoch);
+  a phase with ``max_doc_tokens`` skips longer documents, which stay available to later phases.
+- ``plan_phases``, ``plan_sources``: the summaries :class:`Plan` returns.
 
 Deterministic for the same documents, mix and seed.
 """
 
 from __future__ import annotations
 
-import zlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +25,12 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from mixing.curriculum import PhaseSpan, length_segments, phase_spans, schedule
+from mixing.draws import draw_targets, load_draws
 from mixing.errors import WeirError
 from mixing.mixfile import Mix
 
-__all__ = ["Plan", "PlanError", "make_plan", "step_quotas"]
+__all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
 
 
 class PlanError(WeirError, ValueError):
@@ -33,116 +39,304 @@ class PlanError(WeirError, ValueError):
 
 @dataclass(frozen=True)
 class Plan:
+    """A plan's summaries.
+
+    ``quotas``: the ``plan_quotas`` frame. ``per_source``: source, tokens_planned, tokens_drawn,
+    tokens_available, docs_available, epochs (tokens drawn ÷ available, float), epochs_started,
+    max_epochs. ``phases``: phase, first_step, steps, transition, max_doc_tokens, tokens_planned and one
+    ``tokens_<source>`` column per source. ``units``: rows of ``plan_units``. ``warnings``: sentences.
+    """
+
     quotas: pl.DataFrame
-    per_source: pl.DataFrame  # source, tokens_planned, tokens_available, epochs
+    per_source: pl.DataFrame
+    phases: pl.DataFrame
     units: int
+    warnings: tuple[str, ...] = ()
 
 
 def step_quotas(mix: Mix) -> pl.DataFrame:
-    """Per step and source: ``quota`` tokens, from each phase's mixture × S × global_batch.
+    """Per step and source: ``quota`` tokens from the ramped mixture × S × global_batch (int64).
 
     Cumulative quotas are rounded, so Σ quota over any prefix of steps is within 0.5 token of ideal.
     """
+    sch = schedule(mix)
     cap = mix.sequence.length * mix.sequence.global_batch
-    names = sorted(mix.sources)
-    shares = np.array([[ph.mixture.get(s, 0.0) for s in names] for ph in mix.curriculum for _ in range(ph.steps)])
-    phases = [ph.phase for ph in mix.curriculum for _ in range(ph.steps)]
-    cum = np.floor(np.cumsum(shares * cap, axis=0) + 0.5).astype(np.int64)
-    quota = np.diff(cum, axis=0, prepend=np.zeros((1, len(names)), np.int64))
-    n = len(phases)
+    k, n = len(sch.sources), len(sch.phase)
+    cum = np.floor(np.cumsum(sch.shares * cap, axis=0) + 0.5).astype(np.int64)
+    quota = np.diff(cum, axis=0, prepend=np.zeros((1, k), np.int64))
+    names = np.array([s.name for s in sch.spans])
     return pl.DataFrame(
         {
-            "step": np.repeat(np.arange(n, dtype=np.int64), len(names)),
-            "phase": np.repeat(np.array(phases), len(names)),
-            "source": np.tile(np.array(names), n),
+            "step": np.repeat(np.arange(n, dtype=np.int64), k),
+            "phase": np.repeat(names[sch.phase] if n else np.array([], str), k),
+            "source": np.tile(np.array(sch.sources), n),
             "quota": quota.reshape(-1),
             "cum_quota": cum.reshape(-1),
+            "share": sch.shares.reshape(-1),
         }
     )
 
 
 def make_plan(mix: Mix, db_path: Path) -> Plan:
-    """Write ``plan_quotas`` and ``plan_units`` into ``db_path`` (which must hold ``documents``).
+    """Plan ``mix`` over the ``documents`` table of ``db_path`` and write the plan tables there.
 
     Raises :class:`PlanError` before writing anything when a source with a positive share has no
-    documents or would need more epochs than its ``max_epochs``.
+    documents, would need more epochs than its ``max_epochs``, or a length limit leaves too few tokens.
     """
-    seq = mix.sequence.length
-    quotas = step_quotas(mix)
-    need = quotas.group_by("source").agg(pl.col("quota").sum().alias("tokens_planned"))
     with duckdb.connect(str(db_path)) as con:
-        have = con.sql(
-            "SELECT source, sum(n_tokens)::BIGINT AS tokens, count(*) AS docs FROM documents GROUP BY 1"
-        ).pl()
-        per_source = need.join(have, on="source", how="left").fill_null(0).sort("source")
-        epochs: dict[str, int] = {}
-        for row in per_source.iter_rows(named=True):
-            name, planned, avail = row["source"], row["tokens_planned"], row["tokens"]
-            if planned == 0:
-                epochs[name] = 0
-                continue
-            first_phase = quotas.filter((pl.col("source") == name) & (pl.col("quota") > 0))["phase"][0]
-            if avail == 0:
+        return _plan(con, mix, persist=True)
+
+
+def preview_plan(mix: Mix, db_path: Path) -> Plan:
+    """The same plan as :func:`make_plan`, computed from ``db_path`` opened read-only; writes nothing."""
+    with duckdb.connect() as con:
+        path = str(db_path).replace("'", "''")
+        con.execute(f"ATTACH '{path}' AS build (READ_ONLY)")
+        tables = {
+            r[0] for r in con.sql("SELECT table_name FROM duckdb_tables() WHERE database_name='build'").fetchall()
+        }
+        if "documents" not in tables:
+            raise PlanError(f"{db_path}: no documents table; build the mix (weir build) up to length_stats first")
+        con.execute("CREATE TEMP VIEW documents AS SELECT * FROM build.documents")
+        return _plan(con, mix, persist=False)
+
+
+def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
+    quotas = step_quotas(mix)
+    spans = phase_spans(mix)
+    names = sorted(mix.sources)
+    demand = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
+    need = {(p, s): int(v[0][0]) for (p, s), v in demand.items()}
+    have = {r[0]: (int(r[1]), int(r[2])) for r in con.sql(_HAVE).fetchall()}
+    limits = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
+    short = _short_tokens(con, limits)
+    epochs = {s: _epochs_needed(mix, s, spans, need, have, short) for s in names}
+
+    targets = {s: draw_targets(spans, need, s, mix.sequence.length) for s in names}
+    load_draws(con, mix, epochs, targets)
+    _assign(con, quotas, spans)
+    got = {(r[0], names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
+    # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
+    # demand: one short by more than a unit ran out of documents (possible only when max_epochs capped
+    # the epochs drawn below the sufficient count of _epochs_needed).
+    seq = mix.sequence.length
+    for seg in length_segments(spans):
+        for s in names:
+            if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg) - seq:
+                sp = seg[-1]
+                limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
                 raise PlanError(
-                    f"phase {first_phase!r} needs {planned} tokens of source {name!r}, but it has no documents"
+                    f"phase {sp.name!r} runs out of source {s!r}{limit}: the phases up to it need "
+                    f"{_upto(need, spans, sp, s)} tokens of it, but only {_upto(got, spans, sp, s)} can be drawn "
+                    f"in order within max_epochs {mix.sources[s].max_epochs:g} "
+                    f"({have.get(s, (0, 0))[0]} tokens per epoch)"
                 )
-            epochs[name] = -(-planned // avail)
-            cap = mix.sources[name].max_epochs
-            if epochs[name] > cap:
-                mine = quotas.filter(pl.col("source") == name)
-                short = mine.filter(pl.col("cum_quota") > cap * avail).row(0, named=True)
-                raise PlanError(
-                    f"source {name!r} runs out in phase {short['phase']!r} at step {short['step']}: the plan needs "
-                    f"{planned} tokens of it ({planned / avail:.2f} epochs) but it has {avail} tokens and "
-                    f"max_epochs is {cap:g} ({int(cap * avail)} tokens at most)"
-                )
-        order = _draw_order(con, mix.seed, epochs)
-        con.register("draw_order", order.to_arrow())
+    per_source, phases = _summaries(con, mix, spans, quotas, have, epochs)
+    n_units = con.sql("SELECT count(*) FROM _taken").fetchall()[0][0]
+    if persist:
         con.register("quotas_in", quotas.to_arrow())
-        con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
-        con.execute(
-            """
-            CREATE OR REPLACE TABLE plan_units AS
-            WITH units AS (
-                SELECT o.source, o.epoch, o.rank, d.doc_id, p.start,
-                       least($seq, d.n_tokens - p.start)::BIGINT AS length,
-                       (p.start // $seq)::BIGINT AS piece
-                FROM draw_order o JOIN documents d USING (source, doc_id),
-                     LATERAL (SELECT unnest(range(0, d.n_tokens, $seq)) AS start) p
-            ), ordered AS (
-                SELECT *, row_number() OVER w - 1 AS ord,
-                       coalesce(sum(length) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-                           AS cum_before
-                FROM units WINDOW w AS (PARTITION BY source ORDER BY epoch, rank, piece)
-            )
-            SELECT q.step, q.phase, u.source, u.doc_id, u.piece, u.start, u.length, u.epoch, u.ord
-            FROM ordered u ASOF JOIN (FROM quotas_in WHERE quota > 0) q
-                ON u.source = q.source AND q.cum_quota > u.cum_before
-            ORDER BY q.step, u.source, u.ord
-            """,
-            {"seq": seq},
+        con.register("per_source_in", per_source.to_arrow())
+        con.register("phases_in", phases.to_arrow())
+        con.execute("BEGIN TRANSACTION")  # readers see the old plan tables or all the new ones
+        try:
+            con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
+            con.execute("CREATE OR REPLACE TABLE plan_units AS FROM _plan_units")  # ordered by step, source, ord
+            con.execute("CREATE OR REPLACE TABLE plan_sources AS SELECT * FROM per_source_in")
+            con.execute("CREATE OR REPLACE TABLE plan_phases AS SELECT * FROM phases_in")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+    return Plan(quotas, per_source, phases, int(n_units), tuple(_warnings(mix, per_source, have)))
+
+
+_HAVE = "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents GROUP BY 1"
+_TAKEN = "SELECT s.phase, t.src, sum(t.length)::BIGINT FROM _taken t JOIN _steps s USING (step) GROUP BY 1, 2"
+
+
+def _short_tokens(con: duckdb.DuckDBPyConnection, limits: list[int]) -> dict[tuple[int, str], tuple[int, int]]:
+    """(limit, source) → (tokens, docs) of documents of at most ``limit`` tokens."""
+    out: dict[tuple[int, str], tuple[int, int]] = {}
+    for lim in limits:
+        rows = con.sql(
+            "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents WHERE n_tokens <= ? GROUP BY 1",
+            params=[lim],
+        ).fetchall()
+        out.update({(lim, r[0]): (int(r[1]), int(r[2])) for r in rows})
+    return out
+
+
+def _epoch_cap(mix: Mix, source: str) -> int:
+    cap = mix.sources[source].max_epochs
+    return math.ceil(cap) if math.isfinite(cap) else 1 << 20
+
+
+def _epochs_needed(
+    mix: Mix,
+    source: str,
+    spans: tuple[PhaseSpan, ...],
+    need: dict[tuple[str, str], int],
+    have: dict[str, tuple[int, int]],
+    short: dict[tuple[int, str], tuple[int, int]],
+) -> int:
+    """Epochs of ``source`` to draw; raises :class:`PlanError` when the caps make the plan infeasible."""
+    total = sum(need.get((sp.name, source), 0) for sp in spans)
+    if total == 0:
+        return 0
+    segments, seq = length_segments(spans), mix.sequence.length
+    first = next(sp.name for sp in spans if need.get((sp.name, source), 0) > 0)
+    avail = have.get(source, (0, 0))[0]
+    cap = mix.sources[source].max_epochs
+    if avail == 0:
+        raise PlanError(f"phase {first!r} needs {total} tokens of source {source!r}, but it has no documents")
+    if total > cap * avail:
+        run, at = 0, first
+        for sp in spans:
+            run += need.get((sp.name, source), 0)
+            if run > cap * avail:
+                at = sp.name
+                break
+        raise PlanError(
+            f"source {source!r} runs out in phase {at!r}: the plan needs {total} tokens of it "
+            f"({total / avail:.2f} epochs) but it has {avail} tokens and max_epochs is {cap:g} "
+            f"({int(cap * avail)} tokens at most)"
         )
-        n_units = con.sql("SELECT count(*) FROM plan_units").fetchall()[0][0]
-    per_source = per_source.with_columns(
-        pl.col("source").replace_strict(epochs, return_dtype=pl.Int64).alias("epochs")
-    ).rename({"tokens": "tokens_available"})
-    return Plan(quotas, per_source, int(n_units))
-
-
-def _draw_order(con: duckdb.DuckDBPyConnection, seed: int, epochs: dict[str, int]) -> pl.DataFrame:
-    """A seeded permutation of each source's documents per epoch (numpy PCG64: stable across versions)."""
-    frames = []
-    for name, n_epochs in sorted(epochs.items()):
-        ids = con.sql("SELECT doc_id FROM documents WHERE source = ? ORDER BY doc_id", params=[name]).pl()
-        doc_ids = ids["doc_id"].to_numpy()
-        for e in range(n_epochs):
-            rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
-            frames.append(
-                pl.DataFrame(
-                    {"source": name, "epoch": e, "doc_id": doc_ids, "rank": rng.permutation(len(doc_ids))},
-                    schema={"source": pl.String, "epoch": pl.Int64, "doc_id": pl.Int64, "rank": pl.Int64},
-                )
+    limited = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
+    for lim in limited:
+        phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
+        want = sum(need.get((sp.name, source), 0) for sp in phases)
+        if want == 0:
+            continue
+        tokens = short.get((lim, source), (0, 0))[0]
+        names = ", ".join(repr(sp.name) for sp in phases)
+        if tokens == 0:
+            raise PlanError(
+                f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
+                f"tokens, but it has no document that short"
             )
-    if not frames:
-        return pl.DataFrame(schema={"source": pl.String, "epoch": pl.Int64, "doc_id": pl.Int64, "rank": pl.Int64})
-    return pl.concat(frames)
+        if want > cap * tokens:
+            raise PlanError(
+                f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
+                f"tokens, but those hold {tokens} tokens and max_epochs is {cap:g} ({int(cap * tokens)} at most)"
+            )
+    # Enough epochs that every segment finds its tokens: segments before g take at most their demand plus
+    # half a unit (< S) each, so a stream holding Σ_{h ≤ g} (demand_h + S) tokens that g may draw suffices.
+    epochs, run = 1, 0
+    for seg in segments:
+        run += sum(need.get((sp.name, source), 0) for sp in seg) + seq
+        seg_limit = seg[0].max_doc_tokens
+        pool = avail if seg_limit is None else short.get((seg_limit, source), (0, 0))[0]
+        if pool and any(need.get((sp.name, source), 0) for sp in seg):
+            epochs = max(epochs, -(-run // pool))
+    return min(epochs, _epoch_cap(mix, source))
+
+
+def _upto(tokens: dict[tuple[str, str], int], spans: tuple[PhaseSpan, ...], last: PhaseSpan, source: str) -> int:
+    """Σ tokens of ``source`` over the phases up to and including ``last``."""
+    return sum(tokens.get((sp.name, source), 0) for sp in spans[: spans.index(last) + 1])
+
+
+def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[PhaseSpan, ...]) -> None:
+    """Assign units to steps: temp table ``_taken(step, src, doc_id, piece, start, length, epoch, ord)``.
+
+    Consecutive phases with the same ``max_doc_tokens`` form one segment drawn in one pass: units whose
+    document fits the limit, in draw order, go to the first step whose cumulative quota (counted from the
+    segment's start) exceeds the unit's midpoint in the cumulative draw (a DuckDB ASOF join): through any
+    step the tokens drawn stay within half a unit of the cumulative quota, so shares track the plan. What a
+    segment skips stays available to the next ones (an anti join on what was taken).
+    """
+    names = sorted(set(quotas["source"].to_list()))
+    src = quotas["source"].replace_strict({n: i for i, n in enumerate(names)}, return_dtype=pl.Int16)
+    con.register("_quotas_in", quotas.select("step", "quota").with_columns(src=src).to_arrow())
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, src SMALLINT, doc_id BIGINT, piece BIGINT, "
+        "start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
+    )
+    for g, seg in enumerate(length_segments(spans)):
+        lo, hi = seg[0].first_step, seg[-1].end_step
+        limit = seg[0].max_doc_tokens if seg[0].max_doc_tokens is not None else (1 << 62)
+        pool = "_units" if g == 0 else "(FROM _units ANTI JOIN _taken USING (src, ord))"
+        con.execute(
+            f"""
+            INSERT INTO _taken
+            WITH q AS (
+                SELECT step, src, quota, 2 * sum(quota) OVER (PARTITION BY src ORDER BY step) AS cum2
+                FROM _quotas_in WHERE step >= $lo AND step < $hi
+            ), cand AS (
+                -- 2 × (tokens drawn before the unit) + its length: twice its midpoint in the draw
+                SELECT src, doc_id, piece, start, length, epoch, ord,
+                       2 * sum(length) OVER (PARTITION BY src ORDER BY ord) - length AS mid2
+                FROM {pool} WHERE doc_len <= $limit
+            )
+            SELECT q.step, u.src, u.doc_id, u.piece, u.start, u.length, u.epoch, u.ord
+            FROM cand u ASOF JOIN (FROM q WHERE quota > 0) q ON u.src = q.src AND q.cum2 > u.mid2
+            """,
+            {"lo": lo, "hi": hi, "limit": limit},
+        )
+    con.unregister("_quotas_in")
+    steps = quotas.select("step", "phase").unique("step").sort("step")
+    con.register("_steps_in", steps.to_arrow())
+    con.execute("CREATE OR REPLACE TEMP TABLE _steps AS FROM _steps_in")
+    con.unregister("_steps_in")
+    listed = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW _plan_units AS SELECT t.step, s.phase, [{listed}][t.src + 1] AS source, "
+        "t.doc_id, t.piece, t.start, t.length, t.epoch, t.ord FROM _taken t JOIN _steps s USING (step) "
+        "ORDER BY t.step, t.src, t.ord"  # src follows name order: sorting ints is the cheap way to sort names"
+    )
+
+
+def _summaries(
+    con: duckdb.DuckDBPyConnection,
+    mix: Mix,
+    spans: tuple[PhaseSpan, ...],
+    quotas: pl.DataFrame,
+    have: dict[str, tuple[int, int]],
+    epochs: dict[str, int],
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    names = sorted(mix.sources)
+    drawn = {
+        names[r[0]]: (int(r[1]), int(r[2]))
+        for r in con.sql("SELECT src, sum(length)::BIGINT, max(epoch) + 1 FROM _taken GROUP BY 1").fetchall()
+    }
+    planned = dict(quotas.group_by("source").agg(pl.col("quota").sum()).iter_rows())
+    per_source = pl.DataFrame(
+        {
+            "source": names,
+            "tokens_planned": [int(planned.get(s, 0)) for s in names],
+            "tokens_drawn": [drawn.get(s, (0, 0))[0] for s in names],
+            "tokens_available": [have.get(s, (0, 0))[0] for s in names],
+            "docs_available": [have.get(s, (0, 0))[1] for s in names],
+            "epochs": [drawn.get(s, (0, 0))[0] / have[s][0] if have.get(s, (0, 0))[0] else 0.0 for s in names],
+            "epochs_started": [drawn.get(s, (0, 0))[1] for s in names],
+            "max_epochs": [float(mix.sources[s].max_epochs) for s in names],
+        },
+        schema_overrides={"tokens_planned": pl.Int64, "tokens_drawn": pl.Int64, "epochs_started": pl.Int64},
+    )
+    by_phase = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
+    phases = pl.DataFrame(
+        {
+            "phase": [sp.name for sp in spans],
+            "first_step": [sp.first_step for sp in spans],
+            "steps": [sp.steps for sp in spans],
+            "transition": [f"{sp.shape} {sp.ramp_steps}" if sp.ramp_steps else "step" for sp in spans],
+            "max_doc_tokens": [sp.max_doc_tokens for sp in spans],
+            "tokens_planned": [sum(int(by_phase.get((sp.name, s), [[0]])[0][0]) for s in names) for sp in spans],
+            **{f"tokens_{s}": [int(by_phase.get((sp.name, s), [[0]])[0][0]) for sp in spans] for s in names},
+        },
+        schema_overrides={"max_doc_tokens": pl.Int64},
+    )
+    return per_source, phases
+
+
+def _warnings(mix: Mix, per_source: pl.DataFrame, have: dict[str, tuple[int, int]]) -> list[str]:
+    out = []
+    for row in per_source.iter_rows(named=True):
+        s = row["source"]
+        if row["tokens_planned"] == 0:
+            out.append(f"source {s!r} is declared but no phase draws it")
+        elif row["epochs"] > 1 and not math.isfinite(mix.sources[s].max_epochs):
+            out.append(f"source {s!r} is repeated {row['epochs']:.2f} times (no max_epochs caps it)")
+        elif row["epochs"] > 0.999 * row["max_epochs"]:
+            out.append(f"source {s!r} is drawn {row['epochs']:.2f} epochs, at its max_epochs {row['max_epochs']:g}")
+    return out

@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 
+from mixing.audit import PlanAudit, audit_plan
 from mixing.documents import TokenizeReport, tokenize_source
 from mixing.layout import BuildLayout, atomic_path
 from mixing.mixfile import Mix
@@ -23,7 +24,7 @@ from mixing.stats import LengthStats, compute_length_stats
 from mixing.tokenizer import TextTokenizer, load_tokenizer
 from mixing.tokenizer import prepare_tokenizer as _prepare
 
-__all__ = ["index", "length_stats", "pack", "plan", "prepare_tokenizer", "tokenize"]
+__all__ = ["index", "length_stats", "pack", "plan", "plan_audit", "prepare_tokenizer", "tokenize"]
 
 Progress = Callable[[str], None]
 
@@ -75,15 +76,26 @@ def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
     stats = compute_length_stats(layout.duckdb, files, mix.sequence.length)
     with atomic_path(layout.plan_dir / "length_histogram.parquet") as tmp:
         stats.histogram.write_parquet(tmp)
+    with atomic_path(layout.plan_dir / "length_summary.parquet") as tmp:
+        stats.summary.write_parquet(tmp)
     return stats
 
 
 def plan(mix: Mix, layout: BuildLayout) -> Plan:
-    """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/quotas.parquet``)."""
+    """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/{quotas,phases,sources}.parquet``)."""
     result = make_plan(mix, layout.duckdb)
     with atomic_path(layout.plan_dir / "quotas.parquet") as tmp:
         result.quotas.write_parquet(tmp)
+    with atomic_path(layout.plan_dir / "phases.parquet") as tmp:
+        result.phases.write_parquet(tmp)
+    with atomic_path(layout.plan_dir / "sources.parquet") as tmp:
+        result.per_source.write_parquet(tmp)
     return result
+
+
+def plan_audit(mix: Mix, layout: BuildLayout) -> PlanAudit:
+    """The plan's checks: ``mixture_error``, planned units exist, none twice per epoch, budget per phase."""
+    return audit_plan(layout.duckdb, mix.sequence.length)
 
 
 def pack(mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda _k: None) -> dict[str, Any]:

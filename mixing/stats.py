@@ -3,9 +3,13 @@
 Tables written to the build's DuckDB file (and returned as polars frames):
 
 - ``documents``: every document's metadata (``source``, ``doc_id``, ``file``, ``line``, ``n_tokens``, ...).
-- ``length_summary``: per source and ``'*'`` overall: ``docs``, ``tokens``, exact ``p50``/``p90``/``p99``/
-  ``max`` of ``n_tokens``, and ``share_over_seq`` (fraction of documents longer than the sequence length).
-- ``length_histogram``: per source, log2 buckets ``[lo, hi)`` of ``n_tokens`` with ``docs`` and ``tokens``.
+- ``length_summary``: per source and ``'*'`` overall: ``docs``, ``tokens``, ``mean``, exact ``min``/``p50``/
+  ``p90``/``p99``/``max`` of ``n_tokens``, ``share_over_seq`` (fraction of documents longer than the sequence
+  length S) and ``token_share_over_seq`` (fraction of tokens in such documents).
+- ``length_histogram``: per source and ``'*'``, log2 buckets ``[lo, hi)`` of ``n_tokens`` with ``docs`` and
+  ``tokens``.
+
+Both are also written as parquet under the build's ``plan/`` folder by :func:`mixing.stages.length_stats`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-__all__ = ["LengthStats", "compute_length_stats"]
+__all__ = ["LengthStats", "compute_length_stats", "length_tables", "read_length_stats"]
 
 
 @dataclass(frozen=True)
@@ -35,32 +39,51 @@ def compute_length_stats(db_path: Path, doc_files: dict[str, Path], seq_len: int
             " ORDER BY source, doc_id",
             [files],
         )
-        con.execute(
-            """
-            CREATE OR REPLACE TABLE length_summary AS
-            SELECT coalesce(source, '*') AS source,
-                   count(*)::BIGINT AS docs,
-                   sum(n_tokens)::BIGINT AS tokens,
-                   quantile_disc(n_tokens, 0.5)::BIGINT AS p50,
-                   quantile_disc(n_tokens, 0.9)::BIGINT AS p90,
-                   quantile_disc(n_tokens, 0.99)::BIGINT AS p99,
-                   max(n_tokens)::BIGINT AS max,
-                   avg((n_tokens > $seq)::INT)::DOUBLE AS share_over_seq
-            FROM documents GROUP BY ROLLUP (source) ORDER BY source
-            """,
-            {"seq": seq_len},
-        )
-        con.execute(
-            """
-            CREATE OR REPLACE TABLE length_histogram AS
-            SELECT source,
-                   (1::BIGINT << floor(log2(n_tokens))::INT) AS lo,
-                   (1::BIGINT << (floor(log2(n_tokens))::INT + 1)) AS hi,
-                   count(*)::BIGINT AS docs,
-                   sum(n_tokens)::BIGINT AS tokens
-            FROM documents GROUP BY ALL ORDER BY source, lo
-            """
-        )
-        summary = con.sql("SELECT * FROM length_summary ORDER BY source").pl()
-        histogram = con.sql("SELECT * FROM length_histogram ORDER BY source, lo").pl()
+        return length_tables(con, seq_len)
+
+
+def length_tables(con: duckdb.DuckDBPyConnection, seq_len: int) -> LengthStats:
+    """(Re)create ``length_summary`` and ``length_histogram`` from the ``documents`` table of ``con``.
+
+    Quantiles are exact (``quantile_disc``: an actual document length). Histogram buckets are powers of
+    two, ``[lo, hi)`` with ``hi = 2·lo``, per source and for ``'*'`` (all sources); empty buckets are absent.
+    """
+    con.execute(
+        """
+        CREATE OR REPLACE TABLE length_summary AS
+        SELECT coalesce(source, '*') AS source,
+               count(*)::BIGINT AS docs,
+               sum(n_tokens)::BIGINT AS tokens,
+               avg(n_tokens)::DOUBLE AS mean,
+               min(n_tokens)::BIGINT AS min,
+               quantile_disc(n_tokens, 0.5)::BIGINT AS p50,
+               quantile_disc(n_tokens, 0.9)::BIGINT AS p90,
+               quantile_disc(n_tokens, 0.99)::BIGINT AS p99,
+               max(n_tokens)::BIGINT AS max,
+               avg((n_tokens > $seq)::INT)::DOUBLE AS share_over_seq,
+               (coalesce(sum(n_tokens) FILTER (WHERE n_tokens > $seq), 0) / sum(n_tokens))::DOUBLE
+                   AS token_share_over_seq
+        FROM documents GROUP BY ROLLUP (source) ORDER BY source
+        """,
+        {"seq": seq_len},
+    )
+    con.execute(
+        """
+        CREATE OR REPLACE TABLE length_histogram AS
+        WITH b AS (SELECT source, n_tokens, floor(log2(greatest(n_tokens, 1)))::INT AS k FROM documents)
+        SELECT coalesce(source, '*') AS source,
+               (1::BIGINT << k) AS lo,
+               (1::BIGINT << (k + 1)) AS hi,
+               count(*)::BIGINT AS docs,
+               sum(n_tokens)::BIGINT AS tokens
+        FROM b GROUP BY GROUPING SETS ((source, k), (k)) ORDER BY source, lo
+        """
+    )
+    return read_length_stats(con)
+
+
+def read_length_stats(con: duckdb.DuckDBPyConnection) -> LengthStats:
+    """The two length tables of ``con`` as polars frames (ordered by source, then bucket)."""
+    summary = con.sql("SELECT * FROM length_summary ORDER BY source").pl()
+    histogram = con.sql("SELECT * FROM length_histogram ORDER BY source, lo").pl()
     return LengthStats(summary, histogram)

@@ -1,4 +1,4 @@
-"""The ``weir`` command line: validate, build, inspect, demo-data, ui."""
+"""The ``weir`` command line: validate, build, inspect, plan, demo-data, ui."""
 
 from __future__ import annotations
 
@@ -158,6 +158,115 @@ def export_megatron(
     out.print(
         f"{r['prefix']}.bin/.idx: {r['sequences']:,} sequences, {r['documents']:,} documents, {r['tokens']:,} tokens"
     )
+@app.command("plan")
+def plan_cmd(
+    mix: Path,
+    build_dir: Annotated[
+        Path | None, typer.Option("--build", help="build folder with the stats (default build/<mix name>)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON for machines")] = False,
+    compute: Annotated[
+        bool, typer.Option("--compute", help="when DIR has no stats yet, run the stages up to length_stats there")
+    ] = False,
+) -> None:
+    """Print MIX's plan: phases, steps, tokens per source, epochs per source, warnings.
+
+    Reads the documents of an existing build (no tokenizing again) and writes nothing there; exit 1 when
+    the plan is infeasible (the error names phase, source and tokens) or the build has no stats.
+    """
+    from mixing.layout import BuildLayout
+    from mixing.plan import preview_plan
+
+    m = _load(mix)
+    layout = BuildLayout((build_dir or Path("build") / m.name).resolve())
+    if not _has_documents(layout.duckdb):
+        if not compute:
+            err.print(
+                f"[bold red]no length statistics[/] in {layout.root}: build the mix first "
+                f"(weir build {mix} --out {layout.root}), or add --compute to run the stages up to length_stats",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(1)
+        _stats_stages(m, layout)
+    try:
+        p = preview_plan(m, layout.duckdb)
+    except WeirError as e:
+        err.print(f"[bold red]plan infeasible[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        report = {
+            "mix": m.name,
+            "build": str(layout.root),
+            "steps": m.total_steps,
+            "seq_len": m.sequence.length,
+            "global_batch": m.sequence.global_batch,
+            "tokens_per_step": m.sequence.length * m.sequence.global_batch,
+            "units": p.units,
+            "phases": p.phases.to_dicts(),
+            "sources": [
+                {k: (None if isinstance(v, float) and v == float("inf") else v) for k, v in row.items()}
+                for row in p.per_source.to_dicts()
+            ],
+            "warnings": list(p.warnings),
+        }
+        print(json.dumps(report, indent=2))
+        return
+    per_step = m.sequence.length * m.sequence.global_batch
+    out.print(
+        f"mix {m.name!r}: {m.total_steps} steps × {m.sequence.global_batch} sequences × {m.sequence.length} tokens "
+        f"= {m.total_steps * per_step:,} tokens; {p.units:,} document pieces drawn (from {layout.root})"
+    )
+    names = sorted(m.sources)
+    t = Table("phase", "steps", "transition", "max_doc_tokens", "tokens", *names, title="phases (tokens per source)")
+    for r in p.phases.iter_rows(named=True):
+        t.add_row(
+            r["phase"],
+            f"{r['first_step']}–{r['first_step'] + r['steps'] - 1} ({r['steps']})",
+            r["transition"],
+            "—" if r["max_doc_tokens"] is None else f"{r['max_doc_tokens']:,}",
+            f"{r['tokens_planned']:,}",
+            *(f"{r[f'tokens_{s}']:,}" for s in names),
+        )
+    out.print(t)
+    t = Table("source", "documents", "tokens available", "tokens planned", "epochs", "max_epochs", title="sources")
+    for r in p.per_source.iter_rows(named=True):
+        t.add_row(
+            r["source"],
+            f"{r['docs_available']:,}",
+            f"{r['tokens_available']:,}",
+            f"{r['tokens_planned']:,}",
+            f"{r['epochs']:.3f}",
+            f"{r['max_epochs']:g}",
+        )
+    out.print(t)
+    for w in p.warnings:
+        out.print(f"[yellow]warning[/]: {w}", highlight=False)
+
+
+def _has_documents(db: Path) -> bool:
+    import duckdb
+
+    if not db.exists():
+        return False
+    with duckdb.connect(str(db), read_only=True) as con:
+        return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'documents'").fetchall()[0][0])
+
+
+def _stats_stages(m, layout) -> None:  # type: ignore[no-untyped-def]
+    """Run index, tokenizer, documents and length_stats into ``layout`` (what --compute asks for)."""
+    from mixing import stages
+
+    try:
+        for name in sorted(m.sources):
+            stages.index(m, layout, name)
+        stages.prepare_tokenizer(m, layout)
+        for name in sorted(m.sources):
+            stages.tokenize(m, layout, name)
+        stages.length_stats(m, layout)
+    except WeirError as e:
+        err.print(f"[bold red]stats failed[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("demo-data")

@@ -55,5 +55,6 @@ def test_materialize_whole_graph_on_tiny_mix(tiny_mix_path: Path, tmp_path: Path
     assert result.success
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"packing_efficiency": checks["packing_efficiency"], "truncated_docs": True,
-                      "manifest_checksums": True}
+                      "manifest_checksums": True, "mixture_error": checks["mixture_error"],  # WARN: tiny is coarse
+                      "planned_documents_exist": True, "token_budget_per_phase": True}
     assert (tmp_path / "build" / "tiny" / "shards" / "manifest.json").exists()
