@@ -1,0 +1,124 @@
+"""DP balance: which training step gets which sequences, and which DP rank gets which of them.
+
+Pure numpy, deterministic, world-aware only where it must be. Two levers:
+
+1. :func:`assign_ranks`: one step's ``global_batch`` sequences dealt to ``dp_size`` ranks, equal counts,
+   minimizing the maximum per-rank cost: longest-processing-time first under the count constraint, then
+   pairwise swaps that lower the heaviest rank while any helps.
+2. :func:`regroup_window`: outlier delay (WLB-LLM). When a rank holds one or few sequences per step, no
+   assignment can balance a step holding one full-length book piece (cost ~S²) and packs of short
+   documents. The sequences of a bounded window of ``W`` consecutive steps of one phase are regrouped
+   by cost into ``W`` new steps of the same size, so that each step holds sequences of similar cost;
+   the new steps are then ordered so that the cumulative per-source token counts track the build's, which
+   bounds the mixture drift of any window of steps.
+
+Cost of a sequence = Σ over its documents of ``attention·l² + linear·l`` (the build's cost model).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["assign_ranks", "dp_imbalance", "regroup_window", "segment_cost"]
+
+
+def segment_cost(lengths: np.ndarray, attention: float, linear: float) -> float:
+    """Cost of one sequence holding documents (or pieces) of ``lengths`` tokens (float, arbitrary units)."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return float(attention * (lengths * lengths).sum() + linear * lengths.sum())
+
+
+def dp_imbalance(costs: np.ndarray, ranks: np.ndarray, dp_size: int) -> float:
+    """max over DP ranks of Σcost ÷ mean over DP ranks (1.0 is perfect) for one step."""
+    loads = np.bincount(ranks, weights=costs, minlength=dp_size)
+    mean = loads.mean()
+    return float(loads.max() / mean) if mean > 0 else 1.0
+
+
+def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> np.ndarray:
+    """DP rank (int64 [n]) of each of one step's ``n`` sequences; every rank gets ``n / dp_size`` of them.
+
+    LPT under the equal-count constraint (heaviest first, onto the lightest rank that still has room),
+    then local search: swap one sequence of the heaviest rank with one of another rank when that lowers
+    the heaviest of the two, up to ``max_swap_rounds`` times. Deterministic (ties broken by index).
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    n = len(costs)
+    if n % dp_size:
+        raise ValueError(f"{n} sequences cannot be split evenly over dp_size {dp_size}")
+    per = n // dp_size
+    ranks = np.empty(n, dtype=np.int64)
+    if per == 1:  # nothing to choose: any bijection has the same max
+        ranks[np.argsort(-costs, kind="stable")] = np.arange(n)
+        return ranks
+    loads = np.zeros(dp_size)
+    counts = np.zeros(dp_size, dtype=np.int64)
+    for i in np.argsort(-costs, kind="stable"):
+        open_ = np.flatnonzero(counts < per)
+        r = int(open_[np.argmin(loads[open_])])
+        ranks[i] = r
+        loads[r] += costs[i]
+        counts[r] += 1
+    for _ in range(max_swap_rounds):
+        hi = int(np.argmax(loads))
+        mine = np.flatnonzero(ranks == hi)
+        best = (0.0, -1, -1)
+        for r in range(dp_size):
+            if r == hi:
+                continue
+            theirs = np.flatnonzero(ranks == r)
+            # moving d = c_mine - c_theirs from hi to r; the pair's new max must drop below loads[hi]
+            d = costs[mine][:, None] - costs[theirs][None, :]
+            new_max = np.maximum(loads[hi] - d, loads[r] + d)
+            gain = loads[hi] - new_max
+            k = int(np.argmax(gain))
+            if gain.flat[k] > best[0] + 1e-9 * loads[hi]:
+                a, b = divmod(k, len(theirs))
+                best = (float(gain.flat[k]), int(mine[a]), int(theirs[b]))
+        if best[1] < 0:
+            break
+        _, i, j = best
+        d = costs[i] - costs[j]
+        ranks[i], ranks[j] = ranks[j], ranks[i]
+        loads[hi] -= d
+        loads[ranks[i]] += d
+    return ranks
+
+
+def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int, dp_size: int) -> np.ndarray:
+    """Regroup one window's sequences into ``steps`` steps of equal size; returns the new step (0-based
+    within the window, int64 [n]) of each sequence, in the window's original order.
+
+    ``costs`` float [n], ``source_tokens`` int [n, sources] (tokens of each source in each sequence, used to
+    order the new steps), ``n`` = ``steps`` × the step size. Sequences are sorted by cost and cut into
+    blocks of ``dp_size`` (one sequence per rank); blocks are dealt to groups in snake order so every group
+    gets as many blocks as a step has sequences per rank. Groups are then placed greedily: each next slot
+    takes the group that keeps the running per-source token counts closest to the build's own running
+    counts (in the original step order). Deterministic.
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    n = len(costs)
+    if n % steps or (n // steps) % dp_size:
+        raise ValueError(f"a window of {n} sequences cannot form {steps} steps for dp_size {dp_size}")
+    size = n // steps
+    order = np.argsort(-costs, kind="stable")
+    blocks = order.reshape(-1, dp_size)  # [steps * per, dp]
+    group_of_block = np.empty(len(blocks), dtype=np.int64)
+    for b in range(len(blocks)):
+        lap, k = divmod(b, steps)
+        group_of_block[b] = k if lap % 2 == 0 else steps - 1 - k
+    group = np.empty(n, dtype=np.int64)
+    group[blocks.reshape(-1)] = np.repeat(group_of_block, dp_size)
+    # place groups: track the build's cumulative per-source tokens, step by step
+    src = np.asarray(source_tokens, dtype=np.float64)
+    target = np.cumsum(src.reshape(steps, size, -1).sum(axis=1), axis=0)  # [steps, sources]
+    per_group = np.stack([src[group == g].sum(axis=0) for g in range(steps)])
+    placed = np.empty(steps, dtype=np.int64)
+    left = list(range(steps))
+    running = np.zeros(src.shape[1])
+    for slot in range(steps):
+        errs = [np.abs(running + per_group[g] - target[slot]).max() for g in left]
+        g = left.pop(int(np.argmin(errs)))
+        placed[g] = slot
+        running += per_group[g]
+    return placed[group]
