@@ -87,7 +87,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self.seed, self.window, self.cp_split = seed, window, cp_split
         self.schedule = Schedule(self.shards, window=window, seed=seed)
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
-        self._step, self._consumed, self._window_dp = 0, 0, None  # position: next item to yield
+        self._step, self._consumed = 0, 0  # position: next item to yield
+        self.plan_dp = dp_size  # the dp_size the steps are regrouped for: the first world of the run
 
     # compatibility with the skeleton's attribute names
     dp_rank = property(lambda self: self.world.dp_rank)
@@ -105,11 +106,10 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     def plan(self) -> Iterator[tuple[int, int, int]]:
         """``(step, slot, sequence)`` of every remaining item of this rank, in order (no I/O beyond metadata)."""
-        step0, consumed0, wdp0 = self._step, self._consumed, self._window_dp  # iteration moves the position
-        w0 = self.schedule.window_of(step0) if step0 < self.schedule.steps else -1
+        step0, consumed0 = self._step, self._consumed  # iteration moves the position
+        plan_dp = None if self.plan_dp == self.dp_size else self.plan_dp
         for t in range(step0, self.schedule.steps):
-            wdp = wdp0 if self.schedule.window_of(t) == w0 else None
-            mine = self.schedule.assignment(t, self.dp_size, None if wdp == self.dp_size else wdp)[self.dp_rank]
+            mine = self.schedule.assignment(t, self.dp_size, plan_dp)[self.dp_rank]
             for slot in range(consumed0 if t == step0 else 0, len(mine)):
                 yield t, slot, int(mine[slot])
 
@@ -163,34 +163,28 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     def _advance(self, step: int, slot: int) -> None:
         """Record that item ``(step, slot)`` was delivered: the position moves just past it."""
-        if self._window_dp is None or self.schedule.window_of(step) != self.schedule.window_of(self._step):
-            self._window_dp = self.dp_size
         self._step, self._consumed = (step + 1, 0) if slot + 1 == self.per_rank else (step, slot + 1)
 
     def state_at(self, step: int, slot: int) -> dict[str, Any]:
         """The state just after item ``(step, slot)`` was delivered (what :class:`PackedLoader` saves)."""
-        saved = (self._step, self._consumed, self._window_dp)
+        saved = (self._step, self._consumed)
         try:
             self._advance(step, slot)
             return self.state_dict()
         finally:
-            self._step, self._consumed, self._window_dp = saved
+            self._step, self._consumed = saved
 
     def state_dict(self) -> dict[str, Any]:
         """World-independent position (see :mod:`loaders.state`): resume on this build, any world at a step
-        boundary, the same DP layout inside a step."""
-        at_window_start = (
-            self._consumed == 0
-            and self._step < self.schedule.steps
-            and self._step == int(self.schedule.window_starts[self.schedule.window_of(self._step)])
-        )
+        boundary, the same DP layout inside a step. Training steps never change once a run has started: the
+        state carries the ``dp_size`` their regrouping was planned for."""
         return LoaderState(
             build_id=self.build_id,
             seed=self.seed,
             window=self.window,
             step=self._step,
             consumed=self._consumed,
-            window_dp=None if at_window_start or self._step >= self.schedule.steps else self._window_dp,
+            plan_dp=self.plan_dp,
             dp_rank=self.dp_rank,
             dp_size=self.dp_size,
             cp_size=self.cp_size,
@@ -201,7 +195,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         a state of another build or plan, or one saved inside a step under another DP layout."""
         s = LoaderState.from_dict(state)
         s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size)
-        self._step, self._consumed, self._window_dp = s.step, s.consumed, s.window_dp
+        self._step, self._consumed, self.plan_dp = s.step, s.consumed, s.plan_dp
 
 
 def _open(path: str | Path, cache_dir: str | Path | None, cache_bytes: int) -> tuple[ShardSet, bytes]:

@@ -4,14 +4,15 @@ World-independent where it can be: with ``window == 1`` training step ``t`` is e
 ``t``; with ``window == W > 1`` the steps of each phase are cut into windows of ``W`` steps (the last one
 of a phase may be shorter; a window never crosses a phase) whose sequences are regrouped by cost
 (:func:`loaders.balance.regroup_window`). Regrouping depends on the ``dp_size`` it balances for, so a
-window is always planned for one ``dp_size`` (the state records it while a window is in progress, which
-keeps an elastic resume inside a window exact). Within a step, sequences go to DP ranks by
+run's windows are planned for the ``dp_size`` it started with (the state carries it, which keeps the
+steps of a run fixed across an elastic resume). Within a step, sequences go to DP ranks by
 :func:`loaders.balance.assign_ranks`; the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window and world.
 """
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 
 import numpy as np
@@ -42,7 +43,7 @@ class Schedule:
         self.first = np.concatenate([[0], np.cumsum(counts)])  # sequences of build step t: first[t]:first[t+1]
         starts = sorted({0, *(int(p["first_step"]) for p in m.get("phases", []))} | {self.steps})
         bounds: list[int] = []
-        for a, b in zip(starts[:-1], starts[1:], strict=True):
+        for a, b in itertools.pairwise(starts):
             bounds += list(range(a, b, window))
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
 
@@ -77,18 +78,18 @@ class Schedule:
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
 
-    def step_sequences(self, step: int, dp_size: int, window_dp: int | None = None) -> np.ndarray:
+    def step_sequences(self, step: int, dp_size: int, plan_dp: int | None = None) -> np.ndarray:
         """The ``global_batch`` sequences (sorted) of training ``step``, its window planned for
-        ``window_dp`` (default ``dp_size``)."""
+        ``plan_dp`` (default ``dp_size``)."""
         w = self.window_of(step)
-        return self._window(w, window_dp or dp_size)[step - int(self.window_starts[w])]
+        return self._window(w, plan_dp or dp_size)[step - int(self.window_starts[w])]
 
     @lru_cache(maxsize=64)  # noqa: B019
-    def assignment(self, step: int, dp_size: int, window_dp: int | None = None) -> tuple[np.ndarray, ...]:
+    def assignment(self, step: int, dp_size: int, plan_dp: int | None = None) -> tuple[np.ndarray, ...]:
         """Per DP rank, its sequences of training ``step`` in reading order (int64 arrays of equal length)."""
         if self.global_batch % dp_size:
             raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {dp_size}")
-        seqs = self.step_sequences(step, dp_size, window_dp)
+        seqs = self.step_sequences(step, dp_size, plan_dp)
         lo, costs, _ = self._facts(self.window_of(step))
         bins = assign_ranks(costs[seqs - lo], dp_size)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, step])
