@@ -203,11 +203,10 @@ def regime(lens: dict, seq_len: int, batch: int, dp: int, cp: int, steps: int, w
     # weir: regroup windows of `window` steps, then LPT + swaps
     regrouped: list[list[list[tuple[int, int]]]] = []
     for a in range(0, steps, window):
-        block = packed[a : a + window]
-        flat = [s for st in block for s in st.seqs]
-        c = np.concatenate([bfd_costs[t] for t in range(a, a + len(block))])
-        new = regroup_window(c, np.stack([source_tokens(s) for s in flat]), len(block), dp)
-        regrouped += [[flat[i] for i in np.flatnonzero(new == g)] for g in range(len(block))]
+        flat = [s for st in packed[a : a + window] for s in st.seqs]
+        n = len(flat) // batch
+        new = regroup_window(np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat]), n)
+        regrouped += [[flat[i] for i in np.flatnonzero(new == g)] for g in range(n)]
     weir_costs = [np.array([cost(s) for s in st]) for st in regrouped]
     rows["weir"] = dp_stats(weir_costs, lambda c: assign_ranks(c, dp))
     sample = [s for st in packed[: max(1, 256 // batch)] for s in st.seqs]  # CP on a sample of sequences

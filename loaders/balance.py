@@ -1,6 +1,6 @@
 """DP balance: which training step gets which sequences, and which DP rank gets which of them.
 
-Pure numpy, deterministic, world-aware only where it must be. Two levers:
+Pure numpy, deterministic; only :func:`assign_ranks` depends on the world size. Two levers:
 
 1. :func:`assign_ranks`: one step's ``global_batch`` sequences dealt to ``dp_size`` ranks, equal counts,
    minimizing the maximum per-rank cost: longest-processing-time first under the count constraint, then
@@ -8,9 +8,9 @@ Pure numpy, deterministic, world-aware only where it must be. Two levers:
 2. :func:`regroup_window`: outlier delay (WLB-LLM). When a rank holds one or few sequences per step, no
    assignment can balance a step holding one full-length book piece (cost ~S²) and packs of short
    documents. The sequences of a bounded window of ``W`` consecutive steps of one phase are regrouped
-   by cost into ``W`` new steps of the same size, so that each step holds sequences of similar cost;
-   the new steps are then ordered so that the cumulative per-source token counts track the build's, which
-   bounds the mixture drift of any window of steps.
+   by cost into ``W`` new steps of the same size, so that each step holds sequences of similar cost
+   (no sequence moves more than ``W − 1`` steps); the new steps are ordered so that the cumulative
+   per-source token counts track the build's, which bounds the mixture drift of any window of steps.
 
 Cost of a sequence = Σ over its documents of ``attention·l² + linear·l`` (the build's cost model).
 """
@@ -85,31 +85,24 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
     return ranks
 
 
-def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int, dp_size: int) -> np.ndarray:
+def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int) -> np.ndarray:
     """Regroup one window's sequences into ``steps`` steps of equal size; returns the new step (0-based
     within the window, int64 [n]) of each sequence, in the window's original order.
 
-    ``costs`` float [n], ``source_tokens`` int [n, sources] (tokens of each source in each sequence, used to
-    order the new steps), ``n`` = ``steps`` × the step size. Sequences are sorted by cost and cut into
-    blocks of ``dp_size`` (one sequence per rank); blocks are dealt to groups in snake order so every group
-    gets as many blocks as a step has sequences per rank. Groups are then placed greedily: each next slot
-    takes the group that keeps the running per-source token counts closest to the build's own running
-    counts (in the original step order). Deterministic.
+    ``costs`` float [n]; ``source_tokens`` [n, sources] (tokens of each source in each sequence, in the
+    build's step order); ``n`` = ``steps`` × the step size. Sequences sorted by cost are cut into ``steps``
+    runs, so each new step holds sequences of similar cost (any equal-count assignment of them is
+    balanced). The runs are then placed greedily: each next step takes the run that keeps the running
+    per-source token counts closest to the build's own running counts. Deterministic; independent of the
+    world size.
     """
     costs = np.asarray(costs, dtype=np.float64)
     n = len(costs)
-    if n % steps or (n // steps) % dp_size:
-        raise ValueError(f"a window of {n} sequences cannot form {steps} steps for dp_size {dp_size}")
+    if n % steps:
+        raise ValueError(f"a window of {n} sequences cannot form {steps} equal steps")
     size = n // steps
-    order = np.argsort(-costs, kind="stable")
-    blocks = order.reshape(-1, dp_size)  # [steps * per, dp]
-    group_of_block = np.empty(len(blocks), dtype=np.int64)
-    for b in range(len(blocks)):
-        lap, k = divmod(b, steps)
-        group_of_block[b] = k if lap % 2 == 0 else steps - 1 - k
     group = np.empty(n, dtype=np.int64)
-    group[blocks.reshape(-1)] = np.repeat(group_of_block, dp_size)
-    # place groups: track the build's cumulative per-source tokens, step by step
+    group[np.argsort(-costs, kind="stable")] = np.repeat(np.arange(steps), size)
     src = np.asarray(source_tokens, dtype=np.float64)
     target = np.cumsum(src.reshape(steps, size, -1).sum(axis=1), axis=0)  # [steps, sources]
     per_group = np.stack([src[group == g].sum(axis=0) for g in range(steps)])

@@ -7,7 +7,8 @@ rank ``r`` chunks ``r`` and ``2·cp − 1 − r`` (head–tail order), which mak
 A document whose length is not a multiple of ``2·cp`` is padded with fewer than ``2·cp`` slots, placed
 *before* the document: those slots are queries without keys, so the balance stays exact up to a few pairs
 (padding at the end would take the heaviest queries from rank 0 and cost several percent on short
-documents).
+documents), and the chunk pair a rank takes rotates from one document to the next, so that what rounding
+leaves uneven on a short document lands on a different rank each time.
 
 Every split returns, per rank, ``indices`` int64 [n]: the position in the sequence of each of the rank's
 slots, ``-1`` for a padding slot. All ranks get the same ``n`` for one sequence. The baselines
@@ -25,8 +26,9 @@ def document_zigzag(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndar
     """Slots of ``cp_rank`` for a sequence whose segments (documents, trailing padding) have ``seg_lens``.
 
     Segment of ``l`` tokens → padded to ``L = 2·cp·ceil(l / 2cp)`` (front padding ``L − l < 2·cp``), cut into
-    ``2·cp`` chunks of ``m = L / 2cp``; this rank's chunks ``cp_rank`` and ``2cp − 1 − cp_rank`` in that
-    order. Returns int64 [Σ 2m] (identical length on every rank), ``-1`` for padding.
+    ``2·cp`` chunks of ``m = L / 2cp``; of segment ``d``, this rank holds chunks ``j`` and ``2cp − 1 − j``
+    with ``j = (cp_rank + d) mod cp``, in that order. Returns int64 [Σ 2m] (identical length on every
+    rank), ``-1`` for padding.
     """
     seg_lens = np.asarray(seg_lens, dtype=np.int64)
     if cp_size == 1:
@@ -39,7 +41,8 @@ def document_zigzag(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndar
     doc = np.repeat(np.arange(len(seg_lens)), width)
     q = np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
     mm = m[doc]
-    p = np.where(q < mm, cp_rank * mm + q, (two - 1 - cp_rank) * mm + q - mm)
+    j = (cp_rank + doc) % cp_size  # rotate pairs over documents: rounding leftovers average out across ranks
+    p = np.where(q < mm, j * mm + q, (two - 1 - j) * mm + q - mm)
     real = p - pad[doc]
     return np.where(real >= 0, starts[doc] + real, -1).astype(np.int64)
 

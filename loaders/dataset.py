@@ -88,7 +88,6 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self.schedule = Schedule(self.shards, window=window, seed=seed)
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
         self._step, self._consumed = 0, 0  # position: next item to yield
-        self.plan_dp = dp_size  # the dp_size the steps are regrouped for: the first world of the run
 
     # compatibility with the skeleton's attribute names
     dp_rank = property(lambda self: self.world.dp_rank)
@@ -107,9 +106,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def plan(self) -> Iterator[tuple[int, int, int]]:
         """``(step, slot, sequence)`` of every remaining item of this rank, in order (no I/O beyond metadata)."""
         step0, consumed0 = self._step, self._consumed  # iteration moves the position
-        plan_dp = None if self.plan_dp == self.dp_size else self.plan_dp
         for t in range(step0, self.schedule.steps):
-            mine = self.schedule.assignment(t, self.dp_size, plan_dp)[self.dp_rank]
+            mine = self.schedule.assignment(t, self.dp_size)[self.dp_rank]
             for slot in range(consumed0 if t == step0 else 0, len(mine)):
                 yield t, slot, int(mine[slot])
 
@@ -176,15 +174,13 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     def state_dict(self) -> dict[str, Any]:
         """World-independent position (see :mod:`loaders.state`): resume on this build, any world at a step
-        boundary, the same DP layout inside a step. Training steps never change once a run has started: the
-        state carries the ``dp_size`` their regrouping was planned for."""
+        boundary, the same DP layout inside a step."""
         return LoaderState(
             build_id=self.build_id,
             seed=self.seed,
             window=self.window,
             step=self._step,
             consumed=self._consumed,
-            plan_dp=self.plan_dp,
             dp_rank=self.dp_rank,
             dp_size=self.dp_size,
             cp_size=self.cp_size,
@@ -195,7 +191,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         a state of another build or plan, or one saved inside a step under another DP layout."""
         s = LoaderState.from_dict(state)
         s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size)
-        self._step, self._consumed, self.plan_dp = s.step, s.consumed, s.plan_dp
+        self._step, self._consumed = s.step, s.consumed
 
 
 def _open(path: str | Path, cache_dir: str | Path | None, cache_bytes: int) -> tuple[ShardSet, bytes]:

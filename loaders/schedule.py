@@ -3,9 +3,8 @@
 World-independent where it can be: with ``window == 1`` training step ``t`` is exactly the build's step
 ``t``; with ``window == W > 1`` the steps of each phase are cut into windows of ``W`` steps (the last one
 of a phase may be shorter; a window never crosses a phase) whose sequences are regrouped by cost
-(:func:`loaders.balance.regroup_window`). Regrouping depends on the ``dp_size`` it balances for, so a
-run's windows are planned for the ``dp_size`` it started with (the state carries it, which keeps the
-steps of a run fixed across an elastic resume). Within a step, sequences go to DP ranks by
+(:func:`loaders.balance.regroup_window`), which does not depend on the world: training steps stay the
+same across an elastic resume. Within a step, sequences go to DP ranks by
 :func:`loaders.balance.assign_ranks`; the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window and world.
 """
@@ -66,7 +65,7 @@ class Schedule:
         return lo, costs, src
 
     @lru_cache(maxsize=8)  # noqa: B019 -- one Schedule per dataset; a handful of windows in flight
-    def _window(self, w: int, dp_size: int) -> np.ndarray:
+    def _window(self, w: int) -> np.ndarray:
         """Sequence indices of window ``w``'s steps, int64 [steps, global_batch], each row sorted."""
         a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
         lo, hi = int(self.first[a]), int(self.first[b])
@@ -74,22 +73,21 @@ class Schedule:
         if b - a == 1 or self.window == 1:
             return seqs.reshape(b - a, self.global_batch)
         _, costs, src = self._facts(w)
-        new_step = regroup_window(costs, src, b - a, dp_size)
+        new_step = regroup_window(costs, src, b - a)
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
 
-    def step_sequences(self, step: int, dp_size: int, plan_dp: int | None = None) -> np.ndarray:
-        """The ``global_batch`` sequences (sorted) of training ``step``, its window planned for
-        ``plan_dp`` (default ``dp_size``)."""
+    def step_sequences(self, step: int) -> np.ndarray:
+        """The ``global_batch`` sequences (sorted) of training ``step``."""
         w = self.window_of(step)
-        return self._window(w, plan_dp or dp_size)[step - int(self.window_starts[w])]
+        return self._window(w)[step - int(self.window_starts[w])]
 
     @lru_cache(maxsize=64)  # noqa: B019
-    def assignment(self, step: int, dp_size: int, plan_dp: int | None = None) -> tuple[np.ndarray, ...]:
+    def assignment(self, step: int, dp_size: int) -> tuple[np.ndarray, ...]:
         """Per DP rank, its sequences of training ``step`` in reading order (int64 arrays of equal length)."""
         if self.global_batch % dp_size:
             raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {dp_size}")
-        seqs = self.step_sequences(step, dp_size, plan_dp)
+        seqs = self.step_sequences(step)
         lo, costs, _ = self._facts(self.window_of(step))
         bins = assign_ranks(costs[seqs - lo], dp_size)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, step])

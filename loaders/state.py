@@ -1,11 +1,10 @@
 """The loader's resumable position, in terms that survive a change of world.
 
 The position is the training step reached plus how many of that step's sequences this DP rank has
-already delivered. Steps are fixed by the build (and by the regrouping window, planned once for the
-``dp_size`` the run started with, which the state carries), so a state saved at a step boundary resumes
-on any ``dp_size`` / ``cp_size``: the remaining steps are simply re-assigned. Inside a step, only the
-same DP layout can resume (other ranks' progress inside the step is not in this rank's state); a
-different ``cp_size`` is fine.
+already delivered. Steps are fixed by the build and the regrouping window, whatever the world, so a
+state saved at a step boundary resumes on any ``dp_size`` / ``cp_size``: the remaining steps are simply
+re-assigned. Inside a step, only the same DP layout can resume (other ranks' progress inside the step is
+not in this rank's state); a different ``cp_size`` is fine.
 """
 
 from __future__ import annotations
@@ -27,15 +26,13 @@ class StateError(WeirError, ValueError):
 @dataclass(frozen=True)
 class LoaderState:
     """``step``: first training step this rank has not finished; ``consumed``: its sequences of ``step``
-    already delivered; ``plan_dp``: the ``dp_size`` the steps were regrouped for (the run's first world;
-    only matters when ``window > 1``)."""
+    already delivered. ``dp_rank``/``dp_size``/``cp_size`` record where it was saved."""
 
     build_id: str
     seed: int
     window: int
     step: int
     consumed: int
-    plan_dp: int
     dp_rank: int
     dp_size: int
     cp_size: int

@@ -134,7 +134,7 @@ def step_tokens(streams: list[list[dict]]) -> dict[int, Counter]:
 @pytest.mark.parametrize("window", [1, 3])
 @pytest.mark.parametrize(("dp", "cp"), [(2, 1), (4, 2), (1, 4)])
 def test_elastic_resume_keeps_every_remaining_steps_tokens(tiny_build: Path, window: int, dp: int, cp: int) -> None:
-    stop_step = 4  # inside the second window when window=3: the state records the dp it was planned for
+    stop_step = 4  # inside the second window when window=3: steps do not depend on the world
     reference = step_tokens([items(PackedDataset(tiny_build, r, 4, seed=2, window=window)) for r in range(4)])
     states = []
     for r in range(4):
