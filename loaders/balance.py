@@ -59,29 +59,24 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
         ranks[i] = r
         loads[r] += costs[i]
         counts[r] += 1
+    members = [list(np.flatnonzero(ranks == r)) for r in range(dp_size)]
     for _ in range(max_swap_rounds):
         hi = int(np.argmax(loads))
-        mine = np.flatnonzero(ranks == hi)
-        best = (0.0, -1, -1)
-        for r in range(dp_size):
-            if r == hi:
-                continue
-            theirs = np.flatnonzero(ranks == r)
-            # moving d = c_mine - c_theirs from hi to r; the pair's new max must drop below loads[hi]
-            d = costs[mine][:, None] - costs[theirs][None, :]
-            new_max = np.maximum(loads[hi] - d, loads[r] + d)
-            gain = loads[hi] - new_max
-            k = int(np.argmax(gain))
-            if gain.flat[k] > best[0] + 1e-9 * loads[hi]:
-                a, b = divmod(k, len(theirs))
-                best = (float(gain.flat[k]), int(mine[a]), int(theirs[b]))
-        if best[1] < 0:
+        table = np.array(members)  # [dp, per] sequence indices
+        mine = costs[table[hi]]  # [per]
+        # moving d = c_mine - c_theirs from hi to r: the pair's new max must drop below loads[hi]
+        d = mine[None, :, None] - costs[table][:, None, :]  # [dp, per, per]
+        new_max = np.maximum(loads[hi] - d, loads[:, None, None] + d)
+        gain = loads[hi] - new_max
+        gain[hi] = -np.inf
+        r, a, b = np.unravel_index(int(np.argmax(gain)), gain.shape)
+        if gain[r, a, b] <= 1e-9 * loads[hi]:
             break
-        _, i, j = best
-        d = costs[i] - costs[j]
-        ranks[i], ranks[j] = ranks[j], ranks[i]
-        loads[hi] -= d
-        loads[ranks[i]] += d
+        i, j = int(table[hi, a]), int(table[r, b])
+        members[hi][a], members[r][b] = j, i
+        ranks[i], ranks[j] = r, hi
+        loads[hi] -= d[r, a, b]
+        loads[r] += d[r, a, b]
     return ranks
 
 

@@ -130,25 +130,27 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def item(self, i: int) -> dict[str, Any]:
         """Global sequence ``i`` cut for this CP rank (without ``step``/``slot``)."""
         view = self.shards.sequence(i)
-        tokens = np.asarray(view.tokens, dtype=np.int64)
+        S = self.seq_len
         lens = np.asarray(view.segments[:, 3], dtype=np.int64)
         used = int(lens.sum())
-        seg_lens = np.append(lens, self.seq_len - used) if used < self.seq_len else lens
+        seg_lens = np.append(lens, S - used) if used < S else lens
         cu = np.concatenate([[0], np.cumsum(seg_lens)])
-        position_ids = np.arange(self.seq_len) - np.repeat(cu[:-1], seg_lens)
-        labels = np.roll(tokens, -1)
+        # one extra slot at the end holds the padding value, so that index -1 (CP padding) gathers it
+        tokens = np.empty(S + 1, dtype=np.int64)
+        tokens[:S] = view.tokens
+        tokens[S] = self.pad_id
+        labels = np.empty(S + 1, dtype=np.int64)
+        labels[: S - 1] = tokens[1:S]
         labels[cu[1:] - 1] = IGNORE_INDEX  # the last token of each document predicts nothing
         labels[used:] = IGNORE_INDEX
+        position_ids = np.zeros(S + 1, dtype=np.int64)
+        position_ids[:S] = np.arange(S) - np.repeat(cu[:-1], seg_lens)
         if self.cp_size == 1:
-            idx = np.arange(self.seq_len, dtype=np.int64)
-            x, y, pos = tokens, labels, position_ids
+            idx = np.arange(S, dtype=np.int64)
+            x, y, pos = tokens[:S], labels[:S], position_ids[:S]
         else:
             idx = split(seg_lens, self.cp_size, self.cp_rank, self.cp_split)
-            real = idx >= 0
-            safe = np.where(real, idx, 0)
-            x = np.where(real, tokens[safe], self.pad_id)
-            y = np.where(real, labels[safe], IGNORE_INDEX)
-            pos = np.where(real, position_ids[safe], 0)
+            x, y, pos = tokens[idx], labels[idx], position_ids[idx]
         return {
             "input_ids": torch.from_numpy(np.ascontiguousarray(x)),
             "labels": torch.from_numpy(np.ascontiguousarray(y)),
