@@ -35,7 +35,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     """Yields, in step order, one dict per packed sequence this DP rank reads, cut for this CP rank.
 
     ``path``: a build folder, its ``shards`` folder, or an ``s3://``/fsspec URI of either (streamed through a
-    local cache of at most ``cache_bytes``, see :mod:`loaders.remote`). World: the arguments, or
+    local cache of at most ``cache_bytes`` per process, see :mod:`loaders.remote`; ``storage_options`` go to
+    fsspec, e.g. ``{"endpoint_url": ...}``). World: the arguments, or
     :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``: steps regrouped together for
     DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context).
     ``cp_split``: ``"zigzag"`` (per document, balanced), ``"sequence_zigzag"`` or ``"contiguous"``.
@@ -67,6 +68,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         cp_split: str = "zigzag",
         cache_dir: str | Path | None = None,
         cache_bytes: int = 8 << 30,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if dp_rank is None or dp_size is None:
@@ -75,7 +77,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             dp_size = detected.dp_size if dp_size is None else dp_size
             cp_rank = detected.cp_rank if cp_rank is None else cp_rank
         self.world = World(dp_rank, dp_size, cp_rank or 0, cp_size)
-        self.shards, manifest_bytes = _open(path, cache_dir, cache_bytes)
+        self.shards, manifest_bytes = _open(path, cache_dir, cache_bytes, storage_options)
         m = self.shards.manifest
         self.seq_len, self.global_batch = int(m["seq_len"]), int(m["global_batch"])
         self.pad_id = int(m.get("pad_id", 0))
@@ -196,12 +198,14 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self._step, self._consumed = s.step, s.consumed
 
 
-def _open(path: str | Path, cache_dir: str | Path | None, cache_bytes: int) -> tuple[ShardSet, bytes]:
+def _open(
+    path: str | Path, cache_dir: str | Path | None, cache_bytes: int, storage_options: dict[str, Any] | None
+) -> tuple[ShardSet, bytes]:
     """The build's shards and the manifest's bytes (the build's identity)."""
     if isinstance(path, str) and "://" in path and not path.startswith("file://"):
         from loaders.remote import open_remote
 
-        return open_remote(path, cache_dir, cache_bytes)
+        return open_remote(path, cache_dir, cache_bytes, storage_options)
     root = Path(str(path).removeprefix("file://"))
     shards = ShardSet(root / "shards" if (root / "shards" / "manifest.json").exists() else root)
     return shards, (shards.dir / "manifest.json").read_bytes()
