@@ -29,6 +29,9 @@ class PackedLoader(DataLoader):
     def __init__(self, dataset: PackedDataset, **kwargs: Any) -> None:
         if kwargs.pop("batch_size", None) is not None:
             raise ValueError("PackedLoader yields one packed sequence per item; batch_size must stay None")
+        if kwargs.get("persistent_workers"):
+            # persistent workers keep their own copy of the position, so a resumed pass would not reach them
+            raise ValueError("PackedLoader does not support persistent_workers=True (its state lives in the workers)")
         super().__init__(dataset, batch_size=None, in_order=True, **kwargs)
         self._last: tuple[int, int] | None = None
 

@@ -27,15 +27,11 @@ class World:
     @classmethod
     def detect(cls, cp_size: int = 1) -> World:
         """From an initialized ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else a single rank."""
-        rank, size = 0, 1
-        try:
-            import torch.distributed as dist
+        import torch.distributed as dist
 
-            if dist.is_available() and dist.is_initialized():
-                rank, size = dist.get_rank(), dist.get_world_size()
-            else:
-                raise RuntimeError
-        except RuntimeError:
+        if dist.is_available() and dist.is_initialized():
+            rank, size = dist.get_rank(), dist.get_world_size()
+        else:
             rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         if size % cp_size:
             raise ValueError(f"world size {size} is not divisible by cp_size {cp_size}")

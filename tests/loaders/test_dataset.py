@@ -185,3 +185,13 @@ def test_dataloader_workers_split_without_duplicates(tiny_build: Path) -> None:
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     got = sorted(item["sequence"] for item in loader)
     assert got == sorted(ds.rank_sequences().tolist())
+
+
+def test_a_new_loader_pass_continues_where_the_consumer_stopped(tiny_build: Path) -> None:
+    reference = [i["sequence"] for i in items(PackedDataset(tiny_build, 1, 2, seed=8))]
+    loader = PackedLoader(PackedDataset(tiny_build, 1, 2, seed=8), num_workers=2)
+    first = [i["sequence"] for i in items(loader, 5)]
+    second = [i["sequence"] for i in items(loader)]
+    assert first + second == reference
+    with pytest.raises(ValueError, match="persistent_workers"):
+        PackedLoader(PackedDataset(tiny_build, 0, 1), num_workers=1, persistent_workers=True)
