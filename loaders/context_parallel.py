@@ -31,20 +31,21 @@ def document_zigzag(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndar
     rank), ``-1`` for padding.
     """
     seg_lens = np.asarray(seg_lens, dtype=np.int64)
-    if cp_size == 1:
+    if cp_size == 1 or len(seg_lens) == 0:
         return np.arange(int(seg_lens.sum()), dtype=np.int64)
     two = 2 * cp_size
     m = -(-seg_lens // two)
     pad = two * m - seg_lens
-    starts = np.concatenate([[0], np.cumsum(seg_lens)[:-1]])
-    width = 2 * m
-    doc = np.repeat(np.arange(len(seg_lens)), width)
-    q = np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
-    mm = m[doc]
-    j = (cp_rank + doc) % cp_size  # rotate pairs over documents: rounding leftovers average out across ranks
-    p = np.where(q < mm, j * mm + q, (two - 1 - j) * mm + q - mm)
-    real = p - pad[doc]
-    return np.where(real >= 0, starts[doc] + real, -1).astype(np.int64)
+    starts = np.cumsum(seg_lens) - seg_lens
+    j = (cp_rank + np.arange(len(seg_lens))) % cp_size  # rotate pairs: rounding leftovers average out
+    base = starts - pad  # where the padded segment would start
+    run_start = np.stack([base + j * m, base + (two - 1 - j) * m], axis=1).reshape(-1)  # two runs per segment
+    run_len = np.repeat(m, 2)
+    ends = np.cumsum(run_len)
+    out = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(run_start - (ends - run_len), run_len)
+    if pad.any():
+        out[out < np.repeat(starts, 2 * m)] = -1  # slots before their segment's start are front padding
+    return out
 
 
 def contiguous(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndarray:
