@@ -80,16 +80,16 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
     return ranks
 
 
-def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int) -> np.ndarray:
+def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int, band: float = 0.02) -> np.ndarray:
     """Regroup one window's sequences into ``steps`` steps of equal size; returns the new step (0-based
     within the window, int64 [n]) of each sequence, in the window's original order.
 
     ``costs`` float [n]; ``source_tokens`` [n, sources] (tokens of each source in each sequence, in the
-    build's step order); ``n`` = ``steps`` × the step size. Sequences sorted by cost are cut into ``steps``
-    runs, so each new step holds sequences of similar cost (any equal-count assignment of them is
-    balanced). The runs are then placed greedily: each next step takes the run that keeps the running
-    per-source token counts closest to the build's own running counts. Deterministic; independent of the
-    world size.
+    build's step order); ``n`` = ``steps`` × the step size. Sequences sorted by cost (in bands of relative
+    width ``band``, inside which the build's order is kept) are cut into ``steps`` runs, so each new step
+    holds sequences of similar cost (any equal-count assignment of them is balanced). The runs are then
+    placed greedily: each next step takes the run that keeps the running per-source token counts closest
+    to the build's running counts. Deterministic; independent of the world size.
     """
     costs = np.asarray(costs, dtype=np.float64)
     n = len(costs)
@@ -97,7 +97,10 @@ def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int) -> 
         raise ValueError(f"a window of {n} sequences cannot form {steps} equal steps")
     size = n // steps
     group = np.empty(n, dtype=np.int64)
-    group[np.argsort(-costs, kind="stable")] = np.repeat(np.arange(steps), size)
+    # costs within ``band`` of each other are interchangeable for balance: inside a band keep the build's
+    # order, which mixes sources, instead of sorting them apart (that would make single-source steps)
+    level = np.floor(np.log(np.maximum(costs, 1e-300)) / np.log1p(band)) if band > 0 else costs
+    group[np.lexsort((np.arange(n), -level))] = np.repeat(np.arange(steps), size)
     src = np.asarray(source_tokens, dtype=np.float64)
     target = np.cumsum(src.reshape(steps, size, -1).sum(axis=1), axis=0)  # [steps, sources]
     per_group = np.stack([src[group == g].sum(axis=0) for g in range(steps)])
