@@ -56,10 +56,13 @@ class RemoteShardSet(ShardSet):
         """In a forked or spawned worker, move to a sub-folder of this process (see the module docstring)."""
         if os.getpid() != self._pid:
             manifest = (self.dir / "manifest.json").read_bytes()
-            self._pid, self.dir = os.getpid(), self.dir.parent / str(os.getpid())
-            self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / "manifest.json").write_bytes(manifest)
-            self._cached, self._open = OrderedDict(), {}
+            mine = self.dir.parent / str(os.getpid())
+            mine.mkdir(parents=True, exist_ok=True)
+            (mine / "manifest.json").write_bytes(manifest)
+            ShardSet.__init__(self, mine)  # re-open every reader state on the new folder
+            self._pid, self._cached = os.getpid(), OrderedDict()
+            # async filesystems (s3fs) are not fork-safe: a fresh instance, not the parent's cached one
+            self.fs = type(self.fs)(**self.fs.storage_options, skip_instance_cache=True)
 
     def _shard(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         self._own_folder()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loaders import PackedDataset
+from loaders import PackedDataset, PackedLoader
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 MOTO = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
@@ -104,3 +104,12 @@ def test_s3_stream_equals_the_local_stream_within_the_cache_bound(
 def test_s3_missing_build_is_a_clear_error(s3: dict) -> None:
     with pytest.raises(Exception, match=r"no manifest\.json"):
         PackedDataset("s3://weir-test/nothing", 0, 1, storage_options=s3["opts"])
+
+
+def test_s3_with_workers_each_in_its_own_cache_folder(s3: dict, sharded_build: Path, tmp_path: Path) -> None:
+    s3["fs"].put(str(sharded_build / "shards"), "weir-test/tiny2/shards", recursive=True)
+    local = [i["sequence"] for i in PackedDataset(sharded_build, 0, 2, seed=1)]
+    remote = PackedDataset("s3://weir-test/tiny2", 0, 2, seed=1, cache_dir=tmp_path, storage_options=s3["opts"])
+    got = [i["sequence"] for i in PackedLoader(remote, num_workers=2)]
+    assert got == local
+    assert len([p for p in next(tmp_path.iterdir()).iterdir() if (p / "manifest.json").exists()]) == 3
