@@ -195,3 +195,25 @@ def test_a_new_loader_pass_continues_where_the_consumer_stopped(tiny_build: Path
     assert first + second == reference
     with pytest.raises(ValueError, match="persistent_workers"):
         PackedLoader(PackedDataset(tiny_build, 0, 1), num_workers=1, persistent_workers=True)
+
+
+def test_resume_at_random_points_with_and_without_workers(tiny_build: Path) -> None:
+    rng = np.random.default_rng(2026)
+    for _ in range(6):
+        dp = int(rng.choice([1, 2, 4]))
+        cp = int(rng.choice([1, 2]))
+        kw = {"seed": int(rng.integers(100)), "window": int(rng.choice([1, 2, 3]))}
+        rank = (int(rng.integers(dp)), int(rng.integers(cp)))
+
+        def make(rank=rank, dp=dp, cp=cp, kw=kw) -> PackedDataset:
+            return PackedDataset(tiny_build, rank[0], dp, rank[1], cp, **kw)
+
+        reference = items(make())
+        stop = int(rng.integers(len(reference) + 1))
+        workers = int(rng.choice([0, 2]))
+        loader = PackedLoader(make(), num_workers=workers)
+        head = items(loader, stop)
+        resumed = PackedLoader(make(), num_workers=2 - workers)  # another worker count on resume
+        resumed.load_state_dict(loader.state_dict())
+        tail = items(resumed)
+        assert all(same(a, b) for a, b in zip(head + tail, reference, strict=True)), (dp, cp, kw, stop)
