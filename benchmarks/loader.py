@@ -30,14 +30,16 @@ from loaders.balance import assign_ranks, regroup_window  # noqa: E402
 from mixing.shards import ShardSet  # noqa: E402
 
 
-def timed(fn, repeat: int) -> float:
-    """Best-of-``repeat`` tokens/s of ``fn`` (which returns the tokens it delivered), after one warm-up run."""
+def timed(fn, repeat: int, min_s: float = 0.5) -> float:
+    """Best-of-``repeat`` tokens/s of ``fn`` (which returns the tokens it delivered), each sample running
+    ``fn`` again until ``min_s`` seconds have passed, after one warm-up run (page cache, plans)."""
     fn()
     best = 0.0
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        n = fn()
-        best = max(best, n / (time.perf_counter() - t0))
+        n, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < min_s:
+            n += fn()
+        best = max(best, n / elapsed)
     return best
 
 

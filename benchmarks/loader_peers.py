@@ -23,13 +23,15 @@ def rows(shards: Path) -> np.ndarray:
     return np.concatenate([np.load(shards / s["files"]["tokens"]["name"]) for s in m["shards"]])
 
 
-def best(fn, repeat: int) -> float:
+def best(fn, repeat: int, min_s: float = 0.5) -> float:
+    """As ``benchmarks/loader.py``'s ``timed``: best of ``repeat`` samples of at least ``min_s`` seconds."""
     fn()
     out = 0.0
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        n = fn()
-        out = max(out, n / (time.perf_counter() - t0))
+        n, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < min_s:
+            n += fn()
+        out = max(out, n / elapsed)
     return out
 
 
