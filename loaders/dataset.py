@@ -47,6 +47,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
       same document, else -100), ``position_ids`` int64 [n] (0-based inside the document, 0 in padding),
     - ``indices`` int64 [n]: position of each slot in the full sequence, -1 for CP padding,
     - ``cu_seqlens`` int32 [k+1]: the full sequence's k segments (trailing padding is its own segment),
+    - ``cu_seqlens_padded`` int32 [k+1]: the same with each segment padded for the CP split (a multiple of
+      2·cp for ``"zigzag"``; equal to ``cu_seqlens`` otherwise); each rank holds ``[-1] / cp`` slots,
     - ``step`` (training step), ``slot`` (index among this rank's sequences of the step), ``sequence``
       (global index in the build): Python ints.
 
@@ -153,12 +155,17 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         else:
             idx = split(seg_lens, self.cp_size, self.cp_rank, self.cp_split)
             x, y, pos = tokens[idx], labels[idx], position_ids[idx]
+        padded = cu
+        if self.cp_split == "zigzag" and self.cp_size > 1:
+            two = 2 * self.cp_size
+            padded = np.concatenate([[0], np.cumsum(-(-seg_lens // two) * two)])
         return {
             "input_ids": torch.from_numpy(np.ascontiguousarray(x)),
             "labels": torch.from_numpy(np.ascontiguousarray(y)),
             "position_ids": torch.from_numpy(np.ascontiguousarray(pos)),
             "indices": torch.from_numpy(idx),
             "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+            "cu_seqlens_padded": torch.from_numpy(padded.astype(np.int32)),
             "step": view.step,
             "sequence": i,
         }

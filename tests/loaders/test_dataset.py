@@ -63,6 +63,7 @@ def test_cp_ranks_hold_every_slot_once_with_its_own_labels_and_positions(tiny_bu
         flat = torch.cat([r["indices"] for r in ranks]).numpy()
         assert sorted(flat[flat >= 0].tolist()) == list(range(len(x)))
         n_seg = len(ranks[0]["cu_seqlens"]) - 1
+        assert all(len(r["indices"]) * cp == r["cu_seqlens_padded"][-1] for r in ranks)
         assert (flat < 0).sum() <= 2 * cp * n_seg  # at most 2·cp padding slots per document
         for r in ranks:
             idx = r["indices"].numpy()
