@@ -2,9 +2,11 @@
 
 Training code imports this (and never Dagster)::
 
-    from loaders import PackedDataset
-    ds = PackedDataset("build/demo", dp_rank=rank, dp_size=world)
-    for batch in torch.utils.data.DataLoader(ds, batch_size=None): ...
+    from loaders import PackedDataset, PackedLoader
+    ds = PackedDataset("build/demo", cp_size=2)            # dp/cp ranks from torch.distributed or RANK/WORLD_SIZE
+    loader = PackedLoader(ds, num_workers=2, pin_memory=True)
+    for item in loader: ...
+    ckpt["loader"] = loader.state_dict()                  # exact, also with workers; elastic across worlds
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loaders.context_parallel import split
+from loaders.schedule import Schedule
+from loaders.state import LoaderState
+from loaders.world import World
 from mixing.shards import ShardSet
 
 __all__ = ["IGNORE_INDEX", "PackedDataset"]
@@ -26,117 +32,187 @@ IGNORE_INDEX = -100
 
 
 class PackedDataset(IterableDataset[dict[str, Any]]):
-    """Yields, in step order, one dict per packed sequence assigned to this DP rank, sliced for this CP rank.
+    """Yields, in step order, one dict per packed sequence this DP rank reads, cut for this CP rank.
 
-    Each step's ``global_batch`` sequences are shuffled with ``seed`` and dealt to DP ranks round-robin
-    (``global_batch`` must be divisible by ``dp_size``); a CP rank gets the contiguous ``S / cp_size``
-    slice. Items (torch tensors):
+    ``path``: a build folder, its ``shards`` folder, or an ``s3://``/fsspec URI of either (streamed through a
+    local cache of at most ``cache_bytes`` per process, see :mod:`loaders.remote`; ``storage_options`` go to
+    fsspec, e.g. ``{"endpoint_url": ...}``). World: the arguments, or
+    :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``: steps regrouped together for
+    DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context).
+    ``cp_split``: ``"zigzag"`` (per document, balanced), ``"sequence_zigzag"`` or ``"contiguous"``.
 
-    - ``input_ids`` int64 [S/cp], ``labels`` int64 [S/cp] (next token inside the same document, else -100;
-      padding is -100), ``position_ids`` int64 [S/cp] (0-based position inside its document),
-    - ``cu_seqlens`` int32 [k+1]: boundaries of the full sequence's k segments (the trailing padding, if
-      any, is its own segment, so ``cu_seqlens[-1] == S``),
-    - ``step`` and ``sequence`` (global index in the build): Python ints.
+    Items (torch tensors, ``n`` slots for this CP rank; ``n = S`` when ``cp_size == 1``):
 
-    Deterministic for the same build, world and seed. ``state_dict()`` after n items and
-    ``load_state_dict()`` on a fresh dataset continue with item n+1. Use ``num_workers=0`` when you rely on
-    ``state_dict()``: worker processes hold their own copies of the position.
+    - ``input_ids`` int64 [n] (``pad_id`` in padding slots), ``labels`` int64 [n] (next token inside the
+      same document, else -100), ``position_ids`` int64 [n] (0-based inside the document, 0 in padding),
+    - ``indices`` int64 [n]: position of each slot in the full sequence, -1 for CP padding,
+    - ``cu_seqlens`` int32 [k+1]: the full sequence's k segments (trailing padding is its own segment),
+    - ``cu_seqlens_padded`` int32 [k+1]: the same with each segment padded for the CP split (a multiple of
+      2·cp for ``"zigzag"``; equal to ``cu_seqlens`` otherwise); each rank holds ``[-1] / cp`` slots,
+    - ``step`` (training step), ``slot`` (index among this rank's sequences of the step), ``sequence``
+      (global index in the build): Python ints.
+
+    Deterministic for the same build, seed, window and world. ``state_dict()`` after n items (iterated in
+    this process) and ``load_state_dict()`` on a fresh dataset continue with item n+1; with DataLoader
+    workers use :class:`loaders.loader.PackedLoader`, whose state counts what the consumer received.
     """
 
     def __init__(
         self,
         path: str | Path,
-        dp_rank: int = 0,
-        dp_size: int = 1,
-        cp_rank: int = 0,
+        dp_rank: int | None = None,
+        dp_size: int | None = None,
+        cp_rank: int | None = None,
         cp_size: int = 1,
         seed: int = 0,
+        *,
+        window: int = 1,
+        cp_split: str = "zigzag",
+        cache_dir: str | Path | None = None,
+        cache_bytes: int = 8 << 30,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        root = Path(path)
-        self.shards = ShardSet(root / "shards" if (root / "shards" / "manifest.json").exists() else root)
+        if dp_rank is None or dp_size is None:
+            detected = World.detect(cp_size)
+            dp_rank = detected.dp_rank if dp_rank is None else dp_rank
+            dp_size = detected.dp_size if dp_size is None else dp_size
+            cp_rank = detected.cp_rank if cp_rank is None else cp_rank
+        self.world = World(dp_rank, dp_size, cp_rank or 0, cp_size)
+        self.shards, manifest_bytes = _open(path, cache_dir, cache_bytes, storage_options)
         m = self.shards.manifest
-        self.seq_len = int(m["seq_len"])
-        self.global_batch = int(m["global_batch"])
-        if not (0 <= dp_rank < dp_size and 0 <= cp_rank < cp_size):
-            raise ValueError(f"rank out of range: dp {dp_rank}/{dp_size}, cp {cp_rank}/{cp_size}")
+        self.seq_len, self.global_batch = int(m["seq_len"]), int(m["global_batch"])
+        self.pad_id = int(m.get("pad_id", 0))
         if self.global_batch % dp_size:
             raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {dp_size}")
-        if self.seq_len % cp_size:
-            raise ValueError(f"sequence length {self.seq_len} is not divisible by cp_size {cp_size}")
-        self.dp_rank, self.dp_size, self.cp_rank, self.cp_size, self.seed = (
-            dp_rank,
-            dp_size,
-            cp_rank,
-            cp_size,
-            seed,
-        )
-        self.build_id = hashlib.sha256((self.shards.dir / "manifest.json").read_bytes()).hexdigest()
-        self._next = 0  # index into this rank's sequence list of the next item to yield
+        if cp_split != "zigzag" and self.seq_len % (2 * cp_size):
+            raise ValueError(f"sequence length {self.seq_len} is not divisible by 2·cp_size {2 * cp_size}")
+        split(np.array([2 * cp_size]), cp_size, 0, cp_split)  # validates the name early
+        self.seed, self.window, self.cp_split = seed, window, cp_split
+        self.schedule = Schedule(self.shards, window=window, seed=seed)
+        self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
+        self._step, self._consumed = 0, 0  # position: next item to yield
 
-    def rank_sequences(self) -> np.ndarray:
-        """Global sequence indices this DP rank reads, in order (int64)."""
-        steps = self.shards.steps
-        out = []
-        for step in np.unique(steps):
-            idx = np.flatnonzero(steps == step)
-            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, int(step)])
-            out.append(rng.permutation(idx)[self.dp_rank :: self.dp_size])
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
+    # compatibility with the skeleton's attribute names
+    dp_rank = property(lambda self: self.world.dp_rank)
+    dp_size = property(lambda self: self.world.dp_size)
+    cp_rank = property(lambda self: self.world.cp_rank)
+    cp_size = property(lambda self: self.world.cp_size)
+
+    @property
+    def per_rank(self) -> int:
+        """Sequences each DP rank reads per step."""
+        return self.global_batch // self.dp_size
 
     def __len__(self) -> int:
-        return len(self.shards) // self.dp_size
+        return (self.schedule.steps - self._step) * self.per_rank - self._consumed
+
+    def plan(self) -> Iterator[tuple[int, int, int]]:
+        """``(step, slot, sequence)`` of every remaining item of this rank, in order (no I/O beyond metadata)."""
+        step0, consumed0 = self._step, self._consumed  # iteration moves the position
+        for t in range(step0, self.schedule.steps):
+            mine = self.schedule.assignment(t, self.dp_size)[self.dp_rank]
+            for slot in range(consumed0 if t == step0 else 0, len(mine)):
+                yield t, slot, int(mine[slot])
+
+    def rank_sequences(self) -> np.ndarray:
+        """Global sequence indices this DP rank reads from its position on, in order (int64)."""
+        return np.array([s for _, _, s in self.plan()], dtype=np.int64)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        seqs = self.rank_sequences()
         info = get_worker_info()
-        start = self._next
         stride, offset = (1, 0) if info is None else (info.num_workers, info.id)
-        for k in range(start + offset, len(seqs), stride):
-            item = self._item(int(seqs[k]))
-            self._next = k + 1
+        for k, (t, slot, i) in enumerate(self.plan()):
+            if k % stride != offset:
+                continue
+            item = self.item(i)
+            item.update(step=t, slot=slot)
+            if info is None:
+                self._advance(t, slot)
             yield item
 
-    def _item(self, i: int) -> dict[str, Any]:
+    def item(self, i: int) -> dict[str, Any]:
+        """Global sequence ``i`` cut for this CP rank (without ``step``/``slot``)."""
         view = self.shards.sequence(i)
-        tokens = np.asarray(view.tokens, dtype=np.int64)
-        lens = view.segments[:, 3]
+        S = self.seq_len
+        lens = np.asarray(view.segments[:, 3], dtype=np.int64)
         used = int(lens.sum())
-        seg_lens = np.append(lens, self.seq_len - used) if used < self.seq_len else lens
+        seg_lens = np.append(lens, S - used) if used < S else lens
         cu = np.concatenate([[0], np.cumsum(seg_lens)])
-        position_ids = np.arange(self.seq_len) - np.repeat(cu[:-1], seg_lens)
-        labels = np.roll(tokens, -1)
+        # one extra slot at the end holds the padding value, so that index -1 (CP padding) gathers it
+        tokens = np.empty(S + 1, dtype=np.int64)
+        tokens[:S] = view.tokens
+        tokens[S] = self.pad_id
+        labels = np.empty(S + 1, dtype=np.int64)
+        labels[: S - 1] = tokens[1:S]
         labels[cu[1:] - 1] = IGNORE_INDEX  # the last token of each document predicts nothing
         labels[used:] = IGNORE_INDEX
-        lo = self.cp_rank * (self.seq_len // self.cp_size)
-        hi = lo + self.seq_len // self.cp_size
+        position_ids = np.zeros(S + 1, dtype=np.int64)
+        position_ids[:S] = np.arange(S) - np.repeat(cu[:-1], seg_lens)
+        if self.cp_size == 1:
+            idx = np.arange(S, dtype=np.int64)
+            x, y, pos = tokens[:S], labels[:S], position_ids[:S]
+        else:
+            idx = split(seg_lens, self.cp_size, self.cp_rank, self.cp_split)
+            x, y, pos = tokens[idx], labels[idx], position_ids[idx]
+        padded = cu
+        if self.cp_split == "zigzag" and self.cp_size > 1:
+            two = 2 * self.cp_size
+            padded = np.concatenate([[0], np.cumsum(-(-seg_lens // two) * two)])
         return {
-            "input_ids": torch.from_numpy(tokens[lo:hi].copy()),
-            "labels": torch.from_numpy(labels[lo:hi].copy()),
-            "position_ids": torch.from_numpy(position_ids[lo:hi].copy()),
+            "input_ids": torch.from_numpy(np.ascontiguousarray(x)),
+            "labels": torch.from_numpy(np.ascontiguousarray(y)),
+            "position_ids": torch.from_numpy(np.ascontiguousarray(pos)),
+            "indices": torch.from_numpy(idx),
             "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+            "cu_seqlens_padded": torch.from_numpy(padded.astype(np.int32)),
             "step": view.step,
             "sequence": i,
         }
 
+    def _advance(self, step: int, slot: int) -> None:
+        """Record that item ``(step, slot)`` was delivered: the position moves just past it."""
+        self._step, self._consumed = (step + 1, 0) if slot + 1 == self.per_rank else (step, slot + 1)
+
+    def state_at(self, step: int, slot: int) -> dict[str, Any]:
+        """The state just after item ``(step, slot)`` was delivered (what :class:`PackedLoader` saves)."""
+        saved = (self._step, self._consumed)
+        try:
+            self._advance(step, slot)
+            return self.state_dict()
+        finally:
+            self._step, self._consumed = saved
+
     def state_dict(self) -> dict[str, Any]:
-        """Position of this rank's stream: resume with :meth:`load_state_dict` on the same build and world."""
-        return {
-            "build_id": self.build_id,
-            "dp_rank": self.dp_rank,
-            "dp_size": self.dp_size,
-            "cp_size": self.cp_size,
-            "seed": self.seed,
-            "next": self._next,
-        }
+        """World-independent position (see :mod:`loaders.state`): resume on this build, any world at a step
+        boundary, the same DP layout inside a step."""
+        return LoaderState(
+            build_id=self.build_id,
+            seed=self.seed,
+            window=self.window,
+            step=self._step,
+            consumed=self._consumed,
+            dp_rank=self.dp_rank,
+            dp_size=self.dp_size,
+            cp_size=self.cp_size,
+        ).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("build_id") != self.build_id:
-            raise ValueError(
-                "this state comes from another build (build_id differs); resume with the build the run started on"
-            )
-        mine = {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "cp_size": self.cp_size, "seed": self.seed}
-        theirs = {k: state.get(k) for k in mine}
-        if mine != theirs:
-            raise ValueError(f"state was saved for {theirs}, this dataset is {mine}")
-        self._next = int(state["next"])
+        """Continue at the next unseen sequence of ``state``; raises :class:`~loaders.state.StateError` for
+        a state of another build or plan, or one saved inside a step under another DP layout."""
+        s = LoaderState.from_dict(state)
+        s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size)
+        self._step, self._consumed = s.step, s.consumed
+
+
+def _open(
+    path: str | Path, cache_dir: str | Path | None, cache_bytes: int, storage_options: dict[str, Any] | None
+) -> tuple[ShardSet, bytes]:
+    """The build's shards and the manifest's bytes (the build's identity)."""
+    if isinstance(path, str) and "://" in path and not path.startswith("file://"):
+        from loaders.remote import open_remote
+
+        return open_remote(path, cache_dir, cache_bytes, storage_options)
+    root = Path(str(path).removeprefix("file://"))
+    shards = ShardSet(root / "shards" if (root / "shards" / "manifest.json").exists() else root)
+    return shards, (shards.dir / "manifest.json").read_bytes()

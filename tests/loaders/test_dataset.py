@@ -1,94 +1,220 @@
-"""PackedDataset: what it yields, how ranks split it, and exact resume."""
+"""PackedDataset: what it yields, how DP×CP ranks split it, exact and elastic resume."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import shutil
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from loaders import IGNORE_INDEX, PackedDataset
+from loaders import IGNORE_INDEX, PackedDataset, PackedLoader, StateError, World
 from mixing.shards import ShardSet
 
 
-def items(ds: PackedDataset, n: int | None = None) -> list[dict]:
+def items(ds, n: int | None = None) -> list[dict]:
     """The first ``n`` items (all when None), pulling no item beyond them."""
     return list(itertools.islice(ds, n))
 
 
 def same(a: dict, b: dict) -> bool:
-    return all(
+    return a.keys() == b.keys() and all(
         torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
-    ) and a.keys() == b.keys()
+    )
 
 
-def test_items_have_consistent_boundaries_labels_and_positions(demo_build: Path) -> None:
-    ds = PackedDataset(demo_build)
-    shards = ShardSet(demo_build / "shards")
+def full_views(ds: PackedDataset, item: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens, labels and positions of the whole sequence behind ``item`` (a cp_size=1 read)."""
+    whole = PackedDataset(ds.shards.dir, 0, 1).item(item["sequence"])
+    return whole["input_ids"].numpy(), whole["labels"].numpy(), whole["position_ids"].numpy()
+
+
+def test_items_have_consistent_boundaries_labels_and_positions(tiny_build: Path) -> None:
+    ds = PackedDataset(tiny_build, 0, 1)
+    shards = ShardSet(tiny_build / "shards")
     steps = []
-    for item in items(ds, 64):
+    for item in items(ds):
         x, y, pos, cu = item["input_ids"], item["labels"], item["position_ids"], item["cu_seqlens"]
         S = ds.seq_len
         assert x.shape == y.shape == pos.shape == (S,) and x.dtype == torch.int64
         assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == S and bool((cu[1:] > cu[:-1]).all())
+        assert torch.equal(x, torch.from_numpy(shards.sequence(item["sequence"]).tokens.astype(np.int64)))
         real = int(shards.sequence(item["sequence"]).segments[:, 3].sum())
-        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        for a, b in itertools.pairwise(cu.tolist()):
             assert torch.equal(pos[a:b], torch.arange(b - a))  # positions restart at each document
             if b <= real:
                 assert torch.equal(y[a : b - 1], x[a + 1 : b])  # next token inside the document
             assert y[b - 1] == IGNORE_INDEX  # never across a boundary
         assert bool((y[real:] == IGNORE_INDEX).all())
         steps.append(item["step"])
-    assert steps == sorted(steps)
+    assert steps == sorted(steps) and len(steps) == len(shards)
 
 
-def test_dp_ranks_partition_every_step(demo_build: Path) -> None:
-    full = ShardSet(demo_build / "shards")
-    seen: list[int] = []
-    for r in range(4):
-        ds = PackedDataset(demo_build, dp_rank=r, dp_size=4, seed=3)
-        got = items(ds)
-        assert len(got) == len(full) // 4
-        per_step = np.bincount([g["step"] for g in got])
-        assert set(per_step.tolist()) == {full.manifest["global_batch"] // 4}
-        seen += [g["sequence"] for g in got]
-    assert sorted(seen) == list(range(len(full)))
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_ranks_hold_every_slot_once_with_its_own_labels_and_positions(tiny_build: Path, cp: int) -> None:
+    parts = [items(PackedDataset(tiny_build, 0, 1, c, cp)) for c in range(cp)]
+    for ranks in zip(*parts, strict=True):
+        x, y, pos = full_views(PackedDataset(tiny_build, 0, 1), ranks[0])
+        assert len({len(r["indices"]) for r in ranks}) == 1
+        flat = torch.cat([r["indices"] for r in ranks]).numpy()
+        assert sorted(flat[flat >= 0].tolist()) == list(range(len(x)))
+        n_seg = len(ranks[0]["cu_seqlens"]) - 1
+        assert all(len(r["indices"]) * cp == r["cu_seqlens_padded"][-1] for r in ranks)
+        assert (flat < 0).sum() <= 2 * cp * n_seg  # at most 2·cp padding slots per document
+        for r in ranks:
+            idx = r["indices"].numpy()
+            ok = idx >= 0
+            assert np.array_equal(r["input_ids"].numpy()[ok], x[idx[ok]])
+            assert np.array_equal(r["labels"].numpy()[ok], y[idx[ok]])
+            assert np.array_equal(r["position_ids"].numpy()[ok], pos[idx[ok]])
+            assert bool((r["labels"].numpy()[~ok] == IGNORE_INDEX).all())
 
 
-def test_cp_slices_reassemble_the_sequence(demo_build: Path) -> None:
-    whole = items(PackedDataset(demo_build), 5)
-    parts = [items(PackedDataset(demo_build, cp_rank=c, cp_size=4), 5) for c in range(4)]
-    for i, w in enumerate(whole):
-        for key in ("input_ids", "labels", "position_ids"):
-            assert torch.equal(torch.cat([p[i][key] for p in parts]), w[key])
-        assert all(torch.equal(p[i]["cu_seqlens"], w["cu_seqlens"]) for p in parts)
+@pytest.mark.parametrize("window", [1, 3])
+def test_dp_ranks_partition_every_step(tiny_build: Path, window: int) -> None:
+    full = ShardSet(tiny_build / "shards")
+    per_step: dict[int, list[int]] = defaultdict(list)
+    for r in range(2):
+        got = items(PackedDataset(tiny_build, r, 2, seed=3, window=window))
+        assert len(got) == len(full) // 2
+        assert set(Counter(g["step"] for g in got).values()) == {2}
+        for g in got:
+            per_step[g["step"]].append(g["sequence"])
+    assert sorted(s for v in per_step.values() for s in v) == list(range(len(full)))
+    if window == 1:  # training steps are the build's steps exactly
+        assert all(sorted(v) == np.flatnonzero(full.steps == t).tolist() for t, v in per_step.items())
+    else:  # regrouping stays inside a phase
+        phase = {t: 0 if t < 3 else 1 for t in per_step}
+        assert all(phase[t] == phase[int(full.steps[s])] for t, v in per_step.items() for s in v)
 
 
-@pytest.mark.parametrize("stop", [0, 1, 7, 23])
-def test_resume_gives_exactly_the_uninterrupted_stream(demo_build: Path, stop: int) -> None:
-    reference = items(PackedDataset(demo_build, dp_rank=1, dp_size=2, seed=11))
-    first = PackedDataset(demo_build, dp_rank=1, dp_size=2, seed=11)
+@pytest.mark.parametrize(("stop", "window", "cp"), [(0, 1, 1), (1, 1, 2), (5, 3, 1), (9, 3, 2), (15, 1, 1)])
+def test_resume_gives_exactly_the_uninterrupted_stream(tiny_build: Path, stop: int, window: int, cp: int) -> None:
+    def make() -> PackedDataset:
+        return PackedDataset(tiny_build, 1, 2, cp - 1, cp, seed=11, window=window)
+
+    reference = items(make())
+    first = make()
     head = items(first, stop)
-    state = first.state_dict()
-    resumed = PackedDataset(demo_build, dp_rank=1, dp_size=2, seed=11)
-    resumed.load_state_dict(state)
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
     tail = items(resumed)
     assert len(head) + len(tail) == len(reference)
     assert all(same(a, b) for a, b in zip(head + tail, reference, strict=True))
 
 
-def test_refuses_state_from_another_world_or_build(demo_build: Path, tiny_mix_path: Path) -> None:
-    state = PackedDataset(demo_build, dp_rank=0, dp_size=2).state_dict()
-    with pytest.raises(ValueError, match="saved for"):
-        PackedDataset(demo_build, dp_rank=0, dp_size=4).load_state_dict(state)
-    with pytest.raises(ValueError, match="another build"):
-        PackedDataset(demo_build).load_state_dict({**state, "build_id": "0" * 64})
+@pytest.mark.parametrize("stop", [0, 3, 6])
+def test_loader_with_workers_resumes_exactly(tiny_build: Path, stop: int) -> None:
+    def make() -> PackedLoader:
+        return PackedLoader(PackedDataset(tiny_build, 0, 2, seed=5, window=3), num_workers=2, prefetch_factor=4)
+
+    reference = items(PackedDataset(tiny_build, 0, 2, seed=5, window=3))
+    loader = make()
+    head = items(loader, stop)  # workers have prefetched beyond `stop`; the state must not count those
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    tail = items(resumed)
+    assert [i["sequence"] for i in head + tail] == [i["sequence"] for i in reference]
+    assert all(same(a, b) for a, b in zip(head + tail, reference, strict=True))
 
 
-def test_dataloader_workers_split_without_duplicates(demo_build: Path) -> None:
-    ds = PackedDataset(demo_build, dp_rank=0, dp_size=2)
+def step_tokens(streams: list[list[dict]]) -> dict[int, Counter]:
+    """Per training step, the multiset of real tokens gathered over all ranks' items."""
+    out: dict[int, Counter] = defaultdict(Counter)
+    for stream in streams:
+        for it in stream:
+            out[it["step"]].update(it["input_ids"][it["indices"] >= 0].tolist())
+    return out
+
+
+@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize(("dp", "cp"), [(2, 1), (4, 2), (1, 4)])
+def test_elastic_resume_keeps_every_remaining_steps_tokens(tiny_build: Path, window: int, dp: int, cp: int) -> None:
+    stop_step = 4  # inside the second window when window=3: steps do not depend on the world
+    reference = step_tokens([items(PackedDataset(tiny_build, r, 4, seed=2, window=window)) for r in range(4)])
+    states = []
+    for r in range(4):
+        ds = PackedDataset(tiny_build, r, 4, seed=2, window=window)
+        items(ds, stop_step)  # one sequence per rank per step: stop at a step boundary
+        states.append(ds.state_dict())
+    assert {s["step"] for s in states} == {stop_step} and {s["consumed"] for s in states} == {0}
+    resumed = []
+    for r in range(dp * cp):
+        ds = PackedDataset(tiny_build, r // cp, dp, r % cp, cp, seed=2, window=window)
+        ds.load_state_dict(states[0])
+        resumed.append(items(ds))
+    got = step_tokens(resumed)
+    assert got == {t: c for t, c in reference.items() if t >= stop_step}
+
+
+def test_refuses_states_it_cannot_resume(tiny_build: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(tiny_build / "shards", other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "mix_fingerprint": "another mix"}))
+    ds = PackedDataset(tiny_build, 0, 2)
+    items(ds, 1)  # inside step 0
+    state = ds.state_dict()
+    with pytest.raises(StateError, match="step boundary"):
+        PackedDataset(tiny_build, 0, 4).load_state_dict(state)
+    PackedDataset(tiny_build, 0, 2, 1, 2).load_state_dict(state)  # another cp_size inside a step is fine
+    with pytest.raises(StateError, match="another build"):
+        PackedDataset(other, 0, 2).load_state_dict(state)
+    with pytest.raises(StateError, match="seed"):
+        PackedDataset(tiny_build, 0, 2, seed=1).load_state_dict(state)
+    with pytest.raises(StateError, match="version"):
+        PackedDataset(tiny_build, 0, 2).load_state_dict({"next": 3})
+
+
+def test_world_comes_from_the_environment(tiny_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert World.detect(cp_size=2) == World(dp_rank=2, dp_size=4, cp_rank=1, cp_size=2)
+    ds = PackedDataset(tiny_build, cp_size=2)
+    assert (ds.dp_rank, ds.dp_size, ds.cp_rank) == (2, 4, 1)
+    with pytest.raises(ValueError, match="not divisible"):
+        World.detect(cp_size=3)
+
+
+def test_dataloader_workers_split_without_duplicates(tiny_build: Path) -> None:
+    ds = PackedDataset(tiny_build, 0, 2)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     got = sorted(item["sequence"] for item in loader)
     assert got == sorted(ds.rank_sequences().tolist())
+
+
+def test_a_new_loader_pass_continues_where_the_consumer_stopped(tiny_build: Path) -> None:
+    reference = [i["sequence"] for i in items(PackedDataset(tiny_build, 1, 2, seed=8))]
+    loader = PackedLoader(PackedDataset(tiny_build, 1, 2, seed=8), num_workers=2)
+    first = [i["sequence"] for i in items(loader, 5)]
+    second = [i["sequence"] for i in items(loader)]
+    assert first + second == reference
+    with pytest.raises(ValueError, match="persistent_workers"):
+        PackedLoader(PackedDataset(tiny_build, 0, 1), num_workers=1, persistent_workers=True)
+
+
+def test_resume_at_random_points_with_and_without_workers(tiny_build: Path) -> None:
+    rng = np.random.default_rng(2026)
+    for _ in range(6):
+        dp = int(rng.choice([1, 2, 4]))
+        cp = int(rng.choice([1, 2]))
+        kw = {"seed": int(rng.integers(100)), "window": int(rng.choice([1, 2, 3]))}
+        rank = (int(rng.integers(dp)), int(rng.integers(cp)))
+
+        def make(rank=rank, dp=dp, cp=cp, kw=kw) -> PackedDataset:
+            return PackedDataset(tiny_build, rank[0], dp, rank[1], cp, **kw)
+
+        reference = items(make())
+        stop = int(rng.integers(len(reference) + 1))
+        workers = int(rng.choice([0, 2]))
+        loader = PackedLoader(make(), num_workers=workers)
+        head = items(loader, stop)
+        resumed = PackedLoader(make(), num_workers=2 - workers)  # another worker count on resume
+        resumed.load_state_dict(loader.state_dict())
+        tail = items(resumed)
+        assert all(same(a, b) for a, b in zip(head + tail, reference, strict=True)), (dp, cp, kw, stop)

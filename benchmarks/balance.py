@@ -1,0 +1,267 @@
+"""DP and CP balance on real document lengths: weir beside DESIGN.md's baselines B0, B1 and B3.
+
+Documents come from ``../shared/data`` (books = gutenberg_books_subset, one document per book; math =
+gsm8k question + answer; chat = hh_rlhf_harmless_base_test ``chosen``; multilingual = udhr2, one per
+language; drama = tinyshakespeare, one per speech), tokenized with tiktoken ``o200k_base`` (lengths cached
+under ``build/bench``). Each step draws documents per source to the mixture's token quota, cuts those
+longer than S into S-sized pieces, and packs:
+
+- B0: concatenate and chunk into S (documents cut at chunk edges), sequences dealt round-robin, contiguous CP;
+- B1: B0 with whole-sequence zigzag CP (Megatron's default);
+- B3: best-fit-decreasing packing (units that do not fit wait for the next step), LPT over DP ranks;
+- weir: the same BFD packing, ``loaders.balance.assign_ranks`` (LPT + swaps) after regrouping windows of
+  ``--window`` steps (``loaders.balance.regroup_window``), per-document zigzag CP.
+
+Prints ``dp_imbalance`` mean/p95 over steps, ``cp_imbalance`` mean/max over sequences, and
+``mixture_error`` (max over 10-step windows and sources) per regime. Cost of a document: l² + 49152·l.
+
+    TIKTOKEN_CACHE_DIR=../shared/tokenizers/tiktoken_cache .venv/bin/python benchmarks/balance.py [--steps 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from loaders.balance import assign_ranks, dp_imbalance, regroup_window  # noqa: E402
+from loaders.context_parallel import attention_work, split  # noqa: E402
+
+SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
+MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}
+LINEAR = 49152.0
+
+
+def texts(name: str, data: Path) -> list[str]:
+    if name == "books":
+        return [p.read_text(errors="replace") for p in sorted((data / "gutenberg_books_subset").rglob("*.txt"))]
+    if name == "math":
+        lines = (data / "gsm8k" / "train.jsonl").read_text().splitlines()
+        return [f"{r['question']}\n\n{r['answer']}" for r in map(json.loads, lines)]
+    if name == "chat":
+        with gzip.open(data / "hh_rlhf_harmless_base_test" / "test.jsonl.gz", "rt") as f:
+            return [json.loads(line)["chosen"] for line in f]
+    if name == "multilingual":
+        return [p.read_text(errors="replace") for p in sorted((data / "udhr2_multilingual").rglob("*.txt"))]
+    if name == "drama":
+        return [s for s in (data / "tinyshakespeare" / "input.txt").read_text().split("\n\n") if s.strip()]
+    raise KeyError(name)
+
+
+def lengths(data: Path) -> dict[str, np.ndarray]:
+    """Tokens per document (+1 for EOS) per source, o200k_base; cached in build/bench/lengths-o200k.npz."""
+    cache = ROOT / "build" / "bench" / "lengths-o200k.npz"
+    if cache.exists():
+        with np.load(cache) as z:
+            return {k: z[k] for k in z.files}
+    import tiktoken
+
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(data.parent / "tokenizers" / "tiktoken_cache"))
+    enc = tiktoken.get_encoding("o200k_base")
+    out = {n: np.array([len(t) + 1 for t in enc.encode_ordinary_batch(texts(n, data), num_threads=2)]) for n in MIXTURE}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, **out)
+    return out
+
+
+@dataclass
+class Step:
+    """One step's sequences: per sequence a list of (source, length) segments."""
+
+    seqs: list[list[tuple[int, int]]]
+
+
+def draw(lens: dict[str, np.ndarray], seq_len: int, batch: int, steps: int, seed: int) -> list[list[tuple[int, int]]]:
+    """Per step, the units (source, length) drawn to the mixture's cumulative token quota. Documents longer
+    than S are cut into S-sized pieces first; a source's pieces are drawn in order (a plan at piece
+    granularity, so that the plan itself meets the mixture closely)."""
+    rng = np.random.default_rng(seed)
+    names = list(MIXTURE)
+    streams: dict[str, Iterator[int]] = {n: iter(()) for n in names}
+    taken = dict.fromkeys(names, 0)
+    out = []
+    for t in range(steps):
+        units = []
+        for k, n in enumerate(names):
+            target = MIXTURE[n] * seq_len * batch * (t + 1)
+            while taken[n] < target:
+                length = next(streams[n], None)
+                if length is None:  # a new epoch of this source, reshuffled
+                    docs = rng.permutation(lens[n]).tolist()
+                    streams[n] = iter([min(seq_len, d - a) for d in docs for a in range(0, d, seq_len)])
+                    continue
+                taken[n] += length
+                units.append((k, length))
+        order = rng.permutation(len(units))
+        out.append([units[i] for i in order])
+    return out
+
+
+def concat_chunk(units_per_step: list, seq_len: int, batch: int) -> list[Step]:
+    """B0 packing: one token stream cut every S tokens."""
+    steps, carry = [], []
+    for units in units_per_step:
+        stream = deque(carry + list(units))
+        seqs, cur, room = [], [], seq_len
+        while len(seqs) < batch and stream:
+            k, length = stream.popleft()
+            take = min(length, room)
+            cur.append((k, take))
+            room -= take
+            if length > take:
+                stream.appendleft((k, length - take))
+            if room == 0:
+                seqs.append(cur)
+                cur, room = [], seq_len
+        if cur:
+            seqs.append(cur)
+        while len(seqs) < batch:
+            seqs.append([])
+        carry = list(stream)
+        steps.append(Step(seqs))
+    return steps
+
+
+def bfd(units_per_step: list, seq_len: int, batch: int) -> list[Step]:
+    """Best-fit decreasing into ``batch`` sequences per step; units that fit nowhere wait for the next step."""
+    steps, carry = [], []
+    for units in units_per_step:
+        pool = sorted(carry + list(units), key=lambda u: -u[1])
+        room = np.full(batch, seq_len)
+        seqs: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
+        carry = []
+        for k, length in pool:
+            fits = np.flatnonzero(room >= length)
+            if len(fits) == 0:
+                carry.append((k, length))
+                continue
+            j = int(fits[np.argmin(room[fits])])
+            seqs[j].append((k, length))
+            room[j] -= length
+        steps.append(Step(seqs))
+    return steps
+
+
+def cost(seq: list[tuple[int, int]]) -> float:
+    ls = np.array([length for _, length in seq], dtype=np.float64)
+    return float((ls * ls).sum() + LINEAR * ls.sum())
+
+
+def cp_imbalance(seq: list[tuple[int, int]], seq_len: int, cp: int, how: str) -> float:
+    """max/mean causal attention work over CP ranks for one sequence (padding slots do no work)."""
+    lens = np.array([length for _, length in seq] or [0], dtype=np.int64)
+    used = int(lens.sum())
+    seg = np.append(lens, seq_len - used) if used < seq_len else lens
+    work = []
+    for r in range(cp):
+        idx = split(seg, cp, r, how)
+        work.append(attention_work(seg, np.where(idx < used, idx, -1)))
+    return max(work) / np.mean(work) if np.mean(work) > 0 else 1.0
+
+
+def source_tokens(seq: list[tuple[int, int]]) -> np.ndarray:
+    v = np.zeros(len(MIXTURE))
+    for k, length in seq:
+        v[k] += length
+    return v
+
+
+def mixture_error(steps: list[list[list[tuple[int, int]]]], window: int = 10) -> float:
+    per = np.array([sum((source_tokens(s) for s in st), np.zeros(len(MIXTURE))) for st in steps])
+    want = np.array(list(MIXTURE.values()))
+    worst = 0.0
+    for a in range(len(per) - window + 1):
+        tot = per[a : a + window].sum(axis=0)
+        worst = max(worst, float(np.abs(tot / tot.sum() - want).max()))
+    return worst
+
+
+def regime(lens: dict, seq_len: int, batch: int, dp: int, cp: int, steps: int, window: int, seed: int) -> None:
+    units = draw(lens, seq_len, batch, steps, seed)
+    b0, packed = concat_chunk(units, seq_len, batch), bfd(units, seq_len, batch)
+    rr = np.arange(batch) % dp
+    rows = {}
+
+    def dp_stats(per_step_costs: list[np.ndarray], ranks_of) -> tuple[float, float]:
+        imb = [dp_imbalance(c, ranks_of(c), dp) for c in per_step_costs]
+        return float(np.mean(imb)), float(np.percentile(imb, 95))
+
+    b0_costs = [np.array([cost(s) for s in st.seqs]) for st in b0]
+    bfd_costs = [np.array([cost(s) for s in st.seqs]) for st in packed]
+    rows["B0"] = dp_stats(b0_costs, lambda c: rr)
+    rows["B1"] = rows["B0"]
+    rows["B3"] = dp_stats(bfd_costs, lambda c: lpt(c, dp))
+    # weir: regroup windows of `window` steps, then LPT + swaps
+    regrouped: list[list[list[tuple[int, int]]]] = []
+    for a in range(0, steps, window):
+        flat = [s for st in packed[a : a + window] for s in st.seqs]
+        n = len(flat) // batch
+        new = regroup_window(np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat]), n)
+        regrouped += [[flat[i] for i in np.flatnonzero(new == g)] for g in range(n)]
+    weir_costs = [np.array([cost(s) for s in st]) for st in regrouped]
+    rows["weir"] = dp_stats(weir_costs, lambda c: assign_ranks(c, dp))
+    sample = [s for st in packed[: max(1, 256 // batch)] for s in st.seqs]  # CP on a sample of sequences
+    b0_sample = [s for st in b0[: max(1, 256 // batch)] for s in st.seqs]
+    cps = {
+        "B0": [cp_imbalance(s, seq_len, cp, "contiguous") for s in b0_sample],
+        "B1": [cp_imbalance(s, seq_len, cp, "sequence_zigzag") for s in b0_sample],
+        "B3": [cp_imbalance(s, seq_len, cp, "contiguous") for s in sample],
+        "weir": [cp_imbalance(s, seq_len, cp, "zigzag") for s in sample],
+    }
+    streams = {"B0": [st.seqs for st in b0], "B3": [st.seqs for st in packed], "weir": regrouped}
+    streams["B1"] = streams["B0"]
+    mix = {k: mixture_error(v) for k, v in streams.items()}
+    whole = {k: mixture_error(v, window=len(v)) for k, v in streams.items()}  # the run is one phase
+    eff = sum(length for st in packed for s in st.seqs for _, length in s) / (steps * batch * seq_len)
+    print(
+        f"\nS={seq_len} global_batch={batch} dp={dp} cp={cp} steps={steps} window={window} "
+        f"(BFD packing_efficiency {eff:.4f})"
+    )
+    head = f"{'':6} {'dp_imb mean':>11} {'dp_imb p95':>10} {'cp_imb mean':>11} {'cp_imb max':>10}"
+    print(f"{head} {'mix_err/10':>10} {'mix_err/run':>11}")
+    for name, (mean, p95) in rows.items():
+        c = cps[name]
+        cells = f"{name:6} {mean:11.3f} {p95:10.3f} {np.mean(c):11.3f} {np.max(c):10.3f}"
+        print(f"{cells} {mix[name]:10.4f} {whole[name]:11.4f}")
+
+
+def lpt(costs: np.ndarray, dp: int) -> np.ndarray:
+    """Plain LPT under equal counts (B3), no local search."""
+    per, loads, counts = len(costs) // dp, np.zeros(dp), np.zeros(dp, int)
+    ranks = np.empty(len(costs), dtype=np.int64)
+    for i in np.argsort(-costs, kind="stable"):
+        open_ = np.flatnonzero(counts < per)
+        r = int(open_[np.argmin(loads[open_])])
+        ranks[i], loads[r], counts[r] = r, loads[r] + costs[i], counts[r] + 1
+    return ranks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=64, help="steps simulated per regime")
+    ap.add_argument("--window", type=int, default=16, help="weir's regrouping window at one sequence per rank")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if SHARED is None:
+        sys.exit("../shared/data is not here: this benchmark needs the real datasets")
+    lens = lengths(SHARED / "data")
+    for n, v in lens.items():
+        print(f"{n:13} {len(v):6} docs, {int(v.sum()):>10,} tokens, median {int(np.median(v))}, max {int(v.max())}")
+    regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
+    regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed)
+    regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed)
+
+
+if __name__ == "__main__":
+    main()

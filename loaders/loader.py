@@ -1,0 +1,54 @@
+"""``PackedLoader``: a torch ``DataLoader`` over a :class:`PackedDataset` whose state is what the consumer got.
+
+With ``num_workers > 0`` each worker process holds its own copy of the dataset and reads every
+``num_workers``-th item of the rank's stream; the DataLoader hands them back in stream order (``in_order``),
+so the consumer sees exactly the ``num_workers=0`` stream. Prefetched items the consumer never received
+must not count as read, so the state is computed here, from the ``(step, slot)`` of the last item handed
+out, not by the workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from loaders.dataset import PackedDataset
+
+__all__ = ["PackedLoader"]
+
+
+class PackedLoader(DataLoader):
+    """``DataLoader(dataset, batch_size=None, ...)`` with exact ``state_dict()``/``load_state_dict()``.
+
+    Items are single sequences (``batch_size=None``: varlen sequences are not stacked); other keyword
+    arguments (``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers`` …) pass through.
+    """
+
+    def __init__(self, dataset: PackedDataset, **kwargs: Any) -> None:
+        if kwargs.pop("batch_size", None) is not None:
+            raise ValueError("PackedLoader yields one packed sequence per item; batch_size must stay None")
+        if kwargs.get("persistent_workers"):
+            # persistent workers keep their own copy of the position, so a resumed pass would not reach them
+            raise ValueError("PackedLoader does not support persistent_workers=True (its state lives in the workers)")
+        super().__init__(dataset, batch_size=None, in_order=True, **kwargs)
+        self._last: tuple[int, int] | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        if self._last is not None:  # a new pass continues where the consumer stopped, with workers or without
+            self.dataset.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
+            self._last = None
+        for item in super().__iter__():
+            self._last = (int(item["step"]), int(item["slot"]))
+            yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position just after the last item this loader handed to its consumer."""
+        ds: PackedDataset = self.dataset  # type: ignore[assignment]
+        return ds.state_dict() if self._last is None else ds.state_at(*self._last)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state`` (see :meth:`PackedDataset.load_state_dict`); takes effect at the next ``iter``."""
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+        self._last = None

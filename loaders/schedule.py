@@ -1,0 +1,99 @@
+"""The schedule: which sequences make each training step, and which DP rank reads which of them.
+
+World-independent where it can be: with ``window == 1`` training step ``t`` is exactly the build's step
+``t``; with ``window == W > 1`` the steps of each phase are cut into windows of ``W`` steps (the last one
+of a phase may be shorter; a window never crosses a phase) whose sequences are regrouped by cost
+(:func:`loaders.balance.regroup_window`), which does not depend on the world: training steps stay the
+same across an elastic resume. Within a step, sequences go to DP ranks by
+:func:`loaders.balance.assign_ranks`; the seed permutes which rank takes which bin and the order of a
+rank's sequences. Deterministic for the same build, seed, window and world.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+
+import numpy as np
+
+from loaders.balance import assign_ranks, regroup_window, segment_cost
+from mixing.shards import ShardSet
+
+__all__ = ["Schedule"]
+
+
+class Schedule:
+    """Plans steps of a :class:`~mixing.shards.ShardSet` lazily, one window at a time (cached)."""
+
+    def __init__(self, shards: ShardSet, window: int = 1, seed: int = 0) -> None:
+        if window < 1:
+            raise ValueError(f"window must be ≥ 1 step, got {window}")
+        m = shards.manifest
+        self.shards, self.window, self.seed = shards, window, seed
+        self.global_batch = int(m["global_batch"])
+        cost = m.get("cost") or {"attention": 1.0, "linear": 0.0}
+        self.attention, self.linear = float(cost["attention"]), float(cost["linear"])
+        steps = shards.steps
+        self.steps = int(steps.max()) + 1 if len(steps) else 0
+        counts = np.bincount(steps, minlength=self.steps)
+        if len(counts) and (counts != self.global_batch).any():
+            bad = int(np.flatnonzero(counts != self.global_batch)[0])
+            raise ValueError(f"build step {bad} has {counts[bad]} sequences, expected global_batch {self.global_batch}")
+        self.first = np.concatenate([[0], np.cumsum(counts)])  # sequences of build step t: first[t]:first[t+1]
+        starts = sorted({0, *(int(p["first_step"]) for p in m.get("phases", []))} | {self.steps})
+        bounds: list[int] = []
+        for a, b in itertools.pairwise(starts):
+            bounds += list(range(a, b, window))
+        self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
+
+    def window_of(self, step: int) -> int:
+        """Index of the window holding training step ``step``."""
+        return int(np.searchsorted(self.window_starts, step, side="right") - 1)
+
+    @lru_cache(maxsize=8)  # noqa: B019 -- one Schedule per dataset; a handful of windows in flight
+    def _facts(self, w: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Window ``w``'s first sequence, cost of each of its sequences (float64 [n]) and tokens per source
+        (float64 [n, sources])."""
+        a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
+        lo, hi = int(self.first[a]), int(self.first[b])
+        n_src = len(self.shards.manifest.get("sources", [])) or 1
+        costs, src = np.zeros(hi - lo), np.zeros((hi - lo, n_src))
+        for i in range(lo, hi):
+            seg = self.shards.sequence(i).segments
+            costs[i - lo] = segment_cost(seg[:, 3], self.attention, self.linear)
+            np.add.at(src[i - lo], seg[:, 0], seg[:, 3])
+        return lo, costs, src
+
+    @lru_cache(maxsize=8)  # noqa: B019 -- one Schedule per dataset; a handful of windows in flight
+    def _window(self, w: int) -> np.ndarray:
+        """Sequence indices of window ``w``'s steps, int64 [steps, global_batch], each row sorted."""
+        a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
+        lo, hi = int(self.first[a]), int(self.first[b])
+        seqs = np.arange(lo, hi, dtype=np.int64)
+        if b - a == 1 or self.window == 1:
+            return seqs.reshape(b - a, self.global_batch)
+        _, costs, src = self._facts(w)
+        new_step = regroup_window(costs, src, b - a)
+        order = np.lexsort((seqs, new_step))
+        return seqs[order].reshape(b - a, self.global_batch)
+
+    def step_sequences(self, step: int) -> np.ndarray:
+        """The ``global_batch`` sequences (sorted) of training ``step``."""
+        w = self.window_of(step)
+        return self._window(w)[step - int(self.window_starts[w])]
+
+    @lru_cache(maxsize=64)  # noqa: B019
+    def assignment(self, step: int, dp_size: int) -> tuple[np.ndarray, ...]:
+        """Per DP rank, its sequences of training ``step`` in reading order (int64 arrays of equal length)."""
+        if self.global_batch % dp_size:
+            raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {dp_size}")
+        seqs = self.step_sequences(step)
+        lo, costs, _ = self._facts(self.window_of(step))
+        bins = assign_ranks(costs[seqs - lo], dp_size)
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, step])
+        to_rank = rng.permutation(dp_size)
+        out = []
+        for r in range(dp_size):
+            mine = seqs[bins == int(np.flatnonzero(to_rank == r)[0])]
+            out.append(rng.permutation(mine))
+        return tuple(out)

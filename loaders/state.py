@@ -1,0 +1,69 @@
+"""The loader's resumable position, in terms that survive a change of world.
+
+The position is the training step reached plus how many of that step's sequences this DP rank has
+already delivered. Steps are fixed by the build and the regrouping window, whatever the world, so a
+state saved at a step boundary resumes on any ``dp_size`` / ``cp_size``: the remaining steps are simply
+re-assigned. Inside a step, only the same DP layout can resume (other ranks' progress inside the step is
+not in this rank's state); a different ``cp_size`` is fine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mixing.errors import WeirError
+
+__all__ = ["STATE_VERSION", "LoaderState", "StateError"]
+
+STATE_VERSION = 2
+
+
+class StateError(WeirError, ValueError):
+    """A state that cannot be resumed here: another build, plan or world, or a malformed dict."""
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """``step``: first training step this rank has not finished; ``consumed``: its sequences of ``step``
+    already delivered. ``dp_rank``/``dp_size``/``cp_size`` record where it was saved."""
+
+    build_id: str
+    seed: int
+    window: int
+    step: int
+    consumed: int
+    dp_rank: int
+    dp_size: int
+    cp_size: int
+    version: int = STATE_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> LoaderState:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise StateError(f"loader state version {found!r}; this loader reads version {STATE_VERSION}")
+        try:
+            return cls(**{k: state[k] for k in cls.__dataclass_fields__})
+        except KeyError as e:
+            raise StateError(f"loader state lacks field {e.args[0]!r}") from None
+
+    def check(self, build_id: str, seed: int, window: int, dp_rank: int, dp_size: int) -> None:
+        """Raise :class:`StateError` unless this state can resume on that build, plan and DP layout."""
+        if self.build_id != build_id:
+            raise StateError(
+                f"this state comes from another build (build_id {self.build_id[:12]}…, this build is "
+                f"{build_id[:12]}…); resume with the build the run started on"
+            )
+        if (self.seed, self.window) != (seed, window):
+            raise StateError(
+                f"state was saved with seed {self.seed}, window {self.window}; this loader has {seed}, {window}"
+            )
+        if self.consumed and (self.dp_rank, self.dp_size) != (dp_rank, dp_size):
+            raise StateError(
+                f"state was saved for dp rank {self.dp_rank}/{self.dp_size} inside step {self.step}; "
+                f"a resume on dp rank {dp_rank}/{dp_size} needs a state saved at a step boundary"
+            )
