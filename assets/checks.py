@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
+from assets.storage import WeirStorage
 from mixing import Mix
 
 __all__ = ["ingest_counts_check", "mix_checks"]
@@ -25,7 +26,8 @@ def ingest_counts_check(mix: Mix, documents: dg.AssetsDefinition) -> dg.AssetChe
     """``ingest_counts`` on ``[mix, documents]``, per source: records seen = kept + quarantined.
 
     Reads the counts from the partition's latest materialization (the one the same run just made), so a
-    malformed record can never vanish between the reader and the table without this check failing.
+    malformed record can never vanish between the reader and the table without this check failing. Links the
+    source's ``quarantine.jsonl`` (the malformed records, with file, line and reason) when there is one.
     """
 
     # Partitioned checks are a "preview" feature of Dagster 1.13; the check needs one result per source.
@@ -37,8 +39,10 @@ def ingest_counts_check(mix: Mix, documents: dg.AssetsDefinition) -> dg.AssetChe
         partitions_def=documents.partitions_def,
         description="Every record read is either kept or quarantined: docs_seen = docs_kept + docs_quarantined.",
     )
-    def ingest_counts(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def ingest_counts(context: dg.AssetCheckExecutionContext, storage: WeirStorage) -> dg.AssetCheckResult:
         source = context.partition_key
+        quarantine = storage.layout(mix).source_dir(source) / "quarantine.jsonl"
+        link = {"quarantine_file": dg.MetadataValue.path(str(quarantine))} if quarantine.exists() else {}
         meta = _latest_metadata(context, documents.key, source)
         if not {"docs_seen", "docs_kept", "docs_quarantined"} <= meta.keys():
             return dg.AssetCheckResult(passed=False, description=f"{source}: no ingest counts recorded yet")
@@ -51,7 +55,7 @@ def ingest_counts_check(mix: Mix, documents: dg.AssetsDefinition) -> dg.AssetChe
                 if ok
                 else f"{source}: {seen:,} seen ≠ {kept:,} kept + {bad:,} quarantined ({seen - kept - bad:+,} lost)"
             ),
-            metadata={"docs_seen": seen, "docs_kept": kept, "docs_quarantined": bad},
+            metadata={"docs_seen": seen, "docs_kept": kept, "docs_quarantined": bad, **link},
         )
 
     return ingest_counts

@@ -19,7 +19,7 @@ S3_ENV = {
     "endpoint_url": "AWS_ENDPOINT_URL",
     "aws_access_key_id": "AWS_ACCESS_KEY_ID",
     "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
-    "region": "AWS_REGION",
+    "region": "AWS_DEFAULT_REGION",
 }
 
 

@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING
 
 import dagster as dg
+import fsspec
 
 from mixing import Mix
 from mixing.sources import SourceIndexError, index_source
@@ -28,6 +29,9 @@ def source_digests(mix: Mix) -> dict[str, str]:
     """Per source, a hex digest of its sorted (path, fingerprint) list; ``"none"`` when nothing matches."""
     out = {}
     for name in sorted(mix.sources):
+        # fsspec reuses one filesystem object per protocol and options, and s3fs caches listings in it:
+        # without this a long-lived code server would never see a new object.
+        fsspec.core.url_to_fs(mix.source_uri(name))[0].invalidate_cache()
         try:
             df = index_source(mix, name)
         except SourceIndexError:

@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets import mix_assets
+from assets import WeirStorage, mix_assets
 from assets.checks import ingest_counts_check, mix_checks
 from mixing import load_mix
 
@@ -30,12 +30,21 @@ def _stub_documents(counts: dict[str, int]) -> dg.AssetsDefinition:
         ({"rows": 3}, False, "no ingest counts recorded"),
     ],
 )
-def test_ingest_counts(tiny_mix_path: Path, counts: dict[str, int], passed: bool, reason: str) -> None:
+def test_ingest_counts(tiny_mix_path: Path, tmp_path: Path, counts: dict[str, int], passed: bool, reason: str) -> None:
     stub = _stub_documents(counts)
-    check = ingest_counts_check(load_mix(tiny_mix_path), stub)
-    result = dg.materialize([stub, check], partition_key="qa", instance=dg.DagsterInstance.ephemeral())
+    mix = load_mix(tiny_mix_path)
+    storage = WeirStorage(root=str(tmp_path / "build"))
+    quarantine = storage.layout(mix).source_dir("qa") / "quarantine.jsonl"
+    quarantine.parent.mkdir(parents=True)
+    quarantine.write_text('{"file": "qa.jsonl", "line": 6, "reason": "not JSON"}\n')
+    check = ingest_counts_check(mix, stub)
+    result = dg.materialize(
+        [stub, check], partition_key="qa", resources={"storage": storage}, instance=dg.DagsterInstance.ephemeral()
+    )
     [evaluation] = result.get_asset_check_evaluations()
     assert evaluation.passed is passed
+    if "docs_seen" in counts:  # the link a person follows to the malformed records
+        assert evaluation.metadata["quarantine_file"].value == str(quarantine)
     assert evaluation.description is not None and reason in evaluation.description
     assert "\n" not in evaluation.description  # one line in the UI
 
