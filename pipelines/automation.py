@@ -34,12 +34,16 @@ def automated(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition
     return [a.map_asset_specs(chain) for a in assets]
 
 
-def automation_sensor(mix: Mix, interval_s: int = 15) -> dg.AutomationConditionSensorDefinition:
-    """The sensor that evaluates the mix's automation conditions every ``interval_s`` seconds (on by default)."""
+def automation_sensor(mix: Mix, interval_s: int = 15, on: bool = True) -> dg.AutomationConditionSensorDefinition:
+    """The sensor that evaluates the mix's automation conditions every ``interval_s`` seconds.
+
+    ``on`` is its status in an instance that has not recorded one (``WEIR_AUTOMATION=off`` at load time turns
+    it off: a UI that only shows builds made elsewhere, as the browser test's, must not start runs).
+    """
     return dg.AutomationConditionSensorDefinition(
         f"automation_{mix.name}",
         target=dg.AssetSelection.groups(mix.name),
-        default_status=dg.DefaultSensorStatus.RUNNING,
+        default_status=dg.DefaultSensorStatus.RUNNING if on else dg.DefaultSensorStatus.STOPPED,
         minimum_interval_seconds=interval_s,
         description=f"Runs the stages of mix {mix.name!r} after the per-source index, in dependency order.",
     )

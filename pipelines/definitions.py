@@ -57,6 +57,7 @@ def load_definitions(mixes_dir: Path, build_root: Path) -> dg.Definitions:
     names = [m.name for m in mixes]
     if len(set(names)) != len(names):
         raise ValueError(f"{mixes_dir}: two mix files declare the same name: {sorted(names)}")
+    automation_on = os.environ.get("WEIR_AUTOMATION", "on") != "off"
     assets, checks, jobs, schedules, sensors = [], [], [], [], []
     for m in mixes:
         group = automated(mix_assets(m))
@@ -65,7 +66,7 @@ def load_definitions(mixes_dir: Path, build_root: Path) -> dg.Definitions:
         checks += mix_checks(m, group)
         jobs.append(job)
         schedules.append(nightly_schedule(m, job))
-        sensors += [source_sensor(m, job), automation_sensor(m)]
+        sensors += [source_sensor(m, job), automation_sensor(m, on=automation_on)]
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,

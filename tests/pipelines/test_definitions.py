@@ -11,6 +11,7 @@ import pytest
 
 from assets import STAGES, WeirStorage, mix_assets
 from mixing import load_mix
+from pipelines.automation import automation_sensor
 from pipelines.definitions import defs, load_definitions
 from pipelines.executors import ExecutorChoiceError, executor_from_env
 from pipelines.resources import S3_ENV, storage_resource
@@ -157,3 +158,9 @@ def test_storage_binds_s3_settings_from_the_environment_only_when_set(tmp_path: 
     bound = storage_resource(tmp_path, env=env)
     for field in declared:  # an EnvVar, so the UI shows the variable's name and never the secret
         assert isinstance(getattr(bound, field), dg.EnvVar) or getattr(bound, field) == "x"
+
+
+def test_automation_can_be_turned_off_by_configuration(tiny_mix_path: Path) -> None:
+    mix = load_mix(tiny_mix_path)
+    assert automation_sensor(mix).default_status == dg.DefaultSensorStatus.RUNNING
+    assert automation_sensor(mix, on=False).default_status == dg.DefaultSensorStatus.STOPPED

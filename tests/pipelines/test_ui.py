@@ -78,14 +78,15 @@ def demo_in_ui(tmp_path: Path) -> Iterator[str]:
     (mixes / "demo.yaml").write_text(text)
     home = tmp_path / "dagster_home"
     home.mkdir()
-    # Automation off: this instance records a build made here, nothing should start runs of its own.
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nauto_materialize:\n  enabled: false\n")
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     port = _free_port()
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
         "WEIR_MIXES": str(mixes),
         "WEIR_BUILD_ROOT": str(tmp_path / "build"),
+        # Automation sensors off: this UI shows a build made here, it must not start runs of its own.
+        "WEIR_AUTOMATION": "off",
     }
     # Create the instance's storage before the UI opens it: two processes migrating fresh SQLite files at
     # once leave them broken ("more than one head").
@@ -108,7 +109,7 @@ def demo_in_ui(tmp_path: Path) -> Iterator[str]:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
