@@ -147,7 +147,7 @@ def test_demo_mix_is_materialized_with_checks_passed_in_the_ui(demo_in_ui: str) 
     shots = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1800, "height": 900})
+        page = browser.new_page(viewport={"width": 1800, "height": 640})
 
         _open(page, f"{demo_in_ui}/locations/pipelines.definitions/asset-groups/demo", first=True)
         text = _wait_text(page, *STAGES, "1 / 1 Passed", "3 / 3 Passed")
