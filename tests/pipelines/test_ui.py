@@ -40,6 +40,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# Before any fixture starts a server: without playwright there is nothing to drive the browser with.
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 STAGES = ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards")
 
 pytestmark = [
@@ -142,7 +144,6 @@ def _wait_text(page, *needles: str, timeout_s: float = 40) -> str:  # type: igno
 
 
 def test_demo_mix_is_materialized_with_checks_passed_in_the_ui(demo_in_ui: str) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     ARTIFACTS.mkdir(exist_ok=True)
     shots = []
     with sync_api.sync_playwright() as p:
