@@ -8,19 +8,24 @@ from pathlib import Path
 import dagster as dg
 
 from assets import WeirStorage, mix_assets
+from assets.checks import mix_checks
 from mixing import Mix
 
 __all__ = ["build_mix"]
 
 
-def build_mix(mix: Mix, out: Path, say: Callable[[str], None] = print) -> None:
-    """Build ``mix`` into ``out`` by materializing its assets: each source partition, then the rest.
+def build_mix(
+    mix: Mix, out: Path, say: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None
+) -> None:
+    """Build ``mix`` into ``out`` by materializing its assets and checks: each source partition, then the rest.
 
-    Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
+    Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
+    there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
     """
-    defs = mix_assets(mix)
+    assets = mix_assets(mix)
+    defs = [*assets, *mix_checks(mix, assets)]
     resources = {"storage": WeirStorage(root=str(out), per_mix=False)}
-    instance = dg.DagsterInstance.ephemeral()
+    instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
     def run(stage: str, partition: str | None = None) -> None:
