@@ -23,9 +23,9 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -97,7 +97,8 @@ def write_shards(
         seg_cost = att * length * length + lin * length
     cum_tok = np.concatenate([[0], np.cumsum(segments[:, 3])])
     cum_cost = np.concatenate([[0.0], np.cumsum(seg_cost)])
-    shards, dtype = [], None
+    shards: list[dict[str, Any]] = []
+    dtype = None
     for k, lo in enumerate(range(0, n, shard_sequences)):
         hi = min(n, lo + shard_sequences)
         block = np.ascontiguousarray(take(lo, hi))
@@ -113,8 +114,8 @@ def write_shards(
             "seq_cost": cum_cost[off[1:]] - cum_cost[off[:-1]],
         }
         files = {
-            "tokens": store.put(f"shard-{k:05d}.tokens.npy", lambda f, b=block: np.save(f, b)),
-            "meta": store.put(f"shard-{k:05d}.meta.npz", lambda f, m=meta: f.write(_npz_bytes(m))),
+            "tokens": store.put(f"shard-{k:05d}.tokens.npy", partial(_write_npy, block)),
+            "meta": store.put(f"shard-{k:05d}.meta.npz", partial(_write_bytes, _npz_bytes(meta))),
         }
         shards.append({"first_sequence": lo, "sequences": hi - lo, "files": files})
         on_shard(k)
@@ -130,12 +131,20 @@ def write_shards(
         "shards": shards,
     }
     text = json.dumps(full, indent=2, sort_keys=True) + "\n"
-    store.put("manifest.json", lambda f: f.write(text.encode()))
+    store.put("manifest.json", partial(_write_bytes, text.encode()))
     keep = {f["name"] for s in shards for f in s["files"].values()} | {"manifest.json"}
     for name in store.names():
         if _ours(name) and name not in keep:
             store.remove(name)
     return full
+
+
+def _write_npy(arr: np.ndarray, f: BinaryIO) -> None:
+    np.save(f, arr)
+
+
+def _write_bytes(data: bytes, f: BinaryIO) -> None:
+    f.write(data)
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

@@ -71,11 +71,11 @@ class Store:
                 hw = HashingWriter(f)
                 write(hw)  # type: ignore[arg-type]
         else:
-            tmp = self.key(f".{name}.{uuid.uuid4().hex}.tmp")
-            with self.fs.open(tmp, "wb") as f:
+            remote_tmp = self.key(f".{name}.{uuid.uuid4().hex}.tmp")
+            with self.fs.open(remote_tmp, "wb") as f:
                 hw = HashingWriter(f)
                 write(hw)  # type: ignore[arg-type]
-            self.fs.mv(tmp, self.key(name))
+            self.fs.mv(remote_tmp, self.key(name))
         return {"name": name, "bytes": hw.n, "sha256": hw.h.hexdigest()}
 
     def names(self) -> list[str]:
