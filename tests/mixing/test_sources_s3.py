@@ -123,5 +123,6 @@ def test_s3_build_through_the_pipeline_with_env_credentials(s3_env: dict[str, ob
     qa_docs = open_documents(layout.source_dir("qa")).docs
     assert qa_docs["file"].unique().to_list() == ["s3://corp2/qa/a.jsonl"]
     assert len(qa_docs) == 30
-    assert (layout.source_dir("qa") / "quarantine.jsonl").read_text().count("invalid JSON") == 1
+    q = [json.loads(x) for x in (layout.source_dir("qa") / "quarantine.jsonl").read_text().splitlines()]
+    assert [(x["reason"], x["line"]) for x in q] == [("invalid JSON", 31)]
     assert layout.manifest.exists()
