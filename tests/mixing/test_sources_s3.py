@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mixing.mixfile import parse_mix
 from mixing.layout import BuildLayout
+from mixing.mixfile import parse_mix
 from mixing.sources import index_source, read_records
 
 MOTO = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
@@ -37,7 +37,9 @@ def s3_endpoint() -> Iterator[str]:
     if not Path(MOTO).exists():
         pytest.skip("moto_server is not installed (pip install 'moto[server]'); no local S3 endpoint")
     port = _free_port()
-    proc = subprocess.Popen([MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -95,7 +97,9 @@ curriculum:
 def test_s3_index_and_read_every_record(s3_env: dict[str, object]) -> None:
     qa = "".join(json.dumps({"q": f"q{i}", "a": f"a{i}"}) + "\n" for i in range(30)).encode()
     chat = [{"messages": [{"role": "user", "content": f"hi {i}"}]} for i in range(12)]
-    upload(s3_env, "corp", {"qa/a.jsonl": qa, "qa/b.jsonl.gz": gzip.compress(qa), "chat/c.parquet": parquet_bytes(chat)})
+    upload(
+        s3_env, "corp", {"qa/a.jsonl": qa, "qa/b.jsonl.gz": gzip.compress(qa), "chat/c.parquet": parquet_bytes(chat)}
+    )
     mix = parse_mix(MIX)
     idx = index_source(mix, "qa", s3_env)
     assert idx["path"].to_list() == ["s3://corp/qa/a.jsonl", "s3://corp/qa/b.jsonl.gz"]
