@@ -16,14 +16,17 @@ equals a clean build byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import queue
 import shutil
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -200,6 +203,55 @@ def tokenize_source(
     )
 
 
+_DONE = object()
+
+
+def _read_ahead(
+    todo: list[tuple[list[dict[str, Any]], str]], spec: SourceSpec, storage_options: dict[str, Any] | None
+) -> Iterator[tuple[int, Record | None]]:
+    """``(chunk index, record)`` for every record of ``todo``'s files in order, ``(index, None)`` after each file.
+
+    Reading and parsing run in a background thread, a few small batches ahead (bounded queue), so they
+    overlap tokenizing, which releases the GIL. Errors in the reader are raised here.
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=4)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            buf: list[tuple[int, Record | None]] = []
+            size = 0
+            for gi, (group, _key) in enumerate(todo):
+                for row in group:
+                    for rec in read_records(row["path"], spec, storage_options):
+                        buf.append((gi, rec))
+                        size += len(rec.text or "")
+                        if size >= _BATCH_BYTES // 4 or len(buf) >= 4096:
+                            q.put(buf)
+                            buf, size = [], 0
+                            if stop.is_set():
+                                return
+                    buf.append((gi, None))
+            q.put(buf)
+            q.put(_DONE)
+        except BaseException as e:  # handed to the consumer, which raises it
+            q.put(e)
+
+    t = threading.Thread(target=produce, name="weir-read-ahead", daemon=True)
+    t.start()
+    try:
+        while (item := q.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.05)
+        t.join()
+
+
 def _tokenize_chunks(
     name: str,
     spec: SourceSpec,
@@ -238,41 +290,44 @@ def _tokenize_chunks(
             c.finish()
             open_chunks.remove(c)
 
-    for group, key in todo:
-        chunk = _Chunk(chunks_dir / key)
-        open_chunks.append(chunk)
-        for row in group:
-            for rec in read_records(row["path"], spec, storage_options):
-                if rec.text is None:
-                    chunk.bad(rec)
-                    continue
-                size = len(rec.text.encode("utf-8", "surrogatepass"))
-                chunk.seen += 1
-                chunk.bytes_in += size
-                chunk.pending += 1
-                text_bytes += size
-                batch.append((chunk, rec))
-                batch_bytes += size
-                if batch_bytes >= _BATCH_BYTES:
-                    flush()
-            done_files += 1
-            now = time.perf_counter()
-            if now - last >= 1.0:
-                last = now
-                ev = TokenizeProgress(
-                    name, done_files, n_files, docs, text_bytes / 1e6, text_bytes / 1e6 / (now - started)
-                )
-                progress(str(ev))
-                PROGRESS_LOG.info(str(ev), extra={"progress": ev})
-        chunk.read_all = True
-    flush()
-    if todo:
+    def report() -> None:
         now = time.perf_counter()
-        ev = TokenizeProgress(
-            name, done_files, n_files, docs, text_bytes / 1e6, text_bytes / 1e6 / max(now - started, 1e-9)
-        )
+        mb = text_bytes / 1e6
+        ev = TokenizeProgress(name, done_files, n_files, docs, mb, mb / max(now - started, 1e-9))
         progress(str(ev))
         PROGRESS_LOG.info(str(ev), extra={"progress": ev})
+
+    chunks: dict[int, _Chunk] = {}
+    files_left = [len(group) for group, _key in todo]
+    for gi, rec in _read_ahead(todo, spec, storage_options):
+        chunk = chunks.get(gi)
+        if chunk is None:
+            chunk = chunks[gi] = _Chunk(chunks_dir / todo[gi][1])
+            open_chunks.append(chunk)
+        if rec is None:  # end of a file
+            done_files += 1
+            files_left[gi] -= 1
+            chunk.read_all = files_left[gi] == 0
+            if time.perf_counter() - last >= 1.0:
+                last = time.perf_counter()
+                report()
+            continue
+        if rec.text is None:
+            chunk.bad(rec)
+            continue
+        size = len(rec.text.encode("utf-8", "surrogatepass"))
+        chunk.seen += 1
+        chunk.bytes_in += size
+        chunk.pending += 1
+        text_bytes += size
+        batch.append((chunk, rec))
+        batch_bytes += size
+        if batch_bytes >= _BATCH_BYTES:
+            flush()
+    flush()
+    assert not open_chunks, "every chunk is complete once every file was read and encoded"
+    if todo:
+        report()
 
 
 def _assemble(name: str, chunks: list[Path], tokenizer_fp: str, out_dir: Path) -> dict[str, Any]:
