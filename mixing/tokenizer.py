@@ -1,7 +1,10 @@
 """Tokenizers: a byte-level BPE trained on the mix's own sources (default), Hugging Face, tiktoken, bytes.
 
-Every tokenizer appends its end-of-sequence id to each document and has a ``fingerprint`` (sha256 of
-what determines its output), which is part of every downstream fingerprint.
+Every tokenizer appends its end-of-sequence id to each document (unless the mix says ``eos: false``),
+prepends a BOS id when it says ``bos: true``, and has a ``fingerprint`` (sha256 of what determines its
+output, BOS/EOS included), which is part of every downstream fingerprint (chunk keys, ``docs.parquet``'s
+``tokenizer`` column, the shard manifest). ``encode_flat`` is the pipeline's fast path: one uint32 array
+and the lengths, no per-document Python lists kept.
 """
 
 from __future__ import annotations

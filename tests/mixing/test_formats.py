@@ -119,3 +119,33 @@ def test_shared_text() -> None:
     recs = list(read_file(str(p), spec(separator="\n\n")))
     assert len(recs) > 1000
     assert "".join(r.text or "" for r in recs).replace("\n", "") == p.read_text().replace("\n", "")
+
+
+def test_spec_rejects_template_and_messages_together() -> None:
+    from mixing.mixfile import MixError, parse_mix
+
+    mix = """
+name: m
+sequence: {length: 64, global_batch: 2}
+sources:
+  s: {uri: "x/*.jsonl", format: jsonl, template: "{a}", messages: chat}
+curriculum:
+  - {phase: p, steps: 1, mixture: {s: 1.0}}
+"""
+    with pytest.raises(MixError, match=r":5: sources\.s: .*either 'template' or 'messages'"):
+        parse_mix(mix)
+
+
+def test_a_record_of_tens_of_megabytes_is_quarantined_and_its_neighbours_kept(tmp_path: Path) -> None:
+    p = tmp_path / "big.jsonl"
+    with p.open("w") as f:
+        f.write(json.dumps({"text": "before"}) + "\n")
+        f.write('{"text": "' + "z" * (20 << 20) + '"}\n')  # 20 MiB > the default max_record_bytes (16 MiB)
+        f.write(json.dumps({"text": "after"}) + "\n")
+    recs = list(read_file(str(p), spec(format="jsonl")))
+    assert [(r.line, r.text, r.reason) for r in recs] == [
+        (1, "before", None),
+        (2, None, "record too large"),
+        (3, "after", None),
+    ]
+    assert recs[1].sample is not None and len(recs[1].sample) <= 200
