@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -71,7 +72,14 @@ class _Bounded:
         tail = [self.eos_id] if self.add_eos else []
         return [[*head, *ids, *tail] for ids in self._raw(texts)]
 
+    def _arrays(self, texts: Sequence[str]) -> list[np.ndarray] | None:
+        """Backends that can produce uint32 arrays directly (no Python int lists) override this."""
+        return None
+
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        arrays = self._arrays(texts)
+        if arrays is not None:
+            return self._join(arrays)
         out: list[int] = []
         lengths = np.empty(len(texts), dtype=np.int64)
         extra = (self.bos_id is not None) + self.add_eos
@@ -83,6 +91,20 @@ class _Bounded:
                 out.append(self.eos_id)
             lengths[i] = len(ids) + extra
         return np.array(out, dtype="<u4"), lengths
+
+    def _join(self, arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        extra = (self.bos_id is not None) + self.add_eos
+        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays)) + extra
+        bos = np.array([self.bos_id or 0], dtype="<u4")
+        eos = np.array([self.eos_id], dtype="<u4")
+        parts: list[np.ndarray] = []
+        for a in arrays:
+            if self.bos_id is not None:
+                parts.append(bos)
+            parts.append(a)
+            if self.add_eos:
+                parts.append(eos)
+        return (np.concatenate(parts).astype("<u4", copy=False) if parts else np.zeros(0, "<u4")), lengths
 
 
 class TokenizerError(WeirError, ValueError):
@@ -123,6 +145,7 @@ class _TiktokenTokenizer(_Bounded):
                 f"tiktoken encoding {spec.name!r} cannot be loaded ({type(e).__name__}: {e}); offline, set "
                 "TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cache files"
             ) from None
+        self._pool: ThreadPoolExecutor | None = None
         self.eos_id = self._enc.eot_token
         self.vocab_size = self._enc.n_vocab
         self._base_fp = _sha(f"tiktoken|{spec.name}|{self._enc.n_vocab}".encode())
@@ -134,6 +157,19 @@ class _TiktokenTokenizer(_Bounded):
 
     def _raw(self, texts: Sequence[str]) -> Iterable[list[int]]:
         return self._enc.encode_ordinary_batch(list(texts), num_threads=_threads())
+
+    def _arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # encode_to_numpy with no special tokens is encode_ordinary straight into a uint32 buffer; it
+        # releases the GIL, so a pool of RAYON_NUM_THREADS threads parallelizes it like the batch call.
+        def one(t: str) -> np.ndarray:
+            return self._enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=())
+
+        threads = _threads()
+        if threads <= 1 or len(texts) <= 1:
+            return [one(t) for t in texts]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="weir-tiktoken")
+        return list(self._pool.map(one, texts))
 
 
 class _BytesTokenizer(_Bounded):

@@ -12,7 +12,7 @@ from mixing.mixfile import TokenizerSpec
 from mixing.tokenizer import load_tokenizer, prepare_tokenizer
 from tests.conftest import shared_path
 
-TEXTS = ["Hello, world!", "def f(x):\n    return x * 2\n", "Ünïcödé ✓ 数学"]
+TEXTS = ["Hello, world!", "def f(x):\n    return x * 2\n", "Ünïcödé ✓ 数学", "a <|endoftext|> in text"]
 
 
 def check_flat_matches_batch(tok) -> None:  # type: ignore[no-untyped-def]
