@@ -16,6 +16,7 @@ equals a clean build byte for byte.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -27,6 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -270,22 +272,33 @@ def _tokenize_chunks(
     text_bytes = 0
     last = started
 
-    def flush() -> None:
-        nonlocal batch_bytes, docs
+    # Two batches in flight at most: the tokenizer encodes batch k+1 on a worker thread (GIL released)
+    # while this thread turns batch k's result into arrays and writes it.
+    encoder = ThreadPoolExecutor(1, thread_name_prefix="weir-encode")
+    inflight: collections.deque[tuple[Future[Any], list[tuple[_Chunk, Record]]]] = collections.deque()
+
+    def write(handle: Any, done: list[tuple[_Chunk, Record]]) -> None:
+        nonlocal docs
+        ids, lengths = tokenizer.encode_finish(handle)
+        ends = np.cumsum(lengths)
+        i = 0
+        while i < len(done):  # hand each chunk its run of consecutive records in one write
+            j = i
+            while j < len(done) and done[j][0] is done[i][0]:
+                j += 1
+            lo = int(ends[i - 1]) if i else 0
+            done[i][0].add([r for _c, r in done[i:j]], ids[lo : int(ends[j - 1])], lengths[i:j])
+            i = j
+        docs += len(done)
+
+    def flush(final: bool = False) -> None:
+        nonlocal batch, batch_bytes
         if batch:
-            ids, lengths = tokenizer.encode_flat([r.text or "" for _c, r in batch])
-            ends = np.cumsum(lengths)
-            i = 0
-            while i < len(batch):  # hand each chunk its run of consecutive records in one write
-                j = i
-                while j < len(batch) and batch[j][0] is batch[i][0]:
-                    j += 1
-                lo = int(ends[i - 1]) if i else 0
-                batch[i][0].add([r for _c, r in batch[i:j]], ids[lo : int(ends[j - 1])], lengths[i:j])
-                i = j
-            docs += len(batch)
-            batch.clear()
-            batch_bytes = 0
+            inflight.append((encoder.submit(tokenizer.encode_start, [r.text or "" for _c, r in batch]), batch))
+            batch, batch_bytes = [], 0
+        while len(inflight) > (0 if final else 1):
+            fut, done = inflight.popleft()
+            write(fut.result(), done)
         for c in [c for c in open_chunks if c.read_all and not c.pending]:
             c.finish()
             open_chunks.remove(c)
@@ -299,32 +312,35 @@ def _tokenize_chunks(
 
     chunks: dict[int, _Chunk] = {}
     files_left = [len(group) for group, _key in todo]
-    for gi, rec in _read_ahead(todo, spec, storage_options):
-        chunk = chunks.get(gi)
-        if chunk is None:
-            chunk = chunks[gi] = _Chunk(chunks_dir / todo[gi][1])
-            open_chunks.append(chunk)
-        if rec is None:  # end of a file
-            done_files += 1
-            files_left[gi] -= 1
-            chunk.read_all = files_left[gi] == 0
-            if time.perf_counter() - last >= 1.0:
-                last = time.perf_counter()
-                report()
-            continue
-        if rec.text is None:
-            chunk.bad(rec)
-            continue
-        size = len(rec.text.encode("utf-8", "surrogatepass"))
-        chunk.seen += 1
-        chunk.bytes_in += size
-        chunk.pending += 1
-        text_bytes += size
-        batch.append((chunk, rec))
-        batch_bytes += size
-        if batch_bytes >= _BATCH_BYTES:
-            flush()
-    flush()
+    try:
+        for gi, rec in _read_ahead(todo, spec, storage_options):
+            chunk = chunks.get(gi)
+            if chunk is None:
+                chunk = chunks[gi] = _Chunk(chunks_dir / todo[gi][1])
+                open_chunks.append(chunk)
+            if rec is None:  # end of a file
+                done_files += 1
+                files_left[gi] -= 1
+                chunk.read_all = files_left[gi] == 0
+                if time.perf_counter() - last >= 1.0:
+                    last = time.perf_counter()
+                    report()
+                continue
+            if rec.text is None:
+                chunk.bad(rec)
+                continue
+            size = len(rec.text.encode("utf-8", "surrogatepass"))
+            chunk.seen += 1
+            chunk.bytes_in += size
+            chunk.pending += 1
+            text_bytes += size
+            batch.append((chunk, rec))
+            batch_bytes += size
+            if batch_bytes >= _BATCH_BYTES:
+                flush()
+        flush(final=True)
+    finally:
+        encoder.shutdown()
     assert not open_chunks, "every chunk is complete once every file was read and encoded"
     if todo:
         report()

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,6 +39,14 @@ class TextTokenizer(Protocol):
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, lengths)``: uint32 ids of all texts back to back (BOS/EOS included), int64 lengths."""
+        ...
+
+    def encode_start(self, texts: Sequence[str]) -> Any:
+        """``encode_flat`` in two halves: this one does the tokenizer's GIL-free work ..."""
+        ...
+
+    def encode_finish(self, handle: Any) -> tuple[np.ndarray, np.ndarray]:
+        """... and this one builds the arrays: ``encode_finish(encode_start(t)) == encode_flat(t)``."""
         ...
 
 
@@ -72,25 +80,36 @@ class _Bounded:
         tail = [self.eos_id] if self.add_eos else []
         return [[*head, *ids, *tail] for ids in self._raw(texts)]
 
-    def _arrays(self, texts: Sequence[str]) -> list[np.ndarray] | None:
-        """Backends that can produce uint32 arrays directly (no Python int lists) override this."""
-        return None
+    def encode_start(self, texts: Sequence[str]) -> Any:
+        """The tokenizer's own work on ``texts`` (releases the GIL): run it on a worker thread while the
+        caller turns the previous batch into arrays with :meth:`encode_finish`."""
+        return self._start(list(texts))
+
+    def encode_finish(self, handle: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, lengths)`` of a batch started with :meth:`encode_start`, as :meth:`encode_flat`."""
+        return self._finish(handle)
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        arrays = self._arrays(texts)
-        if arrays is not None:
-            return self._join(arrays)
+        return self._finish(self._start(list(texts)))
+
+    def _start(self, texts: list[str]) -> Any:
+        return list(self._raw(texts))
+
+    def _finish(self, handle: Any) -> tuple[np.ndarray, np.ndarray]:
+        return self._flatten(handle)
+
+    def _flatten(self, id_lists: Iterable[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         out: list[int] = []
-        lengths = np.empty(len(texts), dtype=np.int64)
+        lengths: list[int] = []
         extra = (self.bos_id is not None) + self.add_eos
-        for i, ids in enumerate(self._raw(texts)):
+        for ids in id_lists:
             if self.bos_id is not None:
                 out.append(self.bos_id)
             out.extend(ids)
             if self.add_eos:
                 out.append(self.eos_id)
-            lengths[i] = len(ids) + extra
-        return np.array(out, dtype="<u4"), lengths
+            lengths.append(len(ids) + extra)
+        return np.array(out, dtype="<u4"), np.array(lengths, dtype=np.int64)
 
     def _join(self, arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         extra = (self.bos_id is not None) + self.add_eos
@@ -129,8 +148,14 @@ class _HFTokenizer(_Bounded):
         self._bounds(spec, self._tok.token_to_id)
 
     def _raw(self, texts: Sequence[str]) -> Iterable[list[int]]:
-        # encode_batch_fast skips offsets; both release the GIL and use RAYON_NUM_THREADS threads.
-        return (e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False))
+        return (e.ids for e in self._start(list(texts)))
+
+    def _start(self, texts: list[str]) -> Any:
+        # encode_batch_fast skips offsets; it releases the GIL and uses RAYON_NUM_THREADS threads.
+        return self._tok.encode_batch_fast(texts, add_special_tokens=False)
+
+    def _finish(self, handle: Any) -> tuple[np.ndarray, np.ndarray]:
+        return self._flatten(e.ids for e in handle)
 
 
 class _TiktokenTokenizer(_Bounded):
@@ -157,6 +182,12 @@ class _TiktokenTokenizer(_Bounded):
 
     def _raw(self, texts: Sequence[str]) -> Iterable[list[int]]:
         return self._enc.encode_ordinary_batch(list(texts), num_threads=_threads())
+
+    def _start(self, texts: list[str]) -> Any:
+        return self._arrays(texts)
+
+    def _finish(self, handle: Any) -> tuple[np.ndarray, np.ndarray]:
+        return self._join(handle)
 
     def _arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         # encode_to_numpy with no special tokens is encode_ordinary straight into a uint32 buffer; it
