@@ -17,17 +17,14 @@ equals a clean build byte for byte.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import queue
 import shutil
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +36,7 @@ import polars as pl
 from mixing.layout import atomic_path
 from mixing.mixfile import SourceSpec
 from mixing.records import Record
-from mixing.sources import read_records
+from mixing.sources import read_ahead
 from mixing.tokenizer import TextTokenizer
 
 __all__ = ["DocumentSet", "TokenizeProgress", "TokenizeReport", "open_documents", "tokenize_source"]
@@ -205,55 +202,6 @@ def tokenize_source(
     )
 
 
-_DONE = object()
-
-
-def _read_ahead(
-    todo: list[tuple[list[dict[str, Any]], str]], spec: SourceSpec, storage_options: dict[str, Any] | None
-) -> Iterator[tuple[int, Record | None]]:
-    """``(chunk index, record)`` for every record of ``todo``'s files in order, ``(index, None)`` after each file.
-
-    Reading and parsing run in a background thread, a few small batches ahead (bounded queue), so they
-    overlap tokenizing, which releases the GIL. Errors in the reader are raised here.
-    """
-    q: queue.Queue[Any] = queue.Queue(maxsize=4)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            buf: list[tuple[int, Record | None]] = []
-            size = 0
-            for gi, (group, _key) in enumerate(todo):
-                for row in group:
-                    for rec in read_records(row["path"], spec, storage_options):
-                        buf.append((gi, rec))
-                        size += len(rec.text or "")
-                        if size >= _BATCH_BYTES // 4 or len(buf) >= 4096:
-                            q.put(buf)
-                            buf, size = [], 0
-                            if stop.is_set():
-                                return
-                    buf.append((gi, None))
-            q.put(buf)
-            q.put(_DONE)
-        except BaseException as e:  # handed to the consumer, which raises it
-            q.put(e)
-
-    t = threading.Thread(target=produce, name="weir-read-ahead", daemon=True)
-    t.start()
-    try:
-        while (item := q.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield from item
-    finally:
-        stop.set()
-        while t.is_alive():  # unblock a producer waiting on a full queue
-            with contextlib.suppress(queue.Empty):
-                q.get(timeout=0.05)
-        t.join()
-
-
 def _tokenize_chunks(
     name: str,
     spec: SourceSpec,
@@ -313,7 +261,7 @@ def _tokenize_chunks(
     chunks: dict[int, _Chunk] = {}
     files_left = [len(group) for group, _key in todo]
     try:
-        for gi, rec in _read_ahead(todo, spec, storage_options):
+        for gi, rec in read_ahead([[row["path"] for row in group] for group, _key in todo], spec, storage_options):
             chunk = chunks.get(gi)
             if chunk is None:
                 chunk = chunks[gi] = _Chunk(chunks_dir / todo[gi][1])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +17,7 @@ from mixing.formats import is_code_file, read_file
 from mixing.mixfile import Mix, SourceSpec
 from mixing.records import Record
 
-__all__ = ["Record", "SourceIndexError", "index_source", "read_records"]
+__all__ = ["Record", "SourceIndexError", "index_source", "read_ahead", "read_records"]
 
 
 class SourceIndexError(WeirError, RuntimeError):
@@ -71,3 +74,54 @@ def read_records(path: str, spec: SourceSpec, storage_options: dict[str, Any] | 
     Streams (memory bounded by ``spec.batch_rows`` / ``spec.max_record_bytes``); see :mod:`mixing.formats`.
     """
     return read_file(path, spec, storage_options)
+
+
+_AHEAD_BYTES = 256 << 10  # text per hand-over from the reader thread (four are queued at most)
+_DONE = object()
+
+
+def read_ahead(
+    groups: list[list[str]], spec: SourceSpec, storage_options: dict[str, Any] | None = None
+) -> Iterator[tuple[int, Record | None]]:
+    """``(group index, record)`` for every record of every group's files in order; ``(index, None)`` after
+    each file.
+
+    Reading and parsing run in a background thread, a few small batches ahead (bounded queue), so they
+    overlap tokenizing, which releases the GIL. Errors in the reader are raised here.
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=4)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            buf: list[tuple[int, Record | None]] = []
+            size = 0
+            for gi, group in enumerate(groups):
+                for path in group:
+                    for rec in read_records(path, spec, storage_options):
+                        buf.append((gi, rec))
+                        size += len(rec.text or "")
+                        if size >= _AHEAD_BYTES or len(buf) >= 4096:
+                            q.put(buf)
+                            buf, size = [], 0
+                            if stop.is_set():
+                                return
+                    buf.append((gi, None))
+            q.put(buf)
+            q.put(_DONE)
+        except BaseException as e:  # handed to the consumer, which raises it
+            q.put(e)
+
+    t = threading.Thread(target=produce, name="weir-read-ahead", daemon=True)
+    t.start()
+    try:
+        while (item := q.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.05)
+        t.join()
