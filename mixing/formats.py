@@ -65,7 +65,8 @@ def read_file(path: str, spec: SourceSpec, storage_options: dict[str, Any] | Non
 
 def _buffered(f: Any) -> IO[bytes]:
     """Decompressors (zstd) may lack a fast ``readline``; a buffer gives every stream one."""
-    return f if isinstance(f, io.BufferedIOBase | io.BufferedReader) else io.BufferedReader(f, 1 << 20)
+    buffered = f if isinstance(f, io.BufferedIOBase) else io.BufferedReader(f, 1 << 20)
+    return buffered  # type: ignore[return-value]
 
 
 def _record(path: str, line: int, rec: Any, spec: SourceSpec) -> Record:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dagster as dg
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from assets import WeirStorage, mix_assets
 from mixing import Mix
@@ -95,7 +95,7 @@ class _ProgressHandler(logging.Handler):
     def __init__(self, bar: Progress) -> None:
         super().__init__(logging.INFO)
         self.bar = bar
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         ev = getattr(record, "progress", None)
