@@ -149,3 +149,17 @@ def test_a_record_of_tens_of_megabytes_is_quarantined_and_its_neighbours_kept(tm
         (3, "after", None),
     ]
     assert recs[1].sample is not None and len(recs[1].sample) <= 200
+
+
+def test_shared_nested_jsonl_template_and_multilingual_text() -> None:
+    p = shared_path("data", "self_instruct_seed_tasks", "seed_tasks.jsonl")
+    recs = list(read_file(str(p), spec(format="jsonl", template="{instruction}\n{instances[0][output]}")))
+    assert len(recs) == sum(1 for _ in p.open()) and all(r.error is None for r in recs)
+    folder = shared_path("data", "udhr2_multilingual", "udhr2")
+    files = sorted(folder.glob("*.txt"))
+    recs = [r for f in files for r in read_file(str(f), spec())]
+    assert len(recs) == len(files)  # one record per file: a document or a counted reason, never nothing
+    empty = [f for f in files if not f.read_bytes().strip()]
+    assert sum(r.reason == "empty document" for r in recs) == len(empty)
+    kept = [r.text for r in recs if r.error is None]
+    assert len(kept) + len(empty) == len(files) and any("人" in (t or "") for t in kept)

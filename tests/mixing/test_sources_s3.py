@@ -130,3 +130,49 @@ def test_s3_build_through_the_pipeline_with_env_credentials(s3_env: dict[str, ob
     q = [json.loads(x) for x in (layout.source_dir("qa") / "quarantine.jsonl").read_text().splitlines()]
     assert [(x["reason"], x["line"]) for x in q] == [("invalid JSON", 31)]
     assert layout.manifest.exists()
+
+
+def test_s3_every_format(s3_env: dict[str, object], tmp_path: Path) -> None:
+    import tarfile
+
+    import zstandard
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "m.py").write_text("print('hi')\n")
+    with tarfile.open(tmp_path / "code.tar", "w") as t:
+        t.add(tmp_path / "src" / "m.py", "src/m.py")
+    lines = "".join(json.dumps({"text": f"z{i}"}) + "\n" for i in range(5)).encode()
+    upload(
+        s3_env,
+        "formats",
+        {
+            "z/a.jsonl.zst": zstandard.ZstdCompressor().compress(lines),
+            "c/t.csv": b"text,x\nrow one,1\nrow two,2\n",
+            "t/book.txt": b"para one\n\npara two\n",
+            "code/code.tar": (tmp_path / "code.tar").read_bytes(),
+            "code/loose.rs": b"fn main() {}\n",
+        },
+    )
+    mix = parse_mix(
+        """
+name: f
+tokenizer: {kind: bytes}
+sequence: {length: 64, global_batch: 2}
+sources:
+  z: {uri: "s3://formats/z/*.zst", format: jsonl}
+  c: {uri: "s3://formats/c/*.csv", format: csv}
+  t: {uri: "s3://formats/t/*.txt", format: text, separator: "\\n\\n"}
+  code: {uri: "s3://formats/code", format: code}
+curriculum:
+  - {phase: p, steps: 1, mixture: {z: 0.25, c: 0.25, t: 0.25, code: 0.25}}
+"""
+    )
+
+    def texts(name: str) -> list[str | None]:
+        idx = index_source(mix, name, s3_env)
+        return [r.text for p in idx["path"] for r in read_records(p, mix.sources[name], s3_env)]
+
+    assert texts("z") == [f"z{i}" for i in range(5)]
+    assert texts("c") == ["row one", "row two"]
+    assert texts("t") == ["para one", "para two\n"]
+    assert texts("code") == ["print('hi')\n", "fn main() {}\n"]
