@@ -12,6 +12,10 @@ Incremental: the source's files are cut into chunks at stable, path-determined b
 source's rendering spec; a chunk whose key is already there is reused, so a rebuild after one file changed
 re-tokenizes only that file's chunk. The final files are the chunks concatenated in order, so the result
 equals a clean build byte for byte.
+
+Throughput and memory: one thread reads and parses (:func:`mixing.sources.read_ahead`, at most four
+256 KB hand-overs queued), one runs the tokenizer on the next ~1 MB batch (it releases the GIL), and the
+caller's thread writes the previous batch; memory is bounded by those batches, not by the source.
 """
 
 from __future__ import annotations
