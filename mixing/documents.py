@@ -193,7 +193,10 @@ def tokenize_source(
     keys = [_key(g, tokenizer, spec) for g in groups]
     todo = [(g, k) for g, k in zip(groups, keys, strict=True) if not (chunks_dir / k / "report.json").exists()]
     started = time.perf_counter()
-    _tokenize_chunks(name, spec, todo, tokenizer, chunks_dir, len(files), progress, storage_options, started)
+    reused_files = len(files) - sum(len(g) for g, _k in todo)
+    _tokenize_chunks(
+        name, spec, todo, tokenizer, chunks_dir, (reused_files, len(files)), progress, storage_options, started
+    )
     report = _assemble(name, [chunks_dir / k for k in keys], tokenizer.fingerprint, out_dir)
     for stale in set(os.listdir(chunks_dir)) - set(keys) if chunks_dir.exists() else ():
         shutil.rmtree(chunks_dir / stale, ignore_errors=True)
@@ -212,7 +215,7 @@ def _tokenize_chunks(
     todo: list[tuple[list[dict[str, Any]], str]],
     tokenizer: TextTokenizer,
     chunks_dir: Path,
-    n_files: int,
+    file_counts: tuple[int, int],
     progress: Callable[[str], None],
     storage_options: dict[str, Any] | None,
     started: float,
@@ -220,8 +223,8 @@ def _tokenize_chunks(
     batch: list[tuple[_Chunk, Record]] = []
     batch_bytes = 0
     open_chunks: list[_Chunk] = []
-    done_files = docs = 0
-    text_bytes = 0
+    done_files, n_files = file_counts  # files of reused chunks count as done from the start
+    docs = text_bytes = 0
     last = started
 
     # Two batches in flight at most: the tokenizer encodes batch k+1 on a worker thread (GIL released)
