@@ -100,7 +100,7 @@ class SourceSpec(_Model):
     field: str = "text"
     template: str | None = None
     max_epochs: Annotated[float, Field(gt=0)] = math.inf
-    # Ingest options (issue 3): see mixing/formats.py and mixing/render.py for their contracts.
+    # Ingest options (issue 3): see mixing/formats.py and mixing/records.py for their contracts.
     messages: str | None = None
     chat_template: Literal["chatml", "plain", "llama3"] = "chatml"
     separator: str | None = None

@@ -19,10 +19,9 @@ def items(ds: PackedDataset, n: int | None = None) -> list[dict]:
 
 
 def same(a: dict, b: dict) -> bool:
-    return (
-        all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
-        and a.keys() == b.keys()
-    )
+    return all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+    ) and a.keys() == b.keys()
 
 
 def test_items_have_consistent_boundaries_labels_and_positions(demo_build: Path) -> None:

@@ -38,24 +38,15 @@ def test_materialize_whole_graph_on_tiny_mix(tiny_mix_path: Path, tmp_path: Path
     instance = dg.DagsterInstance.ephemeral()
     for source in sorted(mix.sources):
         result = dg.materialize(
-            assets,
-            selection=[dg.AssetKey(["tiny", s]) for s in ("source_index",)],
-            partition_key=source,
-            resources=resources,
-            instance=instance,
+            assets, selection=[dg.AssetKey(["tiny", s]) for s in ("source_index",)], partition_key=source,
+            resources=resources, instance=instance,
         )
         assert result.success
-    assert dg.materialize(
-        assets, selection=[dg.AssetKey(["tiny", "tokenizer"])], resources=resources, instance=instance
-    ).success
+    assert dg.materialize(assets, selection=[dg.AssetKey(["tiny", "tokenizer"])], resources=resources,
+                          instance=instance).success
     for source in sorted(mix.sources):
-        r = dg.materialize(
-            assets,
-            selection=[dg.AssetKey(["tiny", "documents"])],
-            partition_key=source,
-            resources=resources,
-            instance=instance,
-        )
+        r = dg.materialize(assets, selection=[dg.AssetKey(["tiny", "documents"])], partition_key=source,
+                           resources=resources, instance=instance)
         mat = r.asset_materializations_for_node("tiny__documents")[0]
         meta = {k: v.value for k, v in mat.metadata.items()}
         assert meta["docs_seen"] == meta["docs_kept"] + meta["docs_quarantined"]
@@ -63,9 +54,6 @@ def test_materialize_whole_graph_on_tiny_mix(tiny_mix_path: Path, tmp_path: Path
     result = dg.materialize(assets, selection=rest, resources=resources, instance=instance)
     assert result.success
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert checks == {
-        "packing_efficiency": checks["packing_efficiency"],
-        "truncated_docs": True,
-        "manifest_checksums": True,
-    }
+    assert checks == {"packing_efficiency": checks["packing_efficiency"], "truncated_docs": True,
+                      "manifest_checksums": True}
     assert (tmp_path / "build" / "tiny" / "shards" / "manifest.json").exists()
