@@ -33,6 +33,12 @@ def _markdown(df: pl.DataFrame) -> str:
     return "\n".join([head, *rows])
 
 
+def _s3(mix: Mix, storage: WeirStorage) -> dict[str, object] | None:
+    """The resource's fsspec options, only for mixes that read from a remote store."""
+    remote = any("://" in mix.source_uri(n) and not mix.source_uri(n).startswith("file://") for n in mix.sources)
+    return storage.storage_options() if remote else None
+
+
 def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
     """The six assets of ``mix`` (keys ``[mix.name, stage]`` for stage in :data:`STAGES`)."""
     group = mix.name
@@ -49,7 +55,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         description="Files of one source with their fingerprints.",
     )
     def source_index(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
-        df = stages.index(mix, storage.layout(mix), context.partition_key)
+        df = stages.index(mix, storage.layout(mix), context.partition_key, _s3(mix, storage))
         return dg.MaterializeResult(metadata={"files": len(df), "bytes": int(df["size"].sum())})
 
     @dg.asset(
@@ -60,7 +66,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         description="The mix's tokenizer (a byte-level BPE trained on the sources by default).",
     )
     def tokenizer(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
-        tok = stages.prepare_tokenizer(mix, storage.layout(mix))
+        tok = stages.prepare_tokenizer(mix, storage.layout(mix), _s3(mix, storage))
         return dg.MaterializeResult(
             metadata={
                 "kind": mix.tokenizer.kind,
@@ -77,9 +83,13 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         deps=[key("source_index"), key("tokenizer")],
         kinds={"parquet"},
         description="Tokenized documents of one source; malformed records are quarantined.",
+        check_specs=[dg.AssetCheckSpec("docs_accounted", asset=key("documents"))],
     )
     def documents(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
-        r = stages.tokenize(mix, storage.layout(mix), context.partition_key, context.log.info)
+        layout = storage.layout(mix)
+        name = context.partition_key
+        r = stages.tokenize(mix, layout, name, context.log.info, _s3(mix, storage))
+        accounted = r.docs_seen == r.docs_kept + r.docs_quarantined
         return dg.MaterializeResult(
             metadata={
                 "docs_seen": r.docs_seen,
@@ -88,7 +98,22 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "tokens": r.tokens,
                 "bytes": r.bytes_in,
                 "quarantine_reasons": r.quarantine_reasons,
-            }
+                "quarantine_path": dg.MetadataValue.path(str(layout.source_dir(name) / "quarantine.jsonl")),
+                "quarantine_sample": dg.MetadataValue.json(r.quarantine_sample),
+                "tokenizer_fingerprint": r.tokenizer,
+                "chunks": r.chunks,
+                "chunks_reused": r.chunks_reused,
+                "mb_per_s": round(r.bytes_in / 1e6 / max(r.seconds, 1e-9), 2),
+            },
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name="docs_accounted",
+                    passed=accounted,
+                    description=f"docs seen {r.docs_seen} = kept {r.docs_kept} + quarantined {r.docs_quarantined}"
+                    if accounted
+                    else f"docs seen {r.docs_seen} != kept {r.docs_kept} + quarantined {r.docs_quarantined}",
+                )
+            ],
         )
 
     @dg.asset(

@@ -70,6 +70,11 @@ class TokenizerSpec(_Model):
     eos_token: str | None = None
     vocab_size: Annotated[int, Field(ge=260, le=1 << 20)] = 8192
     sample_bytes: Annotated[int, Field(gt=0)] = 4_000_000
+    # Document boundaries: EOS is appended to every document unless ``eos: false``; ``bos: true`` also
+    # prepends ``bos_token`` (default: the EOS token, as GPT-style models do).
+    bos: bool = False
+    eos: bool = True
+    bos_token: str | None = None
 
     @model_validator(mode="after")
     def _needs(self) -> TokenizerSpec:
@@ -92,14 +97,40 @@ class SourceSpec(_Model):
 
     ``uri`` is a glob over any fsspec URI (local path or ``s3://``); ``{mix_dir}`` expands to the mix
     file's folder and ``{stdlib}`` to this Python's standard library folder. ``format`` says how records
-    are read; ``field`` (jsonl) names the text field, or ``template`` formats several fields.
+    are read (``text``, ``jsonl`` incl. ``.gz``/``.zst``, ``parquet``, ``csv``, ``code``: a folder or
+    ``.tar`` of source files). A record's text is ``field``, or ``template`` (a Python format string over
+    the record's fields), or the chat list ``messages`` rendered by ``chat_template``. ``separator`` splits
+    a text file into several documents; ``metadata`` names record fields kept with each document;
+    ``extensions`` filters a code tree (default: known languages). A record whose text exceeds
+    ``max_record_bytes`` is quarantined; ``batch_rows`` bounds how many rows are held in memory.
     """
 
     uri: str
-    format: Literal["text", "jsonl"] = "text"
+    format: Literal["text", "jsonl", "parquet", "csv", "code"] = "text"
     field: str = "text"
     template: str | None = None
     max_epochs: Annotated[float, Field(gt=0)] = math.inf
+    # Ingest options (issue 3): see mixing/formats.py and mixing/records.py for their contracts.
+    messages: str | None = None
+    chat_template: Literal["chatml", "plain", "llama3"] = "chatml"
+    separator: str | None = None
+    metadata: tuple[str, ...] = ()
+    extensions: tuple[str, ...] = ()
+    max_record_bytes: Annotated[int, Field(gt=0)] = 16 << 20
+    batch_rows: Annotated[int, Field(gt=0)] = 4096
+
+    @model_validator(mode="after")
+    def _one_text(self) -> SourceSpec:
+        if self.template is not None and self.messages is not None:
+            raise ValueError("give either 'template' or 'messages', not both")
+        if self.separator == "":
+            raise ValueError("separator is empty; expected a non-empty string such as '\\n\\n'")
+        return self
+
+    def render_fingerprint(self) -> str:
+        """sha256 of the fields that decide a file's documents (not ``uri`` nor ``max_epochs``)."""
+        keep = self.model_dump(mode="json", exclude={"uri", "max_epochs"})
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")

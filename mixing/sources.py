@@ -2,46 +2,49 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
+import queue
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import polars as pl
 
 from mixing.errors import WeirError
+from mixing.formats import is_code_file, read_file
 from mixing.mixfile import Mix, SourceSpec
+from mixing.records import Record
 
-__all__ = ["Record", "SourceIndexError", "index_source", "read_records"]
+__all__ = ["Record", "SourceIndexError", "index_source", "read_ahead", "read_records"]
 
 
 class SourceIndexError(WeirError, RuntimeError):
     """A source whose URI matches no file, or whose storage cannot be listed."""
 
 
-@dataclass(frozen=True)
-class Record:
-    """One record of a source file: ``text`` (after the template), or ``error`` when it is malformed.
-
-    ``line`` is the 1-based line (jsonl) or 0 for a whole-file document.
-    """
-
-    file: str
-    line: int
-    text: str | None
-    error: str | None = None
-
-
-def index_source(mix: Mix, name: str) -> pl.DataFrame:
+def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = None) -> pl.DataFrame:
     """List the files of source ``name`` with a fingerprint each.
 
     Returns columns ``path`` (full URI, sorted), ``size`` (bytes), ``fingerprint`` (hex of size + mtime or
-    etag). Deterministic for unchanged storage. Raises :class:`SourceIndexError` when nothing matches.
+    etag: a file rewritten with other bytes gets another one). A ``code`` source's URI may name a folder
+    (every file below it with a known extension, and ``.tar`` archives). ``storage_options`` go to fsspec
+    (for ``s3://``: endpoint and credentials from the Dagster resource, never from the mix file).
+    Deterministic for unchanged storage. Raises :class:`SourceIndexError` when nothing matches.
     """
     uri = mix.source_uri(name)
-    fs, pattern = fsspec.core.url_to_fs(uri)
-    files = sorted(p for p in fs.glob(pattern) if fs.isfile(p)) if fs.exists(pattern) or _is_glob(pattern) else []
+    spec = mix.sources[name]
+    try:
+        fs, pattern = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        if spec.format == "code" and not _is_glob(pattern) and fs.isdir(pattern):
+            pattern = pattern.rstrip("/") + "/**"
+        infos = fs.glob(pattern, detail=True) if _is_glob(pattern) else _single(fs, pattern)
+    except (OSError, ValueError) as e:
+        raise SourceIndexError(f"source {name!r}: cannot list {uri!r}: {type(e).__name__}: {e}") from None
+    files = sorted(
+        (p, i) for p, i in infos.items() if i.get("type") == "file" and (spec.format != "code" or is_code_file(p, spec))
+    )
     if not files:
         raise SourceIndexError(
             f"source {name!r}: no file matches {uri!r}; expected at least one "
@@ -49,8 +52,7 @@ def index_source(mix: Mix, name: str) -> pl.DataFrame:
         )
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     rows = []
-    for p in files:
-        info = fs.info(p)
+    for p, info in files:
         stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
         fp = hashlib.sha256(f"{info.get('size')}|{stamp}".encode()).hexdigest()[:16]
         full = p if protocol in ("file", "local") else f"{protocol}://{p}"
@@ -58,40 +60,68 @@ def index_source(mix: Mix, name: str) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"path": pl.String, "size": pl.Int64, "fingerprint": pl.String})
 
 
+def _single(fs: Any, path: str) -> dict[str, dict[str, Any]]:
+    return {path: fs.info(path)} if fs.exists(path) else {}
+
+
 def _is_glob(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
 
-def read_records(path: str, spec: SourceSpec) -> Iterator[Record]:
-    """Yield the records of one file in order; malformed ones carry ``error`` instead of ``text``."""
-    with fsspec.open(path, "rb", compression="infer") as f:
-        raw = f.read()
-    if spec.format == "text":
-        try:
-            yield Record(path, 0, raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            yield Record(path, 0, None, f"invalid UTF-8 at byte {e.start}")
-        return
-    for i, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            yield Record(path, i, None, f"invalid JSON: {e}")
-            continue
-        yield _render(path, i, rec, spec)
+def read_records(path: str, spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> Iterator[Record]:
+    """Yield the records of one file in order; malformed ones carry ``error`` instead of ``text``.
+
+    Streams (memory bounded by ``spec.batch_rows`` / ``spec.max_record_bytes``); see :mod:`mixing.formats`.
+    """
+    return read_file(path, spec, storage_options)
 
 
-def _render(path: str, line: int, rec: object, spec: SourceSpec) -> Record:
-    if not isinstance(rec, dict):
-        return Record(path, line, None, "record is not a JSON object")
-    if spec.template is not None:
+_AHEAD_BYTES = 256 << 10  # text per hand-over from the reader thread (four are queued at most)
+_DONE = object()
+
+
+def read_ahead(
+    groups: list[list[str]], spec: SourceSpec, storage_options: dict[str, Any] | None = None
+) -> Iterator[tuple[int, Record | None]]:
+    """``(group index, record)`` for every record of every group's files in order; ``(index, None)`` after
+    each file.
+
+    Reading and parsing run in a background thread, a few small batches ahead (bounded queue), so they
+    overlap tokenizing, which releases the GIL. Errors in the reader are raised here.
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=4)
+    stop = threading.Event()
+
+    def produce() -> None:
         try:
-            return Record(path, line, spec.template.format(**rec))
-        except (KeyError, IndexError, ValueError) as e:
-            return Record(path, line, None, f"template field missing: {e}")
-    value = rec.get(spec.field)
-    if not isinstance(value, str):
-        return Record(path, line, None, f"field {spec.field!r} missing or not a string")
-    return Record(path, line, value)
+            buf: list[tuple[int, Record | None]] = []
+            size = 0
+            for gi, group in enumerate(groups):
+                for path in group:
+                    for rec in read_records(path, spec, storage_options):
+                        buf.append((gi, rec))
+                        size += len(rec.text or "")
+                        if size >= _AHEAD_BYTES or len(buf) >= 4096:
+                            q.put(buf)
+                            buf, size = [], 0
+                            if stop.is_set():
+                                return
+                    buf.append((gi, None))
+            q.put(buf)
+            q.put(_DONE)
+        except BaseException as e:  # handed to the consumer, which raises it
+            q.put(e)
+
+    t = threading.Thread(target=produce, name="weir-read-ahead", daemon=True)
+    t.start()
+    try:
+        while (item := q.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.05)
+        t.join()

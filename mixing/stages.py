@@ -27,11 +27,12 @@ from mixing.tokenizer import prepare_tokenizer as _prepare
 __all__ = ["index", "length_stats", "pack", "plan", "plan_audit", "prepare_tokenizer", "tokenize"]
 
 Progress = Callable[[str], None]
+StorageOptions = dict[str, Any] | None  # fsspec options (s3 endpoint, credentials) from the Dagster resource
 
 
-def index(mix: Mix, layout: BuildLayout, source: str) -> pl.DataFrame:
+def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOptions = None) -> pl.DataFrame:
     """List and fingerprint the files of ``source``; write ``sources/<source>/index.parquet``."""
-    df = index_source(mix, source)
+    df = index_source(mix, source, storage_options)
     with atomic_path(layout.source_dir(source) / "index.parquet") as tmp:
         df.write_parquet(tmp)
     return df
@@ -41,13 +42,17 @@ def _files(layout: BuildLayout, source: str) -> list[str]:
     return pl.read_parquet(layout.source_dir(source) / "index.parquet")["path"].to_list()
 
 
-def _sample(mix: Mix, layout: BuildLayout) -> Iterator[str]:
-    """Up to ``tokenizer.sample_bytes`` of text, an equal share per source, in index order."""
+def _sample(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> Iterator[str]:
+    """Up to ``tokenizer.sample_bytes`` of text, an equal share per source, in index order.
+
+    Deterministic: the same files (sorted) give the same sample, and a file past the point where its
+    source's share is full is never read, so changing it leaves the trained tokenizer as it was.
+    """
     share = mix.tokenizer.sample_bytes // len(mix.sources)
     for name in sorted(mix.sources):
         taken = 0
         for path in _files(layout, name):
-            for rec in read_records(path, mix.sources[name]):
+            for rec in read_records(path, mix.sources[name], storage_options):
                 if rec.text:
                     yield rec.text[: share - taken]
                     taken += min(len(rec.text), share - taken)
@@ -57,16 +62,23 @@ def _sample(mix: Mix, layout: BuildLayout) -> Iterator[str]:
                 break
 
 
-def prepare_tokenizer(mix: Mix, layout: BuildLayout) -> TextTokenizer:
+def prepare_tokenizer(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> TextTokenizer:
     """Train (``bpe``) or copy the mix's tokenizer into ``tokenizer/``; needs every source indexed."""
-    return _prepare(mix.tokenizer, layout.tokenizer_dir, _sample(mix, layout))
+    return _prepare(mix.tokenizer, layout.tokenizer_dir, _sample(mix, layout, storage_options))
 
 
-def tokenize(mix: Mix, layout: BuildLayout, source: str, progress: Progress = lambda _m: None) -> TokenizeReport:
-    """Tokenize every indexed file of ``source`` into ``sources/<source>/``."""
+def tokenize(
+    mix: Mix,
+    layout: BuildLayout,
+    source: str,
+    progress: Progress = lambda _m: None,
+    storage_options: StorageOptions = None,
+) -> TokenizeReport:
+    """Tokenize every indexed file of ``source`` into ``sources/<source>/`` (reusing unchanged chunks)."""
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+    files = pl.read_parquet(layout.source_dir(source) / "index.parquet")
     return tokenize_source(
-        source, mix.sources[source], _files(layout, source), tok, layout.source_dir(source), progress
+        source, mix.sources[source], files, tok, layout.source_dir(source), progress, storage_options
     )
 
 

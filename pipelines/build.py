@@ -1,17 +1,42 @@
-"""Materialize a mix's assets in-process, stage by stage (what ``weir build`` runs)."""
+"""Materialize a mix's assets in-process, stage by stage (what ``weir build`` runs), reusing a previous build.
+
+``reuse_previous`` seeds a fresh staging folder with the previous output's tokenized chunks and trained
+tokenizer (hard links; those files are only ever replaced, never written in place), so that an
+incremental rebuild re-tokenizes only chunks whose files changed, while the staging folder still
+replaces the output only when the whole build succeeded.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from assets import WeirStorage, mix_assets
 from assets.checks import mix_checks
 from mixing import Mix
 
-__all__ = ["build_mix"]
+__all__ = ["build_mix", "progress_display", "reuse_previous", "storage_resource"]
+
+_S3_ENV = {
+    "s3_endpoint_url": "AWS_ENDPOINT_URL",
+    "aws_access_key_id": "AWS_ACCESS_KEY_ID",
+    "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+    "aws_region": "AWS_DEFAULT_REGION",
+}
+
+
+def storage_resource(out: Path) -> WeirStorage:
+    """The storage resource for a build into ``out``; S3 settings come from the ``AWS_*`` environment."""
+    s3 = {field: dg.EnvVar(var) for field, var in _S3_ENV.items() if os.environ.get(var)}
+    return WeirStorage(root=str(out), per_mix=False, **s3)  # type: ignore[arg-type]
 
 
 def build_mix(
@@ -24,7 +49,7 @@ def build_mix(
     """
     assets = mix_assets(mix)
     defs = [*assets, *mix_checks(mix, assets)]
-    resources = {"storage": WeirStorage(root=str(out), per_mix=False)}
+    resources = {"storage": storage_resource(out)}
     instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
@@ -45,3 +70,68 @@ def build_mix(
                 run(stage, name)
         else:
             run(stage)
+
+
+def reuse_previous(previous: Path, stage: Path) -> int:
+    """Hard-link (or copy) ``previous``'s reusable work into the empty build folder ``stage``.
+
+    Reusable: ``sources/*/chunks/`` (tokenized chunks, keyed by file, tokenizer and spec fingerprints)
+    and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked.
+    """
+    n = 0
+    parts = [previous / "tokenizer", *sorted((previous / "sources").glob("*/chunks"))]
+    for src in parts:
+        if not src.is_dir():
+            continue
+
+        def link(a: str, b: str) -> None:
+            nonlocal n
+            n += 1
+            try:
+                os.link(a, b)
+            except OSError:  # another file system: copy instead
+                shutil.copy2(a, b)
+
+        shutil.copytree(src, stage / src.relative_to(previous), copy_function=link, dirs_exist_ok=True)
+    return n
+
+
+class _ProgressHandler(logging.Handler):
+    def __init__(self, bar: Progress) -> None:
+        super().__init__(logging.INFO)
+        self.bar = bar
+        self.tasks: dict[str, TaskID] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        ev = getattr(record, "progress", None)
+        if ev is None:
+            return
+        if ev.source not in self.tasks:
+            self.tasks[ev.source] = self.bar.add_task(ev.source, total=ev.files, detail="")
+        detail = f"{ev.documents:,} docs, {ev.mb:.1f} MB, {ev.mb_per_s:.1f} MB/s"
+        self.bar.update(self.tasks[ev.source], completed=ev.files_done, detail=detail)
+
+
+@contextmanager
+def progress_display(console: Console) -> Iterator[None]:
+    """Show tokenization progress (files, documents, MB/s per source) as rich progress bars."""
+    bar = Progress(
+        TextColumn("  tokenize {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("files · {task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    handler = _ProgressHandler(bar)
+    log = logging.getLogger("weir.progress")
+    log.addHandler(handler)
+    old_level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        with bar:
+            yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)

@@ -45,16 +45,18 @@ def validate(mix: Path) -> None:
 def build(
     mix: Path,
     out_dir: Annotated[Path | None, typer.Option("--out", help="build folder (default build/<mix name>)")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="ignore the previous build's reusable work")] = False,
 ) -> None:
     """Build MIX into a folder by materializing its Dagster assets in-process.
 
     The build happens in a staging folder beside the output and replaces it only when it succeeded, so a
-    failed build leaves the previous output (or nothing) in place.
+    failed build leaves the previous output (or nothing) in place. Work of the previous output that is
+    still valid (tokenized chunks of unchanged files, the tokenizer if its sample is unchanged) is reused.
     """
     import dagster as dg
 
     from mixing.packed import inspect_build
-    from pipelines.build import build_mix
+    from pipelines.build import build_mix, progress_display, reuse_previous
 
     m = _load(mix)
     dest = (out_dir or Path("build") / m.name).resolve()
@@ -62,7 +64,10 @@ def build(
     shutil.rmtree(stage, ignore_errors=True)
     out.print(f"building mix {m.name!r} into {dest}")
     try:
-        build_mix(m, stage, say=lambda s: out.print(s, highlight=False, markup=False))
+        if dest.is_dir() and not fresh:
+            reuse_previous(dest, stage)
+        with progress_display(out):
+            build_mix(m, stage, say=lambda s: out.print(s, highlight=False, markup=False))
     except (WeirError, dg.DagsterError) as e:
         shutil.rmtree(stage, ignore_errors=True)
         cause = getattr(e, "user_exception", None) or e

@@ -1,0 +1,218 @@
+"""Streaming readers, one per source format: a file (any fsspec URI) in, :class:`Record` s out, in order.
+
+Memory is bounded by one batch (``spec.batch_rows`` rows of parquet/csv, one line of jsonl, one record of
+at most ``spec.max_record_bytes``), never by the file. Compression (``.gz``, ``.zst``, ``.bz2``, ``.xz``)
+is inferred from the file name. Nothing raises for bad data: a malformed record, or a file that cannot be
+read (from where reading stopped), comes out as a :class:`Record` with ``error`` set.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import IO, Any
+
+import fsspec
+
+from mixing.mixfile import SourceSpec
+from mixing.records import Malformed, Record, bad, needed_fields, render
+
+__all__ = ["LANGUAGES", "TAR_SUFFIXES", "is_code_file", "read_file"]
+
+LANGUAGES = {
+    ".py": "python", ".pyi": "python", ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".hpp": "cpp",
+    ".rs": "rust", ".go": "go", ".java": "java", ".kt": "kotlin", ".scala": "scala", ".js": "javascript",
+    ".ts": "typescript", ".rb": "ruby", ".php": "php", ".swift": "swift", ".cs": "csharp", ".lua": "lua",
+    ".sh": "shell", ".sql": "sql", ".r": "r", ".jl": "julia", ".hs": "haskell", ".ml": "ocaml",
+    ".html": "html", ".css": "css", ".md": "markdown", ".rst": "rst", ".toml": "toml", ".yaml": "yaml",
+    ".yml": "yaml", ".json": "json", ".tex": "tex",
+}  # fmt: skip
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+_UNREADABLE: tuple[type[BaseException], ...] = (OSError, EOFError, ValueError, tarfile.TarError, csv.Error)
+try:  # pyarrow and zstandard raise their own error types on corrupt input
+    import pyarrow as pa
+    import zstandard
+
+    _UNREADABLE += (pa.ArrowException, zstandard.ZstdError)
+except ImportError:  # pragma: no cover - both are dependencies
+    pass
+
+
+def is_code_file(path: str, spec: SourceSpec) -> bool:
+    """Whether a code-tree source takes ``path``: a ``.tar`` or a file with a wanted extension."""
+    low = path.lower()
+    if low.endswith(TAR_SUFFIXES):
+        return True
+    suffix = PurePosixPath(low).suffix
+    return suffix in spec.extensions if spec.extensions else suffix in LANGUAGES
+
+
+def read_file(path: str, spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> Iterator[Record]:
+    """Yield every record of ``path`` in order (see the module contract); never raises for bad data."""
+    line = 0
+    try:
+        with fsspec.open(path, "rb", compression="infer", **(storage_options or {})) as f:
+            for rec in _READERS[spec.format](path, _buffered(f), spec):
+                line = rec.line
+                yield rec
+    except _UNREADABLE as e:
+        yield bad(path, line + 1 if line else 0, "unreadable file", f"{type(e).__name__}: {e}")
+
+
+def _buffered(f: Any) -> IO[bytes]:
+    """Decompressors (zstd) may lack a fast ``readline``; a buffer gives every stream one."""
+    buffered = f if isinstance(f, io.BufferedIOBase) else io.BufferedReader(f, 1 << 20)
+    return buffered  # type: ignore[return-value]
+
+
+def _record(path: str, line: int, rec: Any, spec: SourceSpec) -> Record:
+    try:
+        text, meta = render(rec, spec)
+    except Malformed as e:
+        return bad(path, line, e.reason, str(e).split(": ", 1)[1], json.dumps(rec, default=str)[:400])
+    return _checked(path, line, text, spec, meta)
+
+
+def _checked(path: str, line: int, text: str, spec: SourceSpec, meta: str | None = None) -> Record:
+    if not text.strip():
+        return bad(path, line, "empty document", "the text is empty or only whitespace", text)
+    if len(text) > spec.max_record_bytes // 4 and len(text.encode("utf-8")) > spec.max_record_bytes:
+        return bad(path, line, "record too large", f"text over max_record_bytes={spec.max_record_bytes}", text)
+    return Record(path, line, text, meta=meta)
+
+
+def _decode(path: str, line: int, raw: bytes) -> str | Record:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return bad(path, line, "invalid UTF-8", f"byte {e.start}", raw)
+
+
+def _jsonl(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
+    limit = spec.max_record_bytes
+    n = 0
+    while raw := f.readline(limit + 1):
+        n += 1
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            size = len(raw)
+            while (more := f.readline(1 << 20)) and not more.endswith(b"\n"):  # skip the rest, bounded
+                size += len(more)
+            yield bad(path, n, "record too large", f"{size + len(more)} bytes > max_record_bytes={limit}", raw)
+            continue
+        if not raw.strip():
+            continue
+        text = _decode(path, n, raw)
+        if isinstance(text, Record):
+            yield text
+            continue
+        try:
+            rec = json.loads(text)
+        except json.JSONDecodeError as e:
+            yield bad(path, n, "invalid JSON", str(e), raw)
+            continue
+        yield _record(path, n, rec, spec)
+
+
+def _parquet(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(f)
+    have = set(pf.schema_arrow.names)
+    cols = [c for c in needed_fields(spec) if c in have]
+    row = 0
+    for batch in pf.iter_batches(batch_size=spec.batch_rows, columns=cols):
+        for rec in batch.to_pylist():
+            row += 1
+            yield _record(path, row, rec, spec)
+
+
+def _csv(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    header = f.readline()
+    names = next(csv.reader([header.decode("utf-8", "replace")]), [])
+    f.seek(0)
+    invalid: list[Record] = []
+
+    def on_invalid(row: Any) -> str:
+        invalid.append(bad(path, row.number or 0, "invalid CSV row", row.text[:80], row.text))
+        return "skip"
+
+    reader = pcsv.open_csv(
+        f,
+        read_options=pcsv.ReadOptions(block_size=1 << 20, use_threads=False),
+        parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=on_invalid),
+        convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())),
+    )
+    row = 0
+    for batch in reader:
+        yield from invalid
+        invalid.clear()
+        for rec in batch.to_pylist():
+            row += 1
+            yield _record(path, row, rec, spec)
+    yield from invalid
+
+
+def _text(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
+    limit = spec.max_record_bytes
+    if spec.separator is None:
+        raw = f.read(limit + 1)
+        if len(raw) > limit:
+            yield bad(path, 0, "record too large", f"file over max_record_bytes={limit}", raw)
+            return
+        text = _decode(path, 0, raw)
+        yield text if isinstance(text, Record) else _checked(path, 0, text, spec)
+        return
+    sep = spec.separator.encode("utf-8")
+    buf, piece, skipping = b"", 0, False
+    while True:
+        chunk = f.read(1 << 20)
+        parts = (buf + chunk).split(sep)
+        buf = parts.pop() if chunk else b""  # at the end of the file the last part is a piece too
+        for raw in parts:
+            piece += 1
+            if skipping:  # the tail of a piece already counted as too large
+                skipping = False
+            elif raw.strip():  # nothing between two separators is not a document
+                text = _decode(path, piece, raw)
+                yield text if isinstance(text, Record) else _checked(path, piece, text, spec)
+        if len(buf) > limit:
+            if not skipping:
+                yield bad(path, piece + 1, "record too large", f"piece over max_record_bytes={limit}", buf)
+            buf, skipping = b"", True
+        if not chunk:
+            return
+
+
+def _code(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
+    if not path.lower().endswith(TAR_SUFFIXES):
+        yield _code_doc(path, 0, path, f.read(spec.max_record_bytes + 1), spec)
+        return
+    with tarfile.open(fileobj=f, mode="r|*") as tar:  # streaming: members in archive order
+        for i, member in enumerate(tar, start=1):
+            if not member.isfile() or not is_code_file(member.name, spec) or member.name.endswith(TAR_SUFFIXES):
+                continue
+            if member.size > spec.max_record_bytes:
+                yield bad(path, i, "record too large", f"{member.name}: {member.size} bytes", member.name)
+                continue
+            data = tar.extractfile(member)
+            yield _code_doc(path, i, member.name, data.read() if data else b"", spec)
+
+
+def _code_doc(path: str, line: int, name: str, raw: bytes, spec: SourceSpec) -> Record:
+    if len(raw) > spec.max_record_bytes:
+        return bad(path, line, "record too large", f"{name}: over max_record_bytes", raw)
+    text = _decode(path, line, raw)
+    if isinstance(text, Record):
+        return text
+    lang = LANGUAGES.get(PurePosixPath(name.lower()).suffix, "unknown")
+    return _checked(path, line, text, spec, json.dumps({"path": name, "language": lang}))
+
+
+_READERS = {"jsonl": _jsonl, "parquet": _parquet, "csv": _csv, "text": _text, "code": _code}

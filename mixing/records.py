@@ -1,0 +1,153 @@
+"""Records: one document's text (or the reason it is malformed) and how a record's fields make that text.
+
+A source names its text in one of three ways (see :class:`mixing.mixfile.SourceSpec`): a ``field``, a
+Python-format ``template`` over several fields (nested values by ``{a[b]}``), or a ``messages`` field
+holding a chat (a list of ``{role, content}``) rendered by a named ``chat_template``. Rendering is pure
+and deterministic; a problem is reported as a :class:`Malformed` whose ``reason`` is one of
+:data:`REASONS`, never raised past the reader.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mixing.mixfile import SourceSpec
+
+__all__ = [
+    "CHAT_TEMPLATES",
+    "REASONS",
+    "Malformed",
+    "Record",
+    "bad",
+    "needed_fields",
+    "render",
+]
+
+# Every quarantine reason; a record's ``error`` always starts with one of them followed by ": ".
+REASONS = (
+    "invalid JSON",
+    "invalid UTF-8",
+    "invalid CSV row",
+    "not an object",
+    "missing field",
+    "not a string",
+    "invalid messages",
+    "template error",
+    "empty document",
+    "record too large",
+    "unreadable file",
+)
+
+_SAMPLE_CHARS = 200  # how much of a bad record the quarantine file keeps
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a source file: ``text`` after rendering, or ``error`` (``"<reason>: <detail>"``).
+
+    ``line`` is the 1-based line (jsonl), row (parquet, csv), piece (text with a separator) or tar member
+    index; 0 for a whole-file document or a file that could not be read. ``meta`` is the JSON of the
+    kept metadata (or None); ``sample`` is the start of a malformed record, for the quarantine file.
+    """
+
+    file: str
+    line: int
+    text: str | None
+    error: str | None = None
+    meta: str | None = None
+    sample: str | None = None
+
+    @property
+    def reason(self) -> str | None:
+        return None if self.error is None else self.error.split(":", 1)[0]
+
+
+class Malformed(ValueError):
+    """A record that cannot become a document; ``reason`` is one of :data:`REASONS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def bad(file: str, line: int, reason: str, detail: str, sample: object = None) -> Record:
+    """A malformed record with a short printable sample of what was read."""
+    assert reason in REASONS, reason
+    if isinstance(sample, bytes):
+        sample = sample[: _SAMPLE_CHARS * 4].decode("utf-8", "replace")
+    text = None if sample is None else str(sample)[:_SAMPLE_CHARS]
+    return Record(file, line, None, f"{reason}: {detail}", sample=text)
+
+
+def _chatml(msgs: list[tuple[str, str]]) -> str:
+    return "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in msgs)
+
+
+def _plain(msgs: list[tuple[str, str]]) -> str:
+    return "\n\n".join(f"{r.capitalize()}: {c}" for r, c in msgs)
+
+
+def _llama3(msgs: list[tuple[str, str]]) -> str:
+    return "".join(f"<|start_header_id|>{r}<|end_header_id|>\n\n{c}<|eot_id|>" for r, c in msgs)
+
+
+CHAT_TEMPLATES = {"chatml": _chatml, "plain": _plain, "llama3": _llama3}
+
+
+def needed_fields(spec: SourceSpec) -> list[str]:
+    """Top-level fields the text and metadata of ``spec`` read (so columnar readers read only those)."""
+    if spec.messages is not None:
+        names = [spec.messages]
+    elif spec.template is not None:
+        names = []
+        for _lit, name, _fmt, _conv in string.Formatter().parse(spec.template):
+            if name:
+                root = name.split(".", 1)[0].split("[", 1)[0]
+                if root and not root.isdigit():
+                    names.append(root)
+    else:
+        names = [spec.field]
+    return list(dict.fromkeys([*names, *spec.metadata]))
+
+
+def render(rec: Any, spec: SourceSpec) -> tuple[str, str | None]:
+    """The text and metadata JSON of one record (a mapping of fields); raises :class:`Malformed`."""
+    if not isinstance(rec, Mapping):
+        raise Malformed("not an object", f"expected an object of fields, got {type(rec).__name__}")
+    if spec.messages is not None:
+        text = _render_chat(rec, spec.messages, spec.chat_template)
+    elif spec.template is not None:
+        try:
+            text = spec.template.format_map(rec)
+        except (KeyError, IndexError) as e:
+            raise Malformed("missing field", f"template field {e} is missing") from None
+        except (ValueError, TypeError, AttributeError) as e:
+            raise Malformed("template error", str(e)) from None
+    else:
+        if spec.field not in rec or rec[spec.field] is None:
+            raise Malformed("missing field", f"field {spec.field!r} is missing")
+        text = rec[spec.field]
+        if not isinstance(text, str):
+            raise Malformed("not a string", f"field {spec.field!r} is a {type(text).__name__}")
+    meta = None
+    if spec.metadata:
+        meta = json.dumps({k: rec.get(k) for k in spec.metadata}, default=str, ensure_ascii=False)
+    return text, meta
+
+
+def _render_chat(rec: Mapping[str, Any], field: str, template: str) -> str:
+    msgs = rec.get(field)
+    if msgs is None:
+        raise Malformed("missing field", f"messages field {field!r} is missing")
+    if not isinstance(msgs, list) or not msgs:
+        raise Malformed("invalid messages", f"field {field!r} is not a non-empty list of messages")
+    pairs = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise Malformed("invalid messages", f"{field}[{i}] needs string 'role' and 'content'")
+        pairs.append((m["role"], m["content"]))
+    return CHAT_TEMPLATES[template](pairs)

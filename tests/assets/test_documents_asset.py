@@ -1,0 +1,31 @@
+"""The documents asset: quarantine metadata and the docs_accounted check (seen = kept + quarantined)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+
+from assets import WeirStorage, mix_assets
+from mixing import load_mix
+
+
+def test_documents_metadata_and_accounting_check(tiny_mix_path: Path, tmp_path: Path) -> None:
+    mix = load_mix(tiny_mix_path)
+    defs = mix_assets(mix)
+    res = {"storage": WeirStorage(root=str(tmp_path / "b"), per_mix=False)}
+    inst = dg.DagsterInstance.ephemeral()
+    for stage in ("source_index", "tokenizer", "documents"):
+        for part in sorted(mix.sources) if stage != "tokenizer" else [None]:
+            r = dg.materialize(
+                defs, selection=[dg.AssetKey([mix.name, stage])], partition_key=part, resources=res, instance=inst
+            )
+            assert r.success
+    mats = [e for e in r.get_asset_materialization_events()]
+    meta = mats[-1].materialization.metadata
+    assert meta["docs_seen"].value == meta["docs_kept"].value + meta["docs_quarantined"].value == 41
+    assert meta["quarantine_reasons"].value == {"invalid JSON": 1}
+    assert Path(meta["quarantine_path"].value).read_text().count("\n") == 1
+    assert meta["quarantine_sample"].value[0]["line"] == 6
+    checks = r.get_asset_check_evaluations()
+    assert [(c.check_name, c.passed) for c in checks] == [("docs_accounted", True)]

@@ -1,0 +1,66 @@
+"""Incremental rebuilds: one changed file re-tokenizes only its chunk, and the result equals a clean build."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import polars as pl
+
+from mixing import load_mix
+from mixing.layout import BuildLayout
+from pipelines.build import build_mix, reuse_previous
+
+
+def build(mix_path: Path, out: Path, previous: Path | None = None) -> BuildLayout:
+    mix = load_mix(mix_path)
+    if previous is not None:
+        reuse_previous(previous, out)
+    build_mix(mix, out, say=lambda _s: None)
+    return BuildLayout(out)
+
+
+def chunk_inodes(layout: BuildLayout, source: str) -> dict[str, int]:
+    d = layout.source_dir(source) / "chunks"
+    return {k: (d / k / "tokens.bin").stat().st_ino for k in os.listdir(d)}
+
+
+def same_outputs(a: BuildLayout, b: BuildLayout, sources: list[str]) -> None:
+    for s in sources:
+        for f in ("tokens.bin", "quarantine.jsonl"):
+            assert (a.source_dir(s) / f).read_bytes() == (b.source_dir(s) / f).read_bytes(), (s, f)
+        assert pl.read_parquet(a.source_dir(s) / "docs.parquet").equals(
+            pl.read_parquet(b.source_dir(s) / "docs.parquet")
+        )
+    assert json.loads(a.manifest.read_text()) == json.loads(b.manifest.read_text())
+    for shard in sorted(a.shards_dir.glob("shard-*")):
+        assert shard.read_bytes() == (b.shards_dir / shard.name).read_bytes(), shard.name
+
+
+def test_one_changed_file_rebuilds_only_its_chunk_and_equals_a_clean_build(tiny_mix_path: Path, tmp_path: Path) -> None:
+    # A trained BPE whose sample is the first few hundred bytes of each source (sorted files): the last
+    # note is outside the sample, so changing it must keep the tokenizer and every other chunk.
+    text = tiny_mix_path.read_text().replace("{kind: bytes}", "{kind: bpe, vocab_size: 300, sample_bytes: 400}")
+    tiny_mix_path.write_text(text)
+    first = build(tiny_mix_path, tmp_path / "first")
+    notes = sorted((tiny_mix_path.parent / "data" / "notes").glob("*.txt"))
+    notes[-1].write_text(notes[-1].read_text() + " and one more sentence.\n")
+
+    second = build(tiny_mix_path, tmp_path / "second", previous=first.root)
+    clean = build(tiny_mix_path, tmp_path / "clean")
+    same_outputs(second, clean, ["notes", "qa"])
+    assert (first.tokenizer_dir / "tokenizer.json").read_bytes() == (
+        second.tokenizer_dir / "tokenizer.json"
+    ).read_bytes()
+    before, after = chunk_inodes(first, "notes"), chunk_inodes(second, "notes")
+    changed = set(after) - set(before)
+    assert len(changed) == 1, "exactly the changed file's chunk is re-tokenized"
+    assert all(after[k] == before[k] for k in set(after) & set(before)), "the others are reused, not rewritten"
+    assert chunk_inodes(first, "qa") == chunk_inodes(second, "qa")
+
+    # A file inside the tokenizer's sample changes the tokenizer: everything is (legitimately) redone.
+    notes[0].write_text("A different first note changes the BPE sample.\n")
+    third = build(tiny_mix_path, tmp_path / "third", previous=second.root)
+    assert not set(chunk_inodes(third, "qa")) & set(chunk_inodes(second, "qa"))
+    same_outputs(third, build(tiny_mix_path, tmp_path / "clean2"), ["notes", "qa"])
