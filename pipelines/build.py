@@ -19,25 +19,12 @@ import dagster as dg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from assets import WeirStorage, mix_assets
+from assets import mix_assets
 from assets.checks import mix_checks
 from mixing import Mix
+from pipelines.resources import storage_resource
 
-__all__ = ["build_mix", "progress_display", "reuse_previous", "storage_resource"]
-
-_S3_ENV = {
-    "s3_endpoint_url": "AWS_ENDPOINT_URL",
-    "aws_access_key_id": "AWS_ACCESS_KEY_ID",
-    "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
-    "aws_region": "AWS_DEFAULT_REGION",
-}
-
-
-def storage_resource(out: Path) -> WeirStorage:
-    """The storage resource for a build into ``out``; S3 settings come from the ``AWS_*`` environment."""
-    s3 = {field: dg.EnvVar(var) for field, var in _S3_ENV.items() if os.environ.get(var)}
-    return WeirStorage(root=str(out), per_mix=False, **s3)  # type: ignore[arg-type]
-
+__all__ = ["build_mix", "progress_display", "reuse_previous"]
 
 def build_mix(
     mix: Mix, out: Path, say: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None
@@ -49,7 +36,7 @@ def build_mix(
     """
     assets = mix_assets(mix)
     defs = [*assets, *mix_checks(mix, assets)]
-    resources = {"storage": storage_resource(out)}
+    resources = {"storage": storage_resource(out, per_mix=False)}
     instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 

@@ -16,19 +16,19 @@ __all__ = ["S3_ENV", "storage_resource"]
 
 # WeirStorage field → environment variable (the AWS SDKs' standard names, so existing setups just work).
 S3_ENV = {
-    "endpoint_url": "AWS_ENDPOINT_URL",
+    "s3_endpoint_url": "AWS_ENDPOINT_URL",
     "aws_access_key_id": "AWS_ACCESS_KEY_ID",
     "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
-    "region": "AWS_DEFAULT_REGION",
+    "aws_region": "AWS_DEFAULT_REGION",
 }
 
 
-def storage_resource(root: Path, env: Mapping[str, str] = os.environ) -> WeirStorage:
-    """The ``storage`` resource: builds under ``root``; S3 settings from the environment.
+def storage_resource(root: Path, env: Mapping[str, str] = os.environ, per_mix: bool = True) -> WeirStorage:
+    """The ``storage`` resource: builds under ``root`` (``root/<mix>`` when ``per_mix``); S3 from the environment.
 
     Only fields that :class:`WeirStorage` declares and whose variable is set are bound (an unset
     ``EnvVar`` is an error when a run starts), so a machine without S3 needs no configuration.
     """
     fields = WeirStorage.model_fields
     s3 = {f: dg.EnvVar(var) for f, var in S3_ENV.items() if f in fields and env.get(var)}
-    return WeirStorage(root=str(root), **s3)  # type: ignore[arg-type]
+    return WeirStorage(root=str(root), per_mix=per_mix, **s3)  # type: ignore[arg-type]

@@ -156,7 +156,8 @@ def test_executor_is_chosen_by_configuration() -> None:
 def test_storage_binds_s3_settings_from_the_environment_only_when_set(tmp_path: Path) -> None:
     plain = storage_resource(tmp_path, env={})
     assert plain.root == str(tmp_path)
-    declared = set(S3_ENV) & set(WeirStorage.model_fields)
+    declared = set(S3_ENV)
+    assert declared <= set(WeirStorage.model_fields), "every bound variable names a field of WeirStorage"
     env = {var: "x" for var in S3_ENV.values()}
     bound = storage_resource(tmp_path, env=env)
     for field in declared:  # an EnvVar, so the UI shows the variable's name and never the secret
