@@ -38,7 +38,8 @@ import numpy as np
 
 __all__ = ["Packing", "pack_plan", "pack_units"]
 
-# A unit: (length, source index, doc_id, start, planned step, ord). Tuples keep the hot loop cheap.
+# A unit inside the packer: (length, planned step, ord, source index, doc_id, start). Tuples keep the hot
+# loop cheap, and their natural order is the candidates' order: by length, then earliest planned.
 Unit = tuple[int, int, int, int, int, int]
 
 
@@ -119,10 +120,8 @@ def pack_units(
     row = {s: i for i, (s, _p) in enumerate(steps)}
     n_src = len(sources)
     by_step: dict[int, list[Unit]] = {}
-    # plan order (step, source, ord, doc, start), whatever the input order
-    order = np.lexsort((units[:, 3], units[:, 2], units[:, 5], units[:, 1], units[:, 4])) if len(units) else []
-    for u in units[order].tolist():
-        by_step.setdefault(row[u[4]], []).append(tuple(u))  # type: ignore[arg-type]
+    for u in units[:, [0, 4, 5, 1, 2, 3]].tolist():
+        by_step.setdefault(row[u[1]], []).append(tuple(u))  # type: ignore[arg-type]
     if quotas is None:
         quotas = np.zeros((len(steps), n_src))
         if len(units):
@@ -133,28 +132,27 @@ def pack_units(
     seg_counts: list[int] = []
     segments: list[tuple[int, int, int, int]] = []
     dropped: list[tuple[int, int, int, int]] = []
-    pool: list[list[Unit]] = [[] for _ in range(n_src)]
+    pool = _Pool(n_src)
     q_cum = np.zeros(n_src)
     r_cum = np.zeros(n_src)
     for i, (step, phase) in enumerate(steps):
         if i == 0 or steps[i - 1][1] != phase:  # a phase starts: its own pool and its own shares
             q_cum[:], r_cum[:] = 0.0, 0.0
-            _extend(pool, by_step.get(i, []))
+            pool.add(by_step.get(i, []))
         last_of_phase = i + 1 == len(steps) or steps[i + 1][1] != phase
         if not last_of_phase:
-            _extend(pool, by_step.get(i + 1, []))  # lookahead: the next step's units may fill gaps
+            pool.add(by_step.get(i + 1, []))  # lookahead: the next step's units may fill gaps
         q_cum += quotas[i]
         total = q_cum.sum()
         want = q_cum * ((r_cum.sum() + cap) / total) - r_cum if total > 0 else np.full(n_src, cap / max(n_src, 1))
-        bins, placed, pool = _pack_step(pool, want.tolist(), seq_len, global_batch, cost)
-        r_cum += placed
-        for b in bins:
+        bins = _Bins(global_batch, seq_len, cost)
+        r_cum += pool.fill(bins, want.tolist())
+        for b in bins.items:
             seq_step.append(step)
             seg_counts.append(len(b))
-            segments.extend((u[1], u[2], u[3], u[0]) for u in b)
+            segments.extend((u[3], u[4], u[5], u[0]) for u in b)
         if last_of_phase:
-            dropped.extend((u[1], u[2], u[3], u[0]) for units_s in pool for u in units_s)
-            pool = [[] for _ in range(n_src)]
+            dropped.extend((u[3], u[4], u[5], u[0]) for u in sorted(pool.drain(), key=lambda u: (u[3], u[1], u[2])))
     return Packing(
         sources=sources,
         seq_len=seq_len,
@@ -164,12 +162,6 @@ def pack_units(
         dropped=np.asarray(dropped, dtype=np.int64).reshape(-1, 4),
         cost=(float(cost[0]), float(cost[1])),
     )
-
-
-def _extend(pool: list[list[Unit]], units: list[Unit]) -> None:
-    """Append ``units`` (in plan order) to their sources' pools, which stay in plan order."""
-    for u in units:
-        pool[u[1]].append(u)
 
 
 class _Bins:
@@ -195,34 +187,42 @@ class _Bins:
         return self.slots[-1][0] if self.slots else 0
 
 
-def _plan_order(u: Unit) -> tuple[int, ...]:
-    return (u[4], u[5], u[2], u[3])
+class _Pool:
+    """A phase's unplaced units, per source, sorted (length, plan order), with their lengths to bisect."""
 
+    def __init__(self, n_src: int) -> None:
+        self.units: list[list[Unit]] = [[] for _ in range(n_src)]
+        self.lens: list[list[int]] = [[] for _ in range(n_src)]
 
-def _pack_step(
-    pool: list[list[Unit]], want: list[float], seq_len: int, n_bins: int, cost: tuple[float, float]
-) -> tuple[list[list[Unit]], np.ndarray, list[list[Unit]]]:
-    """Pack one step from ``pool`` (per source) given each source's due tokens ``want``.
+    def add(self, units: list[Unit]) -> None:
+        new: dict[int, list[Unit]] = {}
+        for u in units:
+            new.setdefault(u[3], []).append(u)
+        for s, us in new.items():
+            self.units[s] = sorted(self.units[s] + us)  # two sorted runs: timsort merges them in O(n)
+            self.lens[s] = [u[0] for u in self.units[s]]
 
-    Returns the bins (each in placement order), tokens placed per source (float64 [n_src]) and the pool
-    of units not placed (per source, in plan order).
-    """
-    bins = _Bins(n_bins, seq_len, cost)
-    # per source: candidates sorted by (length, plan order), with a parallel list of lengths to bisect
-    cand = [sorted(units, key=lambda u: (u[0], u[4], u[5], u[2], u[3])) for units in pool]
-    lens = [[u[0] for u in c] for c in cand]
-    due = list(want)
-    placed = np.zeros(len(pool))
-    while (free := bins.max_free) > 0:
-        s, j = _choose(lens, due, free)
-        if s < 0:
-            break
-        u = cand[s].pop(j)
-        lens[s].pop(j)
-        bins.place(u)
-        placed[s] += u[0]
-        due[s] -= u[0]
-    return bins.items, placed, [sorted(c, key=_plan_order) for c in cand]
+    def drain(self) -> list[Unit]:
+        out = [u for us in self.units for u in us]
+        self.units = [[] for _ in self.units]
+        self.lens = [[] for _ in self.lens]
+        return out
+
+    def fill(self, bins: _Bins, want: list[float]) -> np.ndarray:
+        """Fill ``bins`` from the pool given each source's due tokens ``want``; return tokens placed per
+        source (float64 [n_src]). Placed units leave the pool."""
+        due = list(want)
+        placed = np.zeros(len(due))
+        while (free := bins.max_free) > 0:
+            s, j = _choose(self.lens, due, free)
+            if s < 0:
+                break
+            u = self.units[s].pop(j)
+            del self.lens[s][j]
+            bins.place(u)
+            placed[s] += u[0]
+            due[s] -= u[0]
+        return placed
 
 
 def _choose(lens: list[list[int]], due: list[float], free: int) -> tuple[int, int]:
