@@ -8,6 +8,8 @@ through the real pipeline stages (``mixing.stages``) into a temporary folder, to
   split ÷ all documents (occurrences in the plan), for weir and for the baseline B0
   (concatenate the plan's documents in order and cut every S tokens);
 - the spread of per-sequence cost (max/mean, cv; cost = attention·l² + linear·l from the mix);
+- ``mixture_error`` (realized vs planned token shares, per 10-step window and per phase) for weir's
+  shards, for B0 and for the plan itself;
 - packing throughput (documents/s) and each stage's wall time, so one can see packing is not the slow stage.
 
 Run:  .venv/bin/python benchmarks/packing.py            (about a minute on 2 cores)
