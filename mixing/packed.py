@@ -115,7 +115,10 @@ def write_packed(
         "sources": list(packing.sources),
         "phases": [{"phase": p, "first_step": s, "steps": c} for p, s, c in phases],
         "per_source": per_source,
-        "packing": {"algorithm": "best-fit-decreasing per step, cost-aware ties, lookahead fill within phase"},
+        "packing": {
+            "algorithm": "best-fit-decreasing per step steered by per-source quota deficits, cost-aware ties, "
+            "lookahead fill within phase"
+        },
     }
     return write_shards(
         layout.shards_dir if out is None else out,
