@@ -30,6 +30,8 @@ order, then bin index).
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_left as _bisect_left
+from bisect import bisect_right as _bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,18 +237,19 @@ def _choose(lens: list[list[int]], due: list[float], free: int) -> tuple[int, in
     behind, then the lower index; among equally long units the earliest planned.
     """
     best, best_len, best_due = -1, 0, 0.0
+    fit = free + 1
     for s, ls in enumerate(lens):
         d = due[s]
         if d <= 0 or not ls:
             continue
-        j = bisect.bisect_left(ls, min(free + 1, 2 * d)) - 1
+        j = _bisect_left(ls, fit if fit < 2 * d else 2 * d) - 1
         if j >= 0 and (ls[j] > best_len or (ls[j] == best_len and d > best_due)):
             best, best_len, best_due = s, ls[j], d
     if best < 0:
         for s, ls in enumerate(lens):
-            j = bisect.bisect_right(ls, free) - 1
+            j = _bisect_right(ls, free) - 1
             if j >= 0 and (ls[j] > best_len or (ls[j] == best_len and due[s] > best_due)):
                 best, best_len, best_due = s, ls[j], due[s]
     if best < 0:
         return -1, -1
-    return best, bisect.bisect_left(lens[best], best_len)
+    return best, _bisect_left(lens[best], best_len)
