@@ -203,13 +203,14 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             dg.AssetCheckSpec("packing_efficiency", asset=key("packed_shards")),
             dg.AssetCheckSpec("truncated_docs", asset=key("packed_shards")),
             dg.AssetCheckSpec("manifest_checksums", asset=key("packed_shards")),
+            dg.AssetCheckSpec("mixture_error", asset=key("packed_shards")),
         ],
     )
     def packed_shards(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
         stages.pack(mix, layout)
         r = inspect_build(layout.root)
-        eff, trunc, bad = r["packing_efficiency"], r["truncated_docs"], r["corrupt_files"]
+        eff, trunc, bad, me = r["packing_efficiency"], r["truncated_docs"], r["corrupt_files"], r["mixture_error"]
         return dg.MaterializeResult(
             metadata={
                 "path": dg.MetadataValue.path(str(layout.shards_dir)),
@@ -217,6 +218,8 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "tokens": r["tokens"],
                 "packing_efficiency": eff,
                 "truncated_docs": trunc,
+                "mixture_error_window": me["window"],
+                "mixture_error_phase": me["phase"],
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -236,6 +239,14 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                     check_name="manifest_checksums",
                     passed=not bad,
                     description="all shard checksums match" if not bad else f"corrupt: {', '.join(bad)}",
+                ),
+                dg.AssetCheckResult(
+                    check_name="mixture_error",
+                    passed=me["ok"],
+                    severity=dg.AssetCheckSeverity.WARN,
+                    description=f"realized after packing: window {me['window']:.4f} (goal ≤ {GOAL_WINDOW}), "
+                    f"phase {me['phase']:.4f} (goal ≤ {GOAL_PHASE})",
+                    metadata={"window": me["window"], "phase": me["phase"]},
                 ),
             ],
         )

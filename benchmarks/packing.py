@@ -8,6 +8,8 @@ through the real pipeline stages (``mixing.stages``) into a temporary folder, to
   split ÷ all documents (occurrences in the plan), for weir and for the baseline B0
   (concatenate the plan's documents in order and cut every S tokens);
 - the spread of per-sequence cost (max/mean, cv; cost = attention·l² + linear·l from the mix);
+- ``mixture_error`` (realized vs planned token shares, per 10-step window and per phase) for weir's
+  shards, for B0 and for the plan itself;
 - packing throughput (documents/s) and each stage's wall time, so one can see packing is not the slow stage.
 
 Run:  .venv/bin/python benchmarks/packing.py            (about a minute on 2 cores)
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import polars as pl
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -32,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from mixing import stages  # noqa: E402
 from mixing.layout import BuildLayout  # noqa: E402
 from mixing.mixfile import parse_mix  # noqa: E402
+from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, plan_mixture_error  # noqa: E402
 from mixing.packed import inspect_build, write_packed  # noqa: E402
 from mixing.packing import Packing, pack_plan  # noqa: E402
 from mixing.tokenizer import load_tokenizer  # noqa: E402
@@ -79,23 +83,29 @@ def baseline_concat_chunk(units: np.ndarray, doc_len: np.ndarray, seq_len: int) 
     }
 
 
-def mixture_error(packing: Packing, db: Path) -> tuple[float, float]:
-    """Realized vs planned token shares after packing: max over 10-step windows, max over phases."""
-    with duckdb.connect(str(db), read_only=True) as con:
-        q = con.sql("SELECT step, phase, source, quota FROM plan_quotas ORDER BY step, source").fetchnumpy()
-    n_steps, ns = len(np.unique(q["step"])), len(packing.sources)
-    quota = q["quota"].reshape(n_steps, ns).astype(np.float64)
-    real = np.zeros_like(quota)
-    seg_step = np.repeat(packing.seq_step, np.diff(packing.seg_offsets))
-    np.add.at(real, (seg_step, packing.segments[:, 0]), packing.segments[:, 3])
-
-    def err(a: np.ndarray, b: np.ndarray) -> float:
-        return float(np.abs(a / a.sum() - b / b.sum()).max())
-
-    window = max(err(real[i : i + 10].sum(0), quota[i : i + 10].sum(0)) for i in range(max(1, n_steps - 9)))
-    phases = q["phase"].reshape(n_steps, ns)[:, 0]
-    phase = max(err(real[phases == ph].sum(0), quota[phases == ph].sum(0)) for ph in set(phases.tolist()))
-    return window, phase
+def baseline_mixture(
+    units: np.ndarray, steps: int, seq_len: int, batch: int, quotas: pl.DataFrame
+) -> tuple[float, float]:
+    """``mixture_error`` of B0: the plan's units (``units`` int64 [n, 2] = (length, source index) in plan
+    order) back to back, step k holding tokens [k·C, (k+1)·C) with C = batch·S, against the plan's
+    ``quotas`` (a ``plan_quotas`` frame)."""
+    sources = sorted(quotas["source"].unique().to_list())
+    ends = np.cumsum(units[:, 0])
+    cum = np.zeros((len(units) + 1, len(sources)))  # tokens of each source before unit i
+    np.add.at(cum[1:], (np.arange(len(units)), units[:, 1]), units[:, 0])
+    cum = np.cumsum(cum, axis=0)
+    at = np.minimum(np.arange(steps + 1) * batch * seq_len, ends[-1])  # step boundaries, as token positions
+    i = np.searchsorted(ends, at, side="right")  # the unit each boundary falls in
+    upto = cum[np.minimum(i, len(units))].copy()
+    inside = i < len(units)
+    starts = ends - units[:, 0]
+    upto[inside, units[i[inside], 1]] += at[inside] - starts[i[inside]]
+    realized = np.diff(upto, axis=0)
+    wide = quotas.pivot(on="source", index=["step", "phase"], values="quota").sort("step")
+    phase_names = list(dict.fromkeys(wide["phase"].to_list()))
+    phase = np.array([phase_names.index(p) for p in wide["phase"].to_list()])
+    me = mixture_error(realized, wide.select(sources).to_numpy(), phase, sources, phase_names)
+    return me.window, me.phase
 
 
 def _cost_spread(cost: np.ndarray) -> tuple[float, float]:
@@ -162,12 +172,13 @@ def main() -> int:
             tok.eos_id,
         )
         report = inspect_build(layout.root)
-        mix_window, mix_phase = mixture_error(packing, layout.duckdb)
+        plan_me = plan_mixture_error(layout.duckdb)
         with duckdb.connect(str(layout.duckdb), read_only=True) as con:
             rows = con.sql(
-                "SELECT u.length, u.start, d.n_tokens FROM plan_units u JOIN documents d USING (source, doc_id) "
-                "ORDER BY u.step, u.source, u.ord"
+                "SELECT u.length, u.start, d.n_tokens, u.source FROM plan_units u JOIN documents d "
+                "USING (source, doc_id) ORDER BY u.step, u.source, u.ord"
             ).fetchnumpy()
+            quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
             per_src = con.sql(
                 "SELECT source, count(*), median(n_tokens), max(n_tokens) FROM documents GROUP BY 1 ORDER BY 1"
             ).fetchall()
@@ -176,6 +187,15 @@ def main() -> int:
         np.stack([rows["length"], rows["start"]], axis=1).astype(np.int64),
         np.asarray(rows["n_tokens"], np.int64),
         args.seq_len,
+    )
+    src_names = sorted(set(rows["source"].tolist()))
+    src = np.array([src_names.index(x) for x in rows["source"]], np.int64)
+    b_mix = baseline_mixture(
+        np.stack([np.asarray(rows["length"], np.int64), src], axis=1),
+        mix.total_steps,
+        args.seq_len,
+        args.global_batch,
+        quotas,
     )
     b_cost = _baseline_cost(*base["cuts"], args.seq_len, *cost)
     w_cost = packing.seq_cost
@@ -194,7 +214,12 @@ def main() -> int:
     bm, bc = _cost_spread(b_cost)
     print(f"{'sequence cost max/mean':28s}{wm:14.3f}{bm:18.3f}")
     print(f"{'sequence cost cv':28s}{wc:14.3f}{bc:18.3f}")
-    print(f"mixture_error after packing (weir): {mix_window:.4f} per 10-step window, {mix_phase:.4f} per phase")
+    me = report["mixture_error"]
+    for label, w, base_v, plan_v, goal in (
+        ("mixture_error 10-step window", me["window"], b_mix[0], plan_me.window, GOAL_WINDOW),
+        ("mixture_error phase", me["phase"], b_mix[1], plan_me.phase, GOAL_PHASE),
+    ):
+        print(f"{label:28s}{w:14.4f}{base_v:18.4f}   (the plan itself {plan_v:.4f}; goal ≤ {goal})")
     pack_s = times["pack (bin packing)"]
     print(f"\npacking throughput: {n_units / pack_s:,.0f} documents/s ({n_units:,} units in {pack_s:.3f} s)")
     print("stage wall times (s):")

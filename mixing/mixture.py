@@ -137,7 +137,7 @@ def shards_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int = W
     col = {s: k for k, s in enumerate(sources)}
     remap = np.array([col[s] for s in shards.manifest["sources"]], dtype=np.int64)
     realized = np.zeros_like(planned)
-    for i in range(len(shards)):
-        seq = shards.sequence(i)
-        np.add.at(realized, (seq.step, remap[seq.segments[:, 0]]), seq.segments[:, 3])
+    offs, segs = shards.segments  # all sequences at once: one pass over the shards' metadata
+    seg_step = np.repeat(shards.steps, np.diff(offs))
+    np.add.at(realized, (seg_step, remap[segs[:, 0]]), segs[:, 3])
     return mixture_error(realized, planned, phase, sources, phases, window)

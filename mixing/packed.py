@@ -12,10 +12,11 @@ import numpy as np
 from mixing.documents import DocumentSet, open_documents
 from mixing.layout import BuildLayout
 from mixing.mixfile import Mix
+from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, WINDOW, MixtureError, shards_mixture_error
 from mixing.packing import Packing
 from mixing.shards import ShardSet, token_dtype, write_shards
 
-__all__ = ["gather_tokens", "inspect_build", "write_packed"]
+__all__ = ["build_mixture_error", "gather_tokens", "inspect_build", "write_packed"]
 
 _SHARD_TOKENS = 1 << 24  # ~32-64 MB of tokens per shard
 _SLICE_TOKENS = 256  # segments this long are copied as slices; shorter ones in one vectorized gather
@@ -114,7 +115,10 @@ def write_packed(
         "sources": list(packing.sources),
         "phases": [{"phase": p, "first_step": s, "steps": c} for p, s, c in phases],
         "per_source": per_source,
-        "packing": {"algorithm": "best-fit-decreasing per step, cost-aware ties, lookahead fill within phase"},
+        "packing": {
+            "algorithm": "best-fit-decreasing per step steered by per-source quota deficits, cost-aware ties, "
+            "lookahead fill within phase"
+        },
     }
     return write_shards(
         layout.shards_dir if out is None else out,
@@ -131,6 +135,29 @@ def write_packed(
     )
 
 
+def build_mixture_error(root: Path) -> MixtureError:
+    """``mixture_error`` of a finished build: its shards' tokens per step and source (what the trainer
+    gets) against the plan's quotas in the build's DuckDB file."""
+    layout = BuildLayout(root)
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
+    return shards_mixture_error(ShardSet(layout.shards_dir), quotas)
+
+
+def _mixture_report(me: MixtureError) -> dict[str, Any]:
+    return {
+        "window": me.window,
+        "phase": me.phase,
+        "window_steps": WINDOW,
+        "goal_window": GOAL_WINDOW,
+        "goal_phase": GOAL_PHASE,
+        "ok": me.ok,
+        "worst_window": {"first_step": me.worst_window[0], "source": me.worst_window[1]},
+        "worst_phase": {"phase": me.worst_phase[0], "source": me.worst_phase[1]},
+        "per_phase": me.per_phase,
+    }
+
+
 def inspect_build(root: Path) -> dict[str, Any]:
     """Figures of a finished build, recomputed from its shards (not copied from the manifest).
 
@@ -138,8 +165,9 @@ def inspect_build(root: Path) -> dict[str, Any]:
     (tokens ÷ (sequences × S)), ``truncated_docs`` (documents ≤ S split ÷ documents packed),
     ``per_source`` (documents and tokens indexed; tokens planned, packed, dropped; documents packed),
     ``sequence_cost`` (spread of Σ cost per sequence: mean, max/mean, p95/mean, cv), ``segments_per_sequence``
-    (mean, max), ``format_version``, ``dtype``, ``shards``, ``corrupt_files`` (shard files whose size or
-    checksum does not match the manifest).
+    (mean, max), ``mixture_error`` (realized vs planned shares: ``window``, ``phase``, their goals, ``ok``,
+    where the worst is, ``per_phase``), ``format_version``, ``dtype``, ``shards``, ``corrupt_files`` (shard
+    files whose size or checksum does not match the manifest).
     """
     layout = BuildLayout(root)
     shards = ShardSet(layout.shards_dir)
@@ -204,6 +232,7 @@ def inspect_build(root: Path) -> dict[str, Any]:
             "max": int(counts.max()) if n else 0,
         },
         "per_source": per_source,
+        "mixture_error": _mixture_report(build_mixture_error(root)),
         "phases": m["phases"],
         "corrupt_files": shards.verify(),
     }

@@ -128,6 +128,13 @@ def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
             f"{r['tokens_dropped']:,}",
             highlight=False,
         )
+    if "mixture_error" in r:  # realized vs planned token shares
+        me = r["mixture_error"]
+        out.print(
+            f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window (goal ≤ {me['goal_window']}), "
+            f"{me['phase']:.4f} per phase (goal ≤ {me['goal_phase']})" + ("" if me["ok"] else " [goal missed]"),
+            highlight=False,
+        )
     t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
     for name, s in r["per_source"].items():
         share = s["tokens_packed"] / r["tokens"] if r["tokens"] else 0.0
