@@ -41,12 +41,12 @@ def test_fewer_steps_than_a_window_is_one_window() -> None:
     assert me.window == pytest.approx(0.25) == me.phase
 
 
-def test_demo_plan_meets_the_goals_and_shards_are_measured(demo_build: Path) -> None:
+def test_demo_plan_and_shards_meet_the_goals(demo_build: Path) -> None:
     plan = plan_mixture_error(demo_build / "weir.duckdb")
     assert plan.window <= GOAL_WINDOW and plan.phase <= GOAL_PHASE, plan
     quotas = pl.read_parquet(demo_build / "plan" / "quotas.parquet")
     shards = shards_mixture_error(ShardSet(demo_build / "shards"), quotas)
     # the packer moves units between neighbouring steps and drops a few at phase ends, so the realized
     # figure differs from the plan's; it is measured the same way and stays in the plan's neighbourhood
-    assert 0 <= shards.window < 0.05 and 0 <= shards.phase < 0.05, shards
+    assert 0 <= shards.window <= GOAL_WINDOW and 0 <= shards.phase <= GOAL_PHASE, shards
     assert set(shards.per_phase) == set(plan.per_phase)

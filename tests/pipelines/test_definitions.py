@@ -67,15 +67,15 @@ def test_materialize_whole_graph_on_tiny_mix(tiny_mix_path: Path, tmp_path: Path
     rest = [dg.AssetKey(["tiny", s]) for s in ("length_stats", "plan", "packed_shards")]
     result = dg.materialize(assets, selection=rest, resources=resources, instance=instance)
     assert result.success
-    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert checks == {
-        "packing_efficiency": checks["packing_efficiency"],
-        "truncated_docs": True,
-        "manifest_checksums": True,
-        "mixture_error": checks["mixture_error"],  # WARN severity: the tiny mix is coarse
-        "planned_documents_exist": True,
-        "token_budget_per_phase": True,
+    checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    warn_only = {("packed_shards", "packing_efficiency"), ("packed_shards", "mixture_error"), ("plan", "mixture_error")}
+    assert set(checks) == warn_only | {
+        ("packed_shards", "truncated_docs"),
+        ("packed_shards", "manifest_checksums"),
+        ("plan", "planned_documents_exist"),
+        ("plan", "token_budget_per_phase"),
     }
+    assert all(passed for key, passed in checks.items() if key not in warn_only)  # WARN checks: tiny is coarse
     assert (tmp_path / "build" / "tiny" / "shards" / "manifest.json").exists()
 
 
