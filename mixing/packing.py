@@ -127,7 +127,8 @@ def pack_units(
     if quotas is None:
         quotas = np.zeros((len(steps), n_src))
         if len(units):
-            np.add.at(quotas, ([row[s] for s in units[:, 4].tolist()], units[:, 1]), units[:, 0])
+            step_rows = np.array([row[s] for s in units[:, 4].tolist()], dtype=np.int64)
+            np.add.at(quotas, (step_rows, units[:, 1]), units[:, 0])
     quotas = np.asarray(quotas, dtype=np.float64).reshape(len(steps), n_src)
     cap = float(seq_len * global_batch)
     seq_step: list[int] = []

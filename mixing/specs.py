@@ -1,0 +1,225 @@
+"""The parts of a mix file: tokenizer, sequence, sources, curriculum phases and the cost model.
+
+Frozen pydantic models; unknown fields are errors. :mod:`mixing.mixfile` assembles them into a
+:class:`~mixing.mixfile.Mix` and maps every validation error to the file's line and field path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
+
+__all__ = [
+    "NAME_PATTERN",
+    "Balance",
+    "Cost",
+    "FrozenModel",
+    "Phase",
+    "SequenceSpec",
+    "SourceSpec",
+    "TokenizerSpec",
+    "Transition",
+]
+
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"  # also a valid Dagster name
+
+
+class FrozenModel(BaseModel):
+    """Base of every mix-file model: immutable, and unknown fields are errors."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TokenizerSpec(FrozenModel):
+    """How text becomes token ids.
+
+    ``bpe`` trains a byte-level BPE of ``vocab_size`` on a sample of the mix's own sources (the default,
+    because no model hub is reachable); ``hf`` loads a Hugging Face ``tokenizer.json`` from ``path``;
+    ``tiktoken`` loads the encoding ``name``; ``bytes`` maps each UTF-8 byte to its value.
+    """
+
+    kind: Literal["bpe", "hf", "tiktoken", "bytes"] = "bpe"
+    path: str | None = None
+    name: str | None = None
+    eos_token: str | None = None
+    vocab_size: Annotated[int, Field(ge=260, le=1 << 20)] = 8192
+    sample_bytes: Annotated[int, Field(gt=0)] = 4_000_000
+    # Document boundaries: EOS is appended to every document unless ``eos: false``; ``bos: true`` also
+    # prepends ``bos_token`` (default: the EOS token, as GPT-style models do).
+    bos: bool = False
+    eos: bool = True
+    bos_token: str | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> TokenizerSpec:
+        if self.kind == "hf" and not (self.path and self.eos_token):
+            raise ValueError("kind 'hf' needs 'path' (a tokenizer.json) and 'eos_token' (its end-of-text token)")
+        if self.kind == "tiktoken" and not self.name:
+            raise ValueError("kind 'tiktoken' needs 'name' (for example o200k_base)")
+        return self
+
+
+class SequenceSpec(FrozenModel):
+    """Packed sequence length ``length`` (S, tokens) and ``global_batch`` sequences per optimizer step."""
+
+    length: Annotated[int, Field(ge=8, le=1 << 24)]
+    global_batch: Annotated[int, Field(ge=1, le=1 << 20)]
+
+
+class SourceSpec(FrozenModel):
+    """One source of documents.
+
+    ``uri`` is a glob over any fsspec URI (local path or ``s3://``); ``{mix_dir}`` expands to the mix
+    file's folder and ``{stdlib}`` to this Python's standard library folder. ``format`` says how records
+    are read (``text``, ``jsonl`` incl. ``.gz``/``.zst``, ``parquet``, ``csv``, ``code``: a folder or
+    ``.tar`` of source files). A record's text is ``field``, or ``template`` (a Python format string over
+    the record's fields), or the chat list ``messages`` rendered by ``chat_template``. ``separator`` splits
+    a text file into several documents; ``metadata`` names record fields kept with each document;
+    ``extensions`` filters a code tree (default: known languages). A record whose text exceeds
+    ``max_record_bytes`` is quarantined; ``batch_rows`` bounds how many rows are held in memory.
+    """
+
+    uri: str
+    format: Literal["text", "jsonl", "parquet", "csv", "code"] = "text"
+    field: str = "text"
+    template: str | None = None
+    max_epochs: Annotated[float, Field(gt=0)] = math.inf
+    # Ingest options (issue 3): see mixing/formats.py and mixing/records.py for their contracts.
+    messages: str | None = None
+    chat_template: Literal["chatml", "plain", "llama3"] = "chatml"
+    separator: str | None = None
+    metadata: tuple[str, ...] = ()
+    extensions: tuple[str, ...] = ()
+    max_record_bytes: Annotated[int, Field(gt=0)] = 16 << 20
+    batch_rows: Annotated[int, Field(gt=0)] = 4096
+
+    @model_validator(mode="after")
+    def _one_text(self) -> SourceSpec:
+        if self.template is not None and self.messages is not None:
+            raise ValueError("give either 'template' or 'messages', not both")
+        if self.separator == "":
+            raise ValueError("separator is empty; expected a non-empty string such as '\\n\\n'")
+        return self
+
+    def render_fingerprint(self) -> str:
+        """sha256 of the fields that decide a file's documents (not ``uri`` nor ``max_epochs``)."""
+        keep = self.model_dump(mode="json", exclude={"uri", "max_epochs"})
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
+
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+
+def _steps_value(v: object) -> int | str | None:
+    """A phase's ``steps``: a positive int or a percentage string like ``'15%'`` (no union: one message)."""
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return v
+    if isinstance(v, str) and (m := _PERCENT.match(v)) and 0 < float(m.group(1)) < 100:
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        raise ValueError(f"steps must be greater than 0, got {v}")
+    raise ValueError(f"steps {v!r}: expected a positive integer or a percentage like '15%' (0–100)")
+
+
+def _tokens_value(v: object) -> int | str | None:
+    """A phase's ``tokens``: a positive int or a count string like ``'50M'`` or ``'1.5B'``."""
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return v
+    if isinstance(v, str) and (m := _TOKENS.match(v)) and float(m.group(1)) > 0:
+        return v
+    raise ValueError(f"tokens {v!r}: expected a positive integer or a count like '50M', '1.5B'")
+
+
+class Transition(FrozenModel):
+    """How the mixture moves from the previous phase's to this one's over the first ``steps`` steps.
+
+    ``step`` switches at the phase boundary (``steps`` must be 0); ``linear`` and ``cosine`` ramp over
+    ``steps`` ≥ 1 steps, sampling the ramp at each step's midpoint, and reach the phase's own mixture
+    exactly at step ``first_step + steps``.
+    """
+
+    shape: Literal["step", "linear", "cosine"] = "linear"
+    steps: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _steps_match_shape(self) -> Transition:
+        if self.shape == "step" and self.steps:
+            raise ValueError("a 'step' transition switches at once; expected steps: 0 (or shape linear/cosine)")
+        if self.shape != "step" and self.steps < 1:
+            raise ValueError(f"a {self.shape!r} transition needs steps ≥ 1 (the length of the ramp)")
+        return self
+
+
+class Phase(FrozenModel):
+    """A run of optimizer steps drawing sources in the shares of ``mixture``.
+
+    Its length is ``steps`` (an int, or ``"15%"`` of the whole run's steps) or ``tokens`` (an int or
+    ``"50M"``-style, rounded up to whole steps of S × global_batch tokens); exactly one of the two.
+    ``mixture`` weights sum to 1 unless the mix (or the phase) says ``normalize: true``.
+    ``transition`` ramps in from the previous phase's mixture; ``max_doc_tokens`` draws only documents
+    of at most that many tokens in this phase (the length curriculum).
+    """
+
+    phase: Annotated[str, Field(pattern=NAME_PATTERN)]
+    steps: Annotated[int | str | None, PlainValidator(_steps_value)] = None
+    tokens: Annotated[int | str | None, PlainValidator(_tokens_value)] = None
+    mixture: dict[str, Annotated[float, Field(ge=0)]]
+    transition: Transition | None = None
+    max_doc_tokens: Annotated[int, Field(ge=1)] | None = None
+    normalize: bool | None = None
+
+    @field_validator("mixture")
+    @classmethod
+    def _not_empty(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("mixture is empty; expected at least one source with a positive weight")
+        if sum(v.values()) <= 0:
+            raise ValueError("mixture weights are all 0; expected at least one positive weight")
+        return v
+
+    @model_validator(mode="after")
+    def _one_length(self) -> Phase:
+        if (self.steps is None) == (self.tokens is None):
+            raise ValueError("give the phase's length as exactly one of 'steps' or 'tokens'")
+        return self
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """The mixture's weights divided by their sum (the same values when they already sum to 1)."""
+        total = sum(self.mixture.values())
+        return {k: v / total for k, v in self.mixture.items()}
+
+    @property
+    def percent(self) -> float | None:
+        """The phase's share of the run in percent when ``steps`` is a percentage, else None."""
+        return float(_PERCENT.match(self.steps).group(1)) if isinstance(self.steps, str) else None  # type: ignore[union-attr]
+
+    def token_count(self) -> int | None:
+        """``tokens`` as an int (suffixes K/M/B/T expanded), or None when the phase is given in steps."""
+        if self.tokens is None or isinstance(self.tokens, int):
+            return self.tokens
+        m = _TOKENS.match(self.tokens)
+        assert m is not None
+        return round(float(m.group(1)) * _SUFFIX[m.group(2).upper()])
+
+
+class Cost(FrozenModel):
+    """Cost of one document of ``l`` tokens: ``attention·l² + linear·l`` (arbitrary units)."""
+
+    attention: Annotated[float, Field(ge=0)] = 1.0
+    linear: Annotated[float, Field(ge=0)] = 8192.0
+
+    def of(self, length: Any) -> Any:
+        """Cost of documents of the given length(s); works on ints and numpy arrays alike."""
+        return self.attention * length * length + self.linear * length
+
+
+class Balance(FrozenModel):
+    cost: Cost = Cost()
