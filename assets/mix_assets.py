@@ -88,6 +88,10 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "tokens": r.tokens,
                 "bytes": r.bytes_in,
                 "quarantine_reasons": r.quarantine_reasons,
+                "quarantine": dg.MetadataValue.path(
+                    str(storage.layout(mix).source_dir(context.partition_key) / "quarantine.jsonl")
+                ),
+                "tokenizer_fingerprint": stages.fingerprints(mix, storage.layout(mix))["tokenizer_fingerprint"],
             }
         )
 
@@ -139,6 +143,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in p.warnings) or "none"),
                 "mixture_error_window": me.window,
                 "mixture_error_phase": me.phase,
+                **stages.fingerprints(mix, layout),
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -192,6 +197,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "tokens": r["tokens"],
                 "packing_efficiency": eff,
                 "truncated_docs": trunc,
+                **stages.fingerprints(mix, layout),
             },
             check_results=[
                 dg.AssetCheckResult(
