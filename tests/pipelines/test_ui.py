@@ -202,6 +202,18 @@ def test_demo_mix_is_materialized_with_checks_passed_and_plots_in_the_ui(demo_in
         assert plot.evaluate("img => img.naturalWidth") > 300
         shots.append(ARTIFACTS / "ui-plan-plot.png")
         dialog.screenshot(path=str(shots[-1]))
+        page.keyboard.press("Escape")
+
+        # One source's documents: its quarantine count beside the path of the quarantined records.
+        _open(page, f"{demo_in_ui}/assets/demo/documents?view=partitions&partition=qa")
+        text = _wait_text(page, "docs_quarantined", "quarantine_reasons", "qa/quarantine.jsonl", "tokenizer_finger")
+        shown = re.search(r"docs_quarantined\s+(\d+)", text)
+        link = re.search(r"(\S+/sources/qa/quarantine\.jsonl)", text)
+        assert shown and link, text
+        # The count the page shows is the number of records in the file it links.
+        assert int(shown[1]) == len(Path(link[1]).read_text().splitlines()) > 0, text
+        shots.append(ARTIFACTS / "ui-documents-quarantine.png")
+        page.screenshot(path=str(shots[-1]))
         browser.close()
     if os.environ.get("WEIR_UPDATE_DOCS"):
         for shot in shots:
