@@ -98,7 +98,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "tokens": r.tokens,
                 "bytes": r.bytes_in,
                 "quarantine_reasons": r.quarantine_reasons,
-                "quarantine_path": dg.MetadataValue.path(str(layout.source_dir(name) / "quarantine.jsonl")),
+                "quarantine": dg.MetadataValue.path(str(layout.source_dir(name) / "quarantine.jsonl")),
                 "quarantine_sample": dg.MetadataValue.json(r.quarantine_sample),
                 "tokenizer_fingerprint": r.tokenizer,
                 "chunks": r.chunks,
@@ -164,6 +164,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in p.warnings) or "none"),
                 "mixture_error_window": me.window,
                 "mixture_error_phase": me.phase,
+                **stages.fingerprints(mix, layout),
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -220,6 +221,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "truncated_docs": trunc,
                 "mixture_error_window": me["window"],
                 "mixture_error_phase": me["phase"],
+                **stages.fingerprints(mix, layout),
             },
             check_results=[
                 dg.AssetCheckResult(

@@ -24,7 +24,16 @@ from mixing.stats import LengthStats, compute_length_stats
 from mixing.tokenizer import TextTokenizer, load_tokenizer
 from mixing.tokenizer import prepare_tokenizer as _prepare
 
-__all__ = ["index", "length_stats", "pack", "plan", "plan_audit", "prepare_tokenizer", "tokenize"]
+__all__ = [
+    "fingerprints",
+    "index",
+    "length_stats",
+    "pack",
+    "plan",
+    "plan_audit",
+    "prepare_tokenizer",
+    "tokenize",
+]
 
 Progress = Callable[[str], None]
 StorageOptions = dict[str, Any] | None  # fsspec options (s3 endpoint, credentials) from the Dagster resource
@@ -119,3 +128,12 @@ def pack(mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda
     cost = (mix.balance.cost.attention, mix.balance.cost.linear)
     packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost)
     return write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, tok.eos_id, on_shard=on_shard)
+
+
+def fingerprints(mix: Mix, layout: BuildLayout) -> dict[str, str]:
+    """``mix_fingerprint`` and ``tokenizer_fingerprint`` (sha256 hex) of a build whose tokenizer is prepared.
+
+    The same values the shards' manifest records, for metadata of the stages before it.
+    """
+    tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+    return {"mix_fingerprint": mix.fingerprint(), "tokenizer_fingerprint": tok.fingerprint}

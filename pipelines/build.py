@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from assets import mix_assets
-from assets.checks import mix_checks
 from mixing import Mix
 from pipelines.resources import storage_resource
 
@@ -34,8 +33,7 @@ def build_mix(
     Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
     there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
     """
-    assets = mix_assets(mix)
-    defs = [*assets, *mix_checks(mix, assets)]
+    defs = mix_assets(mix)
     resources = {"storage": storage_resource(out, per_mix=False)}
     instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from assets import mix_assets
-from assets.checks import mix_checks
 from mixing import Mix, load_mix
 from pipelines.automation import automated, automation_sensor
 from pipelines.executors import executor_from_env
@@ -58,18 +57,16 @@ def load_definitions(mixes_dir: Path, build_root: Path) -> dg.Definitions:
     if len(set(names)) != len(names):
         raise ValueError(f"{mixes_dir}: two mix files declare the same name: {sorted(names)}")
     automation_on = os.environ.get("WEIR_AUTOMATION", "on") != "off"
-    assets, checks, jobs, schedules, sensors = [], [], [], [], []
+    assets, jobs, schedules, sensors = [], [], [], []
     for m in mixes:
         group = automated(mix_assets(m))
         job = mix_job(m)
         assets += group
-        checks += mix_checks(m, group)
         jobs.append(job)
         schedules.append(nightly_schedule(m, job))
         sensors += [source_sensor(m, job), automation_sensor(m, on=automation_on)]
     return dg.Definitions(
         assets=assets,
-        asset_checks=checks,
         jobs=jobs,
         schedules=schedules,
         sensors=sensors,

@@ -25,7 +25,7 @@ def test_documents_metadata_and_accounting_check(tiny_mix_path: Path, tmp_path: 
     meta = mats[-1].materialization.metadata
     assert meta["docs_seen"].value == meta["docs_kept"].value + meta["docs_quarantined"].value == 41
     assert meta["quarantine_reasons"].value == {"invalid JSON": 1}
-    assert Path(meta["quarantine_path"].value).read_text().count("\n") == 1
+    assert Path(meta["quarantine"].value).read_text().count("\n") == 1
     assert meta["quarantine_sample"].value[0]["line"] == 6
     checks = r.get_asset_check_evaluations()
     assert [(c.check_name, c.passed) for c in checks] == [("docs_accounted", True)]
