@@ -38,7 +38,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     local cache of at most ``cache_bytes`` per process, see :mod:`loaders.remote`; ``storage_options`` go to
     fsspec, e.g. ``{"endpoint_url": ...}``). World: the arguments, or
     :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``: steps regrouped together for
-    DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context).
+    DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context); ``period``:
+    0, or the block of steps whose cost template regrouping repeats (10 with ``window=10`` keeps
+    ``mixture_error`` per 10-step window near the build's, see :func:`loaders.balance.regroup_window`).
     ``cp_split``: ``"zigzag"`` (per document, balanced), ``"sequence_zigzag"`` or ``"contiguous"``.
 
     Items (torch tensors, ``n`` slots for this CP rank; ``n = S`` when ``cp_size == 1``):
@@ -67,6 +69,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         seed: int = 0,
         *,
         window: int = 1,
+        period: int = 0,
         cp_split: str = "zigzag",
         cache_dir: str | Path | None = None,
         cache_bytes: int = 8 << 30,
@@ -89,7 +92,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             raise ValueError(f"sequence length {self.seq_len} is not divisible by 2·cp_size {2 * cp_size}")
         split(np.array([2 * cp_size]), cp_size, 0, cp_split)  # validates the name early
         self.seed, self.window, self.cp_split = seed, window, cp_split
-        self.schedule = Schedule(self.shards, window=window, seed=seed)
+        self.period = period
+        self.schedule = Schedule(self.shards, window=window, seed=seed, period=period)
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
         self._step, self._consumed = 0, 0  # position: next item to yield
 
@@ -190,6 +194,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             build_id=self.build_id,
             seed=self.seed,
             window=self.window,
+            period=self.period,
             step=self._step,
             consumed=self._consumed,
             dp_rank=self.dp_rank,
@@ -201,7 +206,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         """Continue at the next unseen sequence of ``state``; raises :class:`~loaders.state.StateError` for
         a state of another build or plan, or one saved inside a step under another DP layout."""
         s = LoaderState.from_dict(state)
-        s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size)
+        s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size, self.period)
         self._step, self._consumed = s.step, s.consumed
 
 

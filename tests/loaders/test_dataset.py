@@ -92,10 +92,15 @@ def test_dp_ranks_partition_every_step(tiny_build: Path, window: int) -> None:
         assert all(phase[t] == phase[int(full.steps[s])] for t, v in per_step.items() for s in v)
 
 
-@pytest.mark.parametrize(("stop", "window", "cp"), [(0, 1, 1), (1, 1, 2), (5, 3, 1), (9, 3, 2), (15, 1, 1)])
-def test_resume_gives_exactly_the_uninterrupted_stream(tiny_build: Path, stop: int, window: int, cp: int) -> None:
+@pytest.mark.parametrize(
+    ("stop", "window", "cp", "period"),
+    [(0, 1, 1, 0), (1, 1, 2, 0), (5, 3, 1, 0), (9, 3, 2, 0), (15, 1, 1, 0), (7, 2, 1, 1)],
+)
+def test_resume_gives_exactly_the_uninterrupted_stream(
+    tiny_build: Path, stop: int, window: int, cp: int, period: int
+) -> None:
     def make() -> PackedDataset:
-        return PackedDataset(tiny_build, 1, 2, cp - 1, cp, seed=11, window=window)
+        return PackedDataset(tiny_build, 1, 2, cp - 1, cp, seed=11, window=window, period=period)
 
     reference = items(make())
     first = make()
@@ -167,6 +172,10 @@ def test_refuses_states_it_cannot_resume(tiny_build: Path, tmp_path: Path) -> No
         PackedDataset(other, 0, 2).load_state_dict(state)
     with pytest.raises(StateError, match="seed"):
         PackedDataset(tiny_build, 0, 2, seed=1).load_state_dict(state)
+    with pytest.raises(StateError, match="period"):
+        PackedDataset(tiny_build, 0, 2, period=2).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "period"}  # saved before the period option existed
+    PackedDataset(tiny_build, 0, 2).load_state_dict(older)
     with pytest.raises(StateError, match="version"):
         PackedDataset(tiny_build, 0, 2).load_state_dict({"next": 3})
 
