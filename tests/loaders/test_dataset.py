@@ -227,3 +227,29 @@ def test_resume_at_random_points_with_and_without_workers(tiny_build: Path) -> N
         resumed.load_state_dict(loader.state_dict())
         tail = items(resumed)
         assert all(same(a, b) for a, b in zip(head + tail, reference, strict=True)), (dp, cp, kw, stop)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_chunked_items_equal_single_items(tiny_build: Path, chunk: int) -> None:
+    # the chunked fast path (cp_size 1) builds exactly what item() builds, padding included
+    ds = PackedDataset(tiny_build, 0, 1, chunk=chunk)
+    order = ds.rank_sequences().tolist()
+    got = items(ds)
+    assert [g["sequence"] for g in got] == order
+    padded = 0
+    for g in got:
+        want = ds.item(g["sequence"])
+        padded += int((want["labels"] == IGNORE_INDEX).sum()) > len(want["cu_seqlens"]) - 1
+        want.update(step=g["step"], slot=g["slot"])
+        assert same(g, want)
+    assert padded  # the tiny build has sequences ending in padding
+
+
+def test_reused_arrays_never_change_an_item_still_held(tiny_build: Path) -> None:
+    # chunks reuse their arrays once no item of theirs is alive: the tensors a consumer keeps must stay intact
+    ds = PackedDataset(tiny_build, 0, 1, chunk=2)
+    kept = [(g["sequence"], g["labels"], g["position_ids"][3:]) for k, g in enumerate(ds) if k % 3 == 0]
+    assert len(ds._pool) <= 4
+    for i, labels, pos in kept:
+        want = ds.item(i)
+        assert torch.equal(labels, want["labels"]) and torch.equal(pos, want["position_ids"][3:])
