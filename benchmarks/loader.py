@@ -33,13 +33,21 @@ from mixing.shards import ShardSet  # noqa: E402
 def timed(fn, repeat: int, min_s: float = 0.5) -> float:
     """Best-of-``repeat`` tokens/s of ``fn`` (which returns the tokens it delivered), each sample running
     ``fn`` again until ``min_s`` seconds have passed, after one warm-up run (page cache, plans)."""
-    fn()
-    best = 0.0
+    return interleaved({"fn": fn}, repeat, min_s)["fn"]
+
+
+def interleaved(fns: dict, repeat: int, min_s: float = 0.5) -> dict[str, float]:
+    """:func:`timed` for several readers taking turns (round ``r`` samples each once), so that load from
+    other jobs on a shared machine falls on all of them alike."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, 0.0)
     for _ in range(repeat):
-        n, t0 = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - t0) < min_s:
-            n += fn()
-        best = max(best, n / elapsed)
+        for name, fn in fns.items():
+            n, t0 = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - t0) < min_s:
+                n += fn()
+            best[name] = max(best[name], n / elapsed)
     return best
 
 
@@ -114,12 +122,15 @@ def main() -> None:
     shards = ShardSet(build / "shards")
     m = shards.manifest
     print(f"build {build}: {len(shards)} sequences of {m['seq_len']} tokens ({m['dtype']}), single process")
-    rows = {
-        "raw np.memmap copy (ceiling)": timed(lambda: raw_memmap(shards), args.repeat),
-        "weir PackedDataset cp=1": timed(weir(build, 1, 0), args.repeat),
-        "weir PackedDataset.item() per sequence, cp=1": timed(weir_per_item(build), args.repeat),
-        "weir PackedDataset cp=2 (per rank)": timed(weir(build, 2, 0), args.repeat),
-    }
+    rows = interleaved(
+        {
+            "raw np.memmap copy (ceiling)": lambda: raw_memmap(shards),
+            "weir PackedDataset cp=1": weir(build, 1, 0),
+            "weir PackedDataset.item() per sequence, cp=1": weir_per_item(build),
+            "weir PackedDataset cp=2 (per rank)": weir(build, 2, 0),
+        },
+        args.repeat,
+    )
     if args.peer_python:
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
