@@ -10,10 +10,15 @@ longer than S into S-sized pieces, and packs:
 - B1: B0 with whole-sequence zigzag CP (Megatron's default);
 - B3: best-fit-decreasing packing (units that do not fit wait for the next step), LPT over DP ranks;
 - weir: the same BFD packing, ``loaders.balance.assign_ranks`` (LPT + swaps) after regrouping windows of
-  ``--window`` steps (``loaders.balance.regroup_window``), per-document zigzag CP.
+  ``--window`` steps (``loaders.balance.regroup_window``, per-block cost template of ``--period`` steps,
+  0 = none), per-document zigzag CP. At one sequence per rank the other (window, period) settings follow
+  as ``w<W>p<P>`` rows: the trade-off between balance and mixture error.
 
 Prints ``dp_imbalance`` mean/p95 over steps, ``cp_imbalance`` mean/max over sequences, and
-``mixture_error`` (max over 10-step windows and sources) per regime. Cost of a document: l² + 49152·l.
+``mixture_error`` (max over 10-step windows and sources, of real tokens per source in each step's sequences
+as the trainer receives them, against the planned mixture) per regime: over all windows, over the windows
+inside the phase's whole blocks of 10 steps (``body``: leaves out the last ``steps mod 10`` steps), and over
+the whole run. Cost of a document: l² + 49152·l.
 
     TIKTOKEN_CACHE_DIR=../shared/tokenizers/tiktoken_cache .venv/bin/python benchmarks/balance.py [--steps 64]
 """
@@ -177,17 +182,33 @@ def source_tokens(seq: list[tuple[int, int]]) -> np.ndarray:
     return v
 
 
-def mixture_error(steps: list[list[list[tuple[int, int]]]], window: int = 10) -> float:
+def mixture_error(steps: list[list[list[tuple[int, int]]]], window: int = 10, end: int | None = None) -> float:
+    """max over windows of ``window`` steps (ending at or before step ``end``) and sources of abs(realized
+    token share − planned share); shares count real tokens only."""
     per = np.array([sum((source_tokens(s) for s in st), np.zeros(len(MIXTURE))) for st in steps])
     want = np.array(list(MIXTURE.values()))
     worst = 0.0
-    for a in range(len(per) - window + 1):
+    for a in range((len(per) if end is None else end) - window + 1):
         tot = per[a : a + window].sum(axis=0)
         worst = max(worst, float(np.abs(tot / tot.sum() - want).max()))
     return worst
 
 
-def regime(lens: dict, seq_len: int, batch: int, dp: int, cp: int, steps: int, window: int, seed: int) -> None:
+def regrouped_steps(packed: list[Step], batch: int, window: int, period: int) -> list[list[list[tuple[int, int]]]]:
+    """The training steps after regrouping windows of ``window`` steps as ``loaders.schedule`` does."""
+    out: list[list[list[tuple[int, int]]]] = []
+    for a in range(0, len(packed), window):
+        flat = [s for st in packed[a : a + window] for s in st.seqs]
+        n = len(flat) // batch
+        costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
+        new = regroup_window(costs, src, n, period=period)
+        out += [[flat[i] for i in np.flatnonzero(new == g)] for g in range(n)]
+    return out
+
+
+def regime(
+    lens: dict, seq_len: int, batch: int, dp: int, cp: int, steps: int, window: int, seed: int, period: int = 0
+) -> None:
     units = draw(lens, seq_len, batch, steps, seed)
     b0, packed = concat_chunk(units, seq_len, batch), bfd(units, seq_len, batch)
     rr = np.arange(batch) % dp
@@ -202,15 +223,16 @@ def regime(lens: dict, seq_len: int, batch: int, dp: int, cp: int, steps: int, w
     rows["B0"] = dp_stats(b0_costs, lambda c: rr)
     rows["B1"] = rows["B0"]
     rows["B3"] = dp_stats(bfd_costs, lambda c: lpt(c, dp))
-    # weir: regroup windows of `window` steps, then LPT + swaps
-    regrouped: list[list[list[tuple[int, int]]]] = []
-    for a in range(0, steps, window):
-        flat = [s for st in packed[a : a + window] for s in st.seqs]
-        n = len(flat) // batch
-        new = regroup_window(np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat]), n)
-        regrouped += [[flat[i] for i in np.flatnonzero(new == g)] for g in range(n)]
-    weir_costs = [np.array([cost(s) for s in st]) for st in regrouped]
-    rows["weir"] = dp_stats(weir_costs, lambda c: assign_ranks(c, dp))
+    # weir: regroup windows of `window` steps, then LPT + swaps; other settings at one sequence per rank
+    regrouped = regrouped_steps(packed, batch, window, period)
+    rows["weir"] = dp_stats([np.array([cost(s) for s in st]) for st in regrouped], lambda c: assign_ranks(c, dp))
+    others = {}
+    if batch == dp:
+        for w, p in ((8, 0), (16, 0), (10, 10), (20, 10), (40, 10)):
+            if (w, p) != (window, period):
+                others[f"w{w}p{p}"] = regrouped_steps(packed, batch, w, p)
+                per_step = [np.array([cost(s) for s in st]) for st in others[f"w{w}p{p}"]]
+                rows[f"w{w}p{p}"] = dp_stats(per_step, lambda c: assign_ranks(c, dp))
     sample = [s for st in packed[: max(1, 256 // batch)] for s in st.seqs]  # CP on a sample of sequences
     b0_sample = [s for st in b0[: max(1, 256 // batch)] for s in st.seqs]
     cps = {
@@ -221,7 +243,9 @@ def regime(lens: dict, seq_len: int, batch: int, dp: int, cp: int, steps: int, w
     }
     streams = {"B0": [st.seqs for st in b0], "B3": [st.seqs for st in packed], "weir": regrouped}
     streams["B1"] = streams["B0"]
+    streams.update(others)
     mix = {k: mixture_error(v) for k, v in streams.items()}
+    body = {k: mixture_error(v, end=steps - steps % 10) for k, v in streams.items()}
     whole = {k: mixture_error(v, window=len(v)) for k, v in streams.items()}  # the run is one phase
     eff = sum(length for st in packed for s in st.seqs for _, length in s) / (steps * batch * seq_len)
     print(
@@ -229,11 +253,11 @@ def regime(lens: dict, seq_len: int, batch: int, dp: int, cp: int, steps: int, w
         f"(BFD packing_efficiency {eff:.4f})"
     )
     head = f"{'':6} {'dp_imb mean':>11} {'dp_imb p95':>10} {'cp_imb mean':>11} {'cp_imb max':>10}"
-    print(f"{head} {'mix_err/10':>10} {'mix_err/run':>11}")
+    print(f"{head} {'mix_err/10':>10} {'body /10':>9} {'mix_err/run':>11}")
     for name, (mean, p95) in rows.items():
-        c = cps[name]
+        c = cps.get(name, cps["weir"])
         cells = f"{name:6} {mean:11.3f} {p95:10.3f} {np.mean(c):11.3f} {np.max(c):10.3f}"
-        print(f"{cells} {mix[name]:10.4f} {whole[name]:11.4f}")
+        print(f"{cells} {mix[name]:10.4f} {body[name]:9.4f} {whole[name]:11.4f}")
 
 
 def lpt(costs: np.ndarray, dp: int) -> np.ndarray:
@@ -250,7 +274,8 @@ def lpt(costs: np.ndarray, dp: int) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=64, help="steps simulated per regime")
-    ap.add_argument("--window", type=int, default=16, help="weir's regrouping window at one sequence per rank")
+    ap.add_argument("--window", type=int, default=10, help="weir's regrouping window at one sequence per rank")
+    ap.add_argument("--period", type=int, default=10, help="weir's regrouping template period (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if SHARED is None:
@@ -259,8 +284,8 @@ def main() -> None:
     for n, v in lens.items():
         print(f"{n:13} {len(v):6} docs, {int(v.sum()):>10,} tokens, median {int(np.median(v))}, max {int(v.max())}")
     regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
-    regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed)
-    regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed)
+    regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period)
+    regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period)
 
 
 if __name__ == "__main__":

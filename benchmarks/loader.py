@@ -33,13 +33,21 @@ from mixing.shards import ShardSet  # noqa: E402
 def timed(fn, repeat: int, min_s: float = 0.5) -> float:
     """Best-of-``repeat`` tokens/s of ``fn`` (which returns the tokens it delivered), each sample running
     ``fn`` again until ``min_s`` seconds have passed, after one warm-up run (page cache, plans)."""
-    fn()
-    best = 0.0
+    return interleaved({"fn": fn}, repeat, min_s)["fn"]
+
+
+def interleaved(fns: dict, repeat: int, min_s: float = 0.5) -> dict[str, float]:
+    """:func:`timed` for several readers taking turns (round ``r`` samples each once), so that load from
+    other jobs on a shared machine falls on all of them alike."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, 0.0)
     for _ in range(repeat):
-        n, t0 = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - t0) < min_s:
-            n += fn()
-        best = max(best, n / elapsed)
+        for name, fn in fns.items():
+            n, t0 = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - t0) < min_s:
+                n += fn()
+            best[name] = max(best[name], n / elapsed)
     return best
 
 
@@ -60,6 +68,17 @@ def weir(build: Path, cp_size: int, cp_rank: int):
     def read() -> int:
         ds.load_state_dict(start)
         return sum(int(item["input_ids"].numel()) for item in ds)
+
+    return read
+
+
+def weir_per_item(build: Path):
+    """The per-sequence path (``PackedDataset.item``, what iteration did before chunks; still the cp>1 path)."""
+    ds = PackedDataset(build, 0, 1)
+    seqs = ds.rank_sequences().tolist()
+
+    def read() -> int:
+        return sum(int(ds.item(i)["input_ids"].numel()) for i in seqs)
 
     return read
 
@@ -103,11 +122,15 @@ def main() -> None:
     shards = ShardSet(build / "shards")
     m = shards.manifest
     print(f"build {build}: {len(shards)} sequences of {m['seq_len']} tokens ({m['dtype']}), single process")
-    rows = {
-        "raw np.memmap copy (ceiling)": timed(lambda: raw_memmap(shards), args.repeat),
-        "weir PackedDataset cp=1": timed(weir(build, 1, 0), args.repeat),
-        "weir PackedDataset cp=2 (per rank)": timed(weir(build, 2, 0), args.repeat),
-    }
+    rows = interleaved(
+        {
+            "raw np.memmap copy (ceiling)": lambda: raw_memmap(shards),
+            "weir PackedDataset cp=1": weir(build, 1, 0),
+            "weir PackedDataset.item() per sequence, cp=1": weir_per_item(build),
+            "weir PackedDataset cp=2 (per rank)": weir(build, 2, 0),
+        },
+        args.repeat,
+    )
     if args.peer_python:
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
@@ -131,9 +154,11 @@ def main() -> None:
     else:
         rows["peers (LitData, megatron-core)"] = float("nan")
         print("peers not measured: pass --peer-python of a venv with litdata and megatron-core")
-    print(f"\n{'reader':44} {'loader_tokens_per_s':>20}")
+    print(f"\n{'reader':46} {'loader_tokens_per_s':>20}")
     for name, value in rows.items():
-        print(f"{name:44} {value:20,.0f}")
+        print(f"{name:46} {value:20,.0f}")
+    print("(weir delivers input_ids, labels, position_ids (int64 [S] each), indices and cu_seqlens per item;")
+    print(" the peers and the ceiling deliver input_ids only)")
     t0 = time.perf_counter()
     ds = PackedDataset(build, 0, 8 if len(shards) % 8 == 0 and m["global_batch"] % 8 == 0 else 1)
     n_plan = sum(1 for _ in ds.plan())

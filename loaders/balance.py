@@ -11,6 +11,12 @@ Pure numpy, deterministic; only :func:`assign_ranks` depends on the world size. 
    by cost into ``W`` new steps of the same size, so that each step holds sequences of similar cost
    (no sequence moves more than ``W − 1`` steps); the new steps are ordered so that the cumulative
    per-source token counts track the build's, which bounds the mixture drift of any window of steps.
+   With ``period = P`` (10 matches the ``mixture_error`` window) the new steps instead follow one
+   template per block of ``P`` steps, heaviest first: any ``P`` consecutive steps of a phase then hold
+   each template position once, so every window of ``P`` steps has the build's mixture up to the
+   difference between neighbouring blocks. This trades a little balance (one block of ``P`` steps,
+   ``P × global_batch`` sequences, is sorted) for a ``mixture_error`` per window near the build's own;
+   only windows reaching into a phase's last partial block (``steps mod P``) miss it.
 
 Cost of a sequence = Σ over its documents of ``attention·l² + linear·l`` (the build's cost model).
 """
@@ -80,7 +86,9 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
     return ranks
 
 
-def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int, band: float = 0.02) -> np.ndarray:
+def regroup_window(
+    costs: np.ndarray, source_tokens: np.ndarray, steps: int, band: float = 0.02, period: int = 0
+) -> np.ndarray:
     """Regroup one window's sequences into ``steps`` steps of equal size; returns the new step (0-based
     within the window, int64 [n]) of each sequence, in the window's original order.
 
@@ -89,7 +97,10 @@ def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int, ban
     width ``band``, inside which the build's order is kept) are cut into ``steps`` runs, so each new step
     holds sequences of similar cost (any equal-count assignment of them is balanced). The runs are then
     placed greedily: each next step takes the run that keeps the running per-source token counts closest
-    to the build's running counts. Deterministic; independent of the world size.
+    to the build's running counts. With ``period`` > 0 the runs are instead dealt heaviest first to the
+    ``max(1, steps // period)`` blocks of ``period`` steps in turn (run ``i`` → block ``i mod m``, position
+    ``i // m``), so every block follows the same cost template (see the module's docstring); use a window
+    that is a multiple of ``period``. Deterministic; independent of the world size.
     """
     costs = np.asarray(costs, dtype=np.float64)
     n = len(costs)
@@ -101,6 +112,11 @@ def regroup_window(costs: np.ndarray, source_tokens: np.ndarray, steps: int, ban
     # order, which mixes sources, instead of sorting them apart (that would make single-source steps)
     level = np.floor(np.log(np.maximum(costs, 1e-300)) / np.log1p(band)) if band > 0 else costs
     group[np.lexsort((np.arange(n), -level))] = np.repeat(np.arange(steps), size)
+    if period > 0:
+        m = max(1, steps // period)
+        run = np.arange(steps)
+        slot = np.argsort(np.argsort((run % m) * steps + run // m, kind="stable"), kind="stable")
+        return slot[group]
     src = np.asarray(source_tokens, dtype=np.float64)
     target = np.cumsum(src.reshape(steps, size, -1).sum(axis=1), axis=0)  # [steps, sources]
     per_group = np.stack([src[group == g].sum(axis=0) for g in range(steps)])

@@ -12,6 +12,7 @@ Training code imports this (and never Dagster)::
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loaders.chunk import IGNORE_INDEX, ChunkBuilder
 from loaders.context_parallel import split
 from loaders.schedule import Schedule
 from loaders.state import LoaderState
@@ -27,8 +29,6 @@ from loaders.world import World
 from mixing.shards import ShardSet
 
 __all__ = ["IGNORE_INDEX", "PackedDataset"]
-
-IGNORE_INDEX = -100
 
 
 class PackedDataset(IterableDataset[dict[str, Any]]):
@@ -38,8 +38,12 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     local cache of at most ``cache_bytes`` per process, see :mod:`loaders.remote`; ``storage_options`` go to
     fsspec, e.g. ``{"endpoint_url": ...}``). World: the arguments, or
     :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``: steps regrouped together for
-    DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context).
+    DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context); ``period``:
+    0, or the block of steps whose cost template regrouping repeats (10 with ``window=10`` keeps
+    ``mixture_error`` per 10-step window near the build's, see :func:`loaders.balance.regroup_window`).
     ``cp_split``: ``"zigzag"`` (per document, balanced), ``"sequence_zigzag"`` or ``"contiguous"``.
+    ``chunk``: items built together with ``cp_size == 1`` from a local build (default: about 2 MiB of
+    int64 per array); it changes speed only, never the items.
 
     Items (torch tensors, ``n`` slots for this CP rank; ``n = S`` when ``cp_size == 1``):
 
@@ -51,6 +55,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
       2·cp for ``"zigzag"``; equal to ``cu_seqlens`` otherwise); each rank holds ``[-1] / cp`` slots,
     - ``step`` (training step), ``slot`` (index among this rank's sequences of the step), ``sequence``
       (global index in the build): Python ints.
+
+    Treat items as read-only: with ``cp_size == 1`` the tensors are views of arrays shared by a chunk of
+    items (reused once none of them is referenced) and ``indices`` is one tensor shared by all items.
 
     Deterministic for the same build, seed, window and world. ``state_dict()`` after n items (iterated in
     this process) and ``load_state_dict()`` on a fresh dataset continue with item n+1; with DataLoader
@@ -67,6 +74,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         seed: int = 0,
         *,
         window: int = 1,
+        period: int = 0,
+        chunk: int | None = None,
         cp_split: str = "zigzag",
         cache_dir: str | Path | None = None,
         cache_bytes: int = 8 << 30,
@@ -89,9 +98,13 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             raise ValueError(f"sequence length {self.seq_len} is not divisible by 2·cp_size {2 * cp_size}")
         split(np.array([2 * cp_size]), cp_size, 0, cp_split)  # validates the name early
         self.seed, self.window, self.cp_split = seed, window, cp_split
-        self.schedule = Schedule(self.shards, window=window, seed=seed)
+        self.period = period
+        self.schedule = Schedule(self.shards, window=window, seed=seed, period=period)
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
         self._step, self._consumed = 0, 0  # position: next item to yield
+        # items built together: ~2 MiB per array (cache-sized), at most 64 items
+        self.chunk = max(1, chunk if chunk is not None else min(64, (2 << 20) // (8 * self.seq_len)))
+        self._chunks = ChunkBuilder(self.shards)
 
     # compatibility with the skeleton's attribute names
     dp_rank = property(lambda self: self.world.dp_rank)
@@ -122,14 +135,22 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         stride, offset = (1, 0) if info is None else (info.num_workers, info.id)
-        for k, (t, slot, i) in enumerate(self.plan()):
-            if k % stride != offset:
-                continue
-            item = self.item(i)
-            item.update(step=t, slot=slot)
-            if info is None:
-                self._advance(t, slot)
-            yield item
+        mine = (p for k, p in enumerate(self.plan()) if k % stride == offset)
+        while chunk := list(itertools.islice(mine, self.chunk)):
+            # items are built a chunk at a time (one numpy call per array for all of them, not per item)
+            # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
+            whole = self.cp_size == 1 and type(self.shards) is ShardSet
+            built = self.items([i for _, _, i in chunk]) if whole else (self.item(i) for *_, i in chunk)
+            for (t, slot, _), item in zip(chunk, built, strict=True):
+                item.update(step=t, slot=slot)
+                if info is None:
+                    self._advance(t, slot)
+                yield item
+
+    def items(self, seqs: list[int]) -> list[dict[str, Any]]:
+        """Global sequences ``seqs`` as whole-sequence items (``cp_size == 1``), identical to :meth:`item`'s
+        (built together by :class:`loaders.chunk.ChunkBuilder`)."""
+        return self._chunks.build(seqs)
 
     def item(self, i: int) -> dict[str, Any]:
         """Global sequence ``i`` cut for this CP rank (without ``step``/``slot``)."""
@@ -190,6 +211,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             build_id=self.build_id,
             seed=self.seed,
             window=self.window,
+            period=self.period,
             step=self._step,
             consumed=self._consumed,
             dp_rank=self.dp_rank,
@@ -201,7 +223,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         """Continue at the next unseen sequence of ``state``; raises :class:`~loaders.state.StateError` for
         a state of another build or plan, or one saved inside a step under another DP layout."""
         s = LoaderState.from_dict(state)
-        s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size)
+        s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size, self.period)
         self._step, self._consumed = s.step, s.consumed
 
 

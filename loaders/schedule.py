@@ -3,10 +3,11 @@
 World-independent where it can be: with ``window == 1`` training step ``t`` is exactly the build's step
 ``t``; with ``window == W > 1`` the steps of each phase are cut into windows of ``W`` steps (the last one
 of a phase may be shorter; a window never crosses a phase) whose sequences are regrouped by cost
-(:func:`loaders.balance.regroup_window`), which does not depend on the world: training steps stay the
-same across an elastic resume. Within a step, sequences go to DP ranks by
+(:func:`loaders.balance.regroup_window`; ``period`` > 0 selects its per-block cost template, which
+keeps ``mixture_error`` per window of ``period`` steps near the build's), which does not depend on the
+world: training steps stay the same across an elastic resume. Within a step, sequences go to DP ranks by
 :func:`loaders.balance.assign_ranks`; the seed permutes which rank takes which bin and the order of a
-rank's sequences. Deterministic for the same build, seed, window and world.
+rank's sequences. Deterministic for the same build, seed, window, period and world.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ __all__ = ["Schedule"]
 class Schedule:
     """Plans steps of a :class:`~mixing.shards.ShardSet` lazily, one window at a time (cached)."""
 
-    def __init__(self, shards: ShardSet, window: int = 1, seed: int = 0) -> None:
+    def __init__(self, shards: ShardSet, window: int = 1, seed: int = 0, period: int = 0) -> None:
         if window < 1:
             raise ValueError(f"window must be ≥ 1 step, got {window}")
+        if period < 0:
+            raise ValueError(f"period must be ≥ 0 steps, got {period}")
+        self.period = period
         m = shards.manifest
         self.shards, self.window, self.seed = shards, window, seed
         self.global_batch = int(m["global_batch"])
@@ -73,7 +77,7 @@ class Schedule:
         if b - a == 1 or self.window == 1:
             return seqs.reshape(b - a, self.global_batch)
         _, costs, src = self._facts(w)
-        new_step = regroup_window(costs, src, b - a)
+        new_step = regroup_window(costs, src, b - a, period=self.period)
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
 

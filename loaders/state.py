@@ -37,6 +37,7 @@ class LoaderState:
     dp_size: int
     cp_size: int
     version: int = STATE_VERSION
+    period: int = 0  # regrouping template (0: none); states saved before it existed had none
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,20 +48,22 @@ class LoaderState:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise StateError(f"loader state version {found!r}; this loader reads version {STATE_VERSION}")
         try:
-            return cls(**{k: state[k] for k in cls.__dataclass_fields__})
+            fields = cls.__dataclass_fields__
+            return cls(**{k: state[k] if k != "period" else state.get(k, 0) for k in fields})
         except KeyError as e:
             raise StateError(f"loader state lacks field {e.args[0]!r}") from None
 
-    def check(self, build_id: str, seed: int, window: int, dp_rank: int, dp_size: int) -> None:
+    def check(self, build_id: str, seed: int, window: int, dp_rank: int, dp_size: int, period: int = 0) -> None:
         """Raise :class:`StateError` unless this state can resume on that build, plan and DP layout."""
         if self.build_id != build_id:
             raise StateError(
                 f"this state comes from another build (build_id {self.build_id[:12]}…, this build is "
                 f"{build_id[:12]}…); resume with the build the run started on"
             )
-        if (self.seed, self.window) != (seed, window):
+        if (self.seed, self.window, self.period) != (seed, window, period):
             raise StateError(
-                f"state was saved with seed {self.seed}, window {self.window}; this loader has {seed}, {window}"
+                f"state was saved with seed {self.seed}, window {self.window}, period {self.period}; "
+                f"this loader has {seed}, {window}, {period}"
             )
         if self.consumed and (self.dp_rank, self.dp_size) != (dp_rank, dp_size):
             raise StateError(

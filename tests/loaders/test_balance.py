@@ -71,3 +71,34 @@ def test_regroup_order_tracks_the_mixture() -> None:
     new = regroup_window(costs, src, 4)
     heavy_steps = sorted(set(new[costs == 10.0].tolist()))
     assert heavy_steps in ([0, 2], [1, 3])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(2, 6), st.integers(1, 5), st.integers(0, 2**31 - 1))
+def test_period_template_repeats_in_every_block(blocks: int, period: int, size: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    steps = blocks * period
+    costs = rng.pareto(1.0, steps * size)
+    new = regroup_window(costs, np.ones((len(costs), 1)), steps, band=0.0, period=period)
+    assert np.bincount(new, minlength=steps).tolist() == [size] * steps
+    lo = np.array([costs[new == s].min() for s in range(steps)]).reshape(blocks, period)
+    hi = np.array([costs[new == s].max() for s in range(steps)]).reshape(blocks, period)
+    # heaviest first inside a block, and position p of any block is at least as heavy as position p+1 of any
+    assert (lo[:, :-1] >= hi[:, 1:].max(axis=0)).all()
+
+
+def test_period_template_keeps_every_window_on_the_mixture() -> None:
+    # 40% heavy (source 1) in every build step; three windows regrouped independently, as the schedule does
+    period = 10  # five sequences per step
+    base = np.array([10.0] * 2 + [1.0] * 3)
+    stream = []
+    for w in range(3):
+        costs = np.tile(np.roll(base, w), period)
+        src = np.stack([costs == 1.0, costs == 10.0], axis=1).astype(float)
+        new = regroup_window(costs, src, period, period=period)
+        stream += [src[new == s].sum(axis=0) for s in range(period)]
+    per = np.array(stream)
+    assert {tuple(per[s]) for s in range(len(per))} == {(5.0, 0.0), (0.0, 5.0)}  # steps of one source only
+    for a in range(len(per) - period + 1):
+        share = per[a : a + period].sum(axis=0) / per[a : a + period].sum()
+        assert share[1] == 0.4

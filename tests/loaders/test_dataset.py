@@ -92,10 +92,15 @@ def test_dp_ranks_partition_every_step(tiny_build: Path, window: int) -> None:
         assert all(phase[t] == phase[int(full.steps[s])] for t, v in per_step.items() for s in v)
 
 
-@pytest.mark.parametrize(("stop", "window", "cp"), [(0, 1, 1), (1, 1, 2), (5, 3, 1), (9, 3, 2), (15, 1, 1)])
-def test_resume_gives_exactly_the_uninterrupted_stream(tiny_build: Path, stop: int, window: int, cp: int) -> None:
+@pytest.mark.parametrize(
+    ("stop", "window", "cp", "period"),
+    [(0, 1, 1, 0), (1, 1, 2, 0), (5, 3, 1, 0), (9, 3, 2, 0), (15, 1, 1, 0), (7, 2, 1, 1)],
+)
+def test_resume_gives_exactly_the_uninterrupted_stream(
+    tiny_build: Path, stop: int, window: int, cp: int, period: int
+) -> None:
     def make() -> PackedDataset:
-        return PackedDataset(tiny_build, 1, 2, cp - 1, cp, seed=11, window=window)
+        return PackedDataset(tiny_build, 1, 2, cp - 1, cp, seed=11, window=window, period=period)
 
     reference = items(make())
     first = make()
@@ -167,6 +172,10 @@ def test_refuses_states_it_cannot_resume(tiny_build: Path, tmp_path: Path) -> No
         PackedDataset(other, 0, 2).load_state_dict(state)
     with pytest.raises(StateError, match="seed"):
         PackedDataset(tiny_build, 0, 2, seed=1).load_state_dict(state)
+    with pytest.raises(StateError, match="period"):
+        PackedDataset(tiny_build, 0, 2, period=2).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "period"}  # saved before the period option existed
+    PackedDataset(tiny_build, 0, 2).load_state_dict(older)
     with pytest.raises(StateError, match="version"):
         PackedDataset(tiny_build, 0, 2).load_state_dict({"next": 3})
 
@@ -218,3 +227,29 @@ def test_resume_at_random_points_with_and_without_workers(tiny_build: Path) -> N
         resumed.load_state_dict(loader.state_dict())
         tail = items(resumed)
         assert all(same(a, b) for a, b in zip(head + tail, reference, strict=True)), (dp, cp, kw, stop)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_chunked_items_equal_single_items(tiny_build: Path, chunk: int) -> None:
+    # the chunked fast path (cp_size 1) builds exactly what item() builds, padding included
+    ds = PackedDataset(tiny_build, 0, 1, chunk=chunk)
+    order = ds.rank_sequences().tolist()
+    got = items(ds)
+    assert [g["sequence"] for g in got] == order
+    padded = 0
+    for g in got:
+        want = ds.item(g["sequence"])
+        padded += int((want["labels"] == IGNORE_INDEX).sum()) > len(want["cu_seqlens"]) - 1
+        want.update(step=g["step"], slot=g["slot"])
+        assert same(g, want)
+    assert padded  # the tiny build has sequences ending in padding
+
+
+def test_reused_arrays_never_change_an_item_still_held(tiny_build: Path) -> None:
+    # chunks reuse their arrays once no item of theirs is alive: the tensors a consumer keeps must stay intact
+    ds = PackedDataset(tiny_build, 0, 1, chunk=2)
+    kept = [(g["sequence"], g["labels"], g["position_ids"][3:]) for k, g in enumerate(ds) if k % 3 == 0]
+    assert len(ds._chunks._pool) <= 4
+    for i, labels, pos in kept:
+        want = ds.item(i)
+        assert torch.equal(labels, want["labels"]) and torch.equal(pos, want["position_ids"][3:])
