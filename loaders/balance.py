@@ -65,7 +65,7 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
         ranks[i] = r
         loads[r] += costs[i]
         counts[r] += 1
-    members = [list(np.flatnonzero(ranks == r)) for r in range(dp_size)]
+    members = [np.flatnonzero(ranks == r).tolist() for r in range(dp_size)]
     for _ in range(max_swap_rounds):
         hi = int(np.argmax(loads))
         table = np.array(members)  # [dp, per] sequence indices
@@ -75,7 +75,7 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
         new_max = np.maximum(loads[hi] - d, loads[:, None, None] + d)
         gain = loads[hi] - new_max
         gain[hi] = -np.inf
-        r, a, b = np.unravel_index(int(np.argmax(gain)), gain.shape)
+        r, a, b = (int(x) for x in np.unravel_index(int(np.argmax(gain)), gain.shape))
         if gain[r, a, b] <= 1e-9 * loads[hi]:
             break
         i, j = int(table[hi, a]), int(table[r, b])
@@ -115,17 +115,17 @@ def regroup_window(
     if period > 0:
         m = max(1, steps // period)
         run = np.arange(steps)
-        slot = np.argsort(np.argsort((run % m) * steps + run // m, kind="stable"), kind="stable")
-        return slot[group]
+        slot_of_run = np.argsort(np.argsort((run % m) * steps + run // m, kind="stable"), kind="stable")
+        return slot_of_run[group]
     src = np.asarray(source_tokens, dtype=np.float64)
     target = np.cumsum(src.reshape(steps, size, -1).sum(axis=1), axis=0)  # [steps, sources]
-    per_group = np.stack([src[group == g].sum(axis=0) for g in range(steps)])
+    per_group = np.stack([src[group == k].sum(axis=0) for k in range(steps)])
     placed = np.empty(steps, dtype=np.int64)
     left = list(range(steps))
     running = np.zeros(src.shape[1])
     for slot in range(steps):
-        errs = [np.abs(running + per_group[g] - target[slot]).max() for g in left]
-        g = left.pop(int(np.argmin(errs)))
-        placed[g] = slot
-        running += per_group[g]
+        errs = [np.abs(running + per_group[k] - target[slot]).max() for k in left]
+        best = left.pop(int(np.argmin(errs)))
+        placed[best] = slot
+        running += per_group[best]
     return placed[group]

@@ -62,8 +62,8 @@ class ChunkBuilder:
         np.cumsum(seg, out=cu[1:])
         labels[:, :-1] = tokens[:, 1:]
         labels.reshape(-1)[cu[1:] - 1] = IGNORE_INDEX  # the last token of each document predicts nothing
-        for k in np.flatnonzero(used < S):
-            labels[k, used[k] :] = IGNORE_INDEX
+        for row in np.flatnonzero(used < S).tolist():
+            labels[row, used[row] :] = IGNORE_INDEX
         positions.fill(1)
         positions[cu[1:-1]] = 1 - seg[:-1]  # the running count restarts at 0 at every segment start
         positions[0] = 0

@@ -25,6 +25,7 @@ from pipelines.resources import storage_resource
 
 __all__ = ["build_mix", "progress_display", "reuse_previous"]
 
+
 def build_mix(
     mix: Mix, out: Path, say: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None
 ) -> None:

@@ -170,6 +170,8 @@ def export_megatron(
     out.print(
         f"{r['prefix']}.bin/.idx: {r['sequences']:,} sequences, {r['documents']:,} documents, {r['tokens']:,} tokens"
     )
+
+
 @app.command("plan")
 def plan_cmd(
     mix: Path,
