@@ -83,7 +83,13 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         deps=[key("source_index"), key("tokenizer")],
         kinds={"parquet"},
         description="Tokenized documents of one source; malformed records are quarantined.",
-        check_specs=[dg.AssetCheckSpec("docs_accounted", asset=key("documents"))],
+        check_specs=[
+            dg.AssetCheckSpec(
+                "docs_accounted",
+                asset=key("documents"),
+                description="Every record read is kept or quarantined: docs_seen = docs_kept + docs_quarantined.",
+            )
+        ],
     )
     def documents(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
@@ -143,9 +149,21 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         kinds={"duckdb"},
         description="Per-step token quotas per source and the documents each step draws.",
         check_specs=[
-            dg.AssetCheckSpec("mixture_error", asset=key("plan")),
-            dg.AssetCheckSpec("planned_documents_exist", asset=key("plan")),
-            dg.AssetCheckSpec("token_budget_per_phase", asset=key("plan")),
+            dg.AssetCheckSpec(
+                "mixture_error",
+                asset=key("plan"),
+                description="Planned token shares vs the curriculum: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
+            ),
+            dg.AssetCheckSpec(
+                "planned_documents_exist",
+                asset=key("plan"),
+                description="Every planned document piece exists; none is drawn twice in an epoch of its source.",
+            ),
+            dg.AssetCheckSpec(
+                "token_budget_per_phase",
+                asset=key("plan"),
+                description="Each phase draws the tokens its steps need.",
+            ),
         ],
     )
     def plan(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
@@ -201,10 +219,26 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         kinds={"numpy"},
         description="Packed fixed-length sequences with document boundaries, as checksummed shards.",
         check_specs=[
-            dg.AssetCheckSpec("packing_efficiency", asset=key("packed_shards")),
-            dg.AssetCheckSpec("truncated_docs", asset=key("packed_shards")),
-            dg.AssetCheckSpec("manifest_checksums", asset=key("packed_shards")),
-            dg.AssetCheckSpec("mixture_error", asset=key("packed_shards")),
+            dg.AssetCheckSpec(
+                "packing_efficiency",
+                asset=key("packed_shards"),
+                description="Real tokens ÷ (sequences × S) ≥ 0.995 (WARN).",
+            ),
+            dg.AssetCheckSpec(
+                "truncated_docs",
+                asset=key("packed_shards"),
+                description="No document of length ≤ S is split across sequences.",
+            ),
+            dg.AssetCheckSpec(
+                "manifest_checksums",
+                asset=key("packed_shards"),
+                description="Every shard file's size and sha256 match the manifest.",
+            ),
+            dg.AssetCheckSpec(
+                "mixture_error",
+                asset=key("packed_shards"),
+                description="Realized shares in the shards: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
+            ),
         ],
     )
     def packed_shards(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
