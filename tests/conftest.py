@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -67,3 +72,36 @@ def demo_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = base / "build"
     subprocess.run([*weir, "build", str(base / "demo.yaml"), "--out", str(out)], check=True, cwd=ROOT)
     return out
+
+
+MOTO_SERVER = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+
+
+@contextmanager
+def moto_endpoint() -> Iterator[str]:
+    """A real local S3 endpoint: ``moto_server`` on a free 127.0.0.1 port, stopped by its own pid on exit.
+
+    Skips the calling test with a clear reason when ``moto_server`` is not installed. Yields the endpoint URL.
+    """
+    if MOTO_SERVER is None:
+        pytest.skip("moto_server is not installed (pip install 'moto[server]', in the dev extras)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen(
+        [MOTO_SERVER, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail("moto_server did not start within 30 s")
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -2,55 +2,31 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from loaders import PackedDataset, PackedLoader
-from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
-
-MOTO = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+from tests.conftest import ROOT, TINY_MIX, moto_endpoint, write_tiny_sources
 
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict]:
-    if MOTO is None:
-        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
     s3fs = pytest.importorskip("s3fs")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    opts = {
-        "key": "test",
-        "secret": "test",
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
-    }
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        boto3 = pytest.importorskip("boto3")
-        endpoint = opts["client_kwargs"]["endpoint_url"]
+    boto3 = pytest.importorskip("boto3")
+    with moto_endpoint() as endpoint:
+        opts = {
+            "key": "test",
+            "secret": "test",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
         boto3.client(
             "s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
         ).create_bucket(Bucket="weir-test")
-        fs = s3fs.S3FileSystem(**opts)
-        yield {"fs": fs, "opts": opts}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        yield {"fs": s3fs.S3FileSystem(**opts), "opts": opts}
 
 
 @pytest.fixture(scope="module")

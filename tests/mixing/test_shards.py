@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +20,7 @@ from mixing.packed import inspect_build, write_packed
 from mixing.packing import pack_plan
 from mixing.shards import FORMAT_VERSION, ShardError, ShardSet, token_dtype, write_shards
 from mixing.tokenizer import load_tokenizer
-from tests.conftest import ROOT
+from tests.conftest import ROOT, moto_endpoint
 from tests.mixing.test_packing import _build
 
 
@@ -126,36 +123,10 @@ def test_sigkill_while_writing_leaves_nothing_trusted_and_a_rerun_completes(
     )
 
 
-def _moto_server() -> str | None:
-    local = Path(sys.executable).parent / "moto_server"
-    return str(local) if local.exists() else shutil.which("moto_server")
-
-
 @pytest.fixture
 def s3_endpoint() -> Iterator[str]:
-    exe = _moto_server()
-    if exe is None:
-        pytest.skip("moto_server is not installed (pip install 'moto[server]', in the dev extras)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("moto_server did not start within 30 s")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with moto_endpoint() as url:
+        yield url
 
 
 def test_s3_write_read_and_verify(s3_endpoint: str, tmp_path: Path) -> None:

@@ -6,11 +6,6 @@ import gzip
 import io
 import json
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,37 +16,13 @@ import pytest
 from mixing.layout import BuildLayout
 from mixing.mixfile import parse_mix
 from mixing.sources import index_source, read_records
-
-MOTO = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import moto_endpoint
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server on a free port, stopped (by its own pid) at the end."""
-    if not Path(MOTO).exists():
-        pytest.skip("moto_server is not installed (pip install 'moto[server]'); no local S3 endpoint")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with moto_endpoint() as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +9,7 @@ import dagster as dg
 import pytest
 
 from pipelines.definitions import load_definitions
-
-MOTO = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+from tests.conftest import moto_endpoint
 
 MIX = """\
 name: s3mix
@@ -31,40 +25,21 @@ curriculum:
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """An s3fs filesystem on a fresh moto server (stopped by its own pid), with the AWS_* variables set."""
-    if not Path(MOTO).exists():
-        pytest.skip("moto_server is not installed (pip install 'moto[server]'); no local S3 endpoint")
+    """An s3fs filesystem on a fresh moto server, with the AWS_* variables set."""
     import s3fs
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with moto_endpoint() as endpoint:
         env = {
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ENDPOINT_URL": endpoint,
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
         }
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        fs = s3fs.S3FileSystem(
-            endpoint_url=env["AWS_ENDPOINT_URL"], key="testing", secret="testing", skip_instance_cache=True
-        )
+        fs = s3fs.S3FileSystem(endpoint_url=endpoint, key="testing", secret="testing", skip_instance_cache=True)
         fs.mkdir("corpus")
         yield fs
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_sensor_sees_a_new_s3_object_exactly_once(s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
