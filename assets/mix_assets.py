@@ -39,6 +39,22 @@ def _s3(mix: Mix, storage: WeirStorage) -> dict[str, object] | None:
     return storage.storage_options() if remote else None
 
 
+def _check_specs(asset: dg.AssetKey, described: dict[str, str]) -> list[dg.AssetCheckSpec]:
+    """One check spec per ``name: description`` on ``asset``."""
+    return [dg.AssetCheckSpec(name, asset=asset, description=text) for name, text in described.items()]
+
+
+def _mixture_check(window: float, phase: float, what: str) -> dg.AssetCheckResult:
+    """The ``mixture_error`` check (WARN) against DESIGN.md's goals, with both figures in its one line."""
+    return dg.AssetCheckResult(
+        check_name="mixture_error",
+        passed=window <= GOAL_WINDOW and phase <= GOAL_PHASE,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=f"{what}: window {window:.4f} (goal ≤ {GOAL_WINDOW}), phase {phase:.4f} (goal ≤ {GOAL_PHASE})",
+        metadata={"window": window, "phase": phase},
+    )
+
+
 def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
     """The six assets of ``mix`` (keys ``[mix.name, stage]`` for stage in :data:`STAGES`)."""
     group = mix.name
@@ -83,13 +99,12 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         deps=[key("source_index"), key("tokenizer")],
         kinds={"parquet"},
         description="Tokenized documents of one source; malformed records are quarantined.",
-        check_specs=[
-            dg.AssetCheckSpec(
-                "docs_accounted",
-                asset=key("documents"),
-                description="Every record read is kept or quarantined: docs_seen = docs_kept + docs_quarantined.",
-            )
-        ],
+        check_specs=_check_specs(
+            key("documents"),
+            {
+                "docs_accounted": "Every record read is kept or quarantined: docs_seen = docs_kept + docs_quarantined.",
+            },
+        ),
     )
     def documents(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
@@ -148,23 +163,14 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         deps=[key("length_stats")],
         kinds={"duckdb"},
         description="Per-step token quotas per source and the documents each step draws.",
-        check_specs=[
-            dg.AssetCheckSpec(
-                "mixture_error",
-                asset=key("plan"),
-                description="Planned token shares vs the curriculum: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
-            ),
-            dg.AssetCheckSpec(
-                "planned_documents_exist",
-                asset=key("plan"),
-                description="Every planned document piece exists; none is drawn twice in an epoch of its source.",
-            ),
-            dg.AssetCheckSpec(
-                "token_budget_per_phase",
-                asset=key("plan"),
-                description="Each phase draws the tokens its steps need.",
-            ),
-        ],
+        check_specs=_check_specs(
+            key("plan"),
+            {
+                "mixture_error": "Planned shares vs the curriculum: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
+                "planned_documents_exist": "Every planned piece exists; none is drawn twice in an epoch of its source.",
+                "token_budget_per_phase": "Each phase draws the tokens its steps need.",
+            },
+        ),
     )
     def plan(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
@@ -185,15 +191,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 **stages.fingerprints(mix, layout),
             },
             check_results=[
-                dg.AssetCheckResult(
-                    check_name="mixture_error",
-                    passed=me.ok,
-                    severity=dg.AssetCheckSeverity.WARN,
-                    description=(
-                        f"window {me.window:.4f} (goal ≤ {GOAL_WINDOW}), phase {me.phase:.4f} (goal ≤ {GOAL_PHASE})"
-                    ),
-                    metadata={"window": me.window, "phase": me.phase},
-                ),
+                _mixture_check(me.window, me.phase, "planned"),
                 dg.AssetCheckResult(
                     check_name="planned_documents_exist",
                     passed=audit.missing_units == 0 and audit.duplicate_units == 0,
@@ -218,28 +216,15 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         deps=[key("plan")],
         kinds={"numpy"},
         description="Packed fixed-length sequences with document boundaries, as checksummed shards.",
-        check_specs=[
-            dg.AssetCheckSpec(
-                "packing_efficiency",
-                asset=key("packed_shards"),
-                description="Real tokens ÷ (sequences × S) ≥ 0.995 (WARN).",
-            ),
-            dg.AssetCheckSpec(
-                "truncated_docs",
-                asset=key("packed_shards"),
-                description="No document of length ≤ S is split across sequences.",
-            ),
-            dg.AssetCheckSpec(
-                "manifest_checksums",
-                asset=key("packed_shards"),
-                description="Every shard file's size and sha256 match the manifest.",
-            ),
-            dg.AssetCheckSpec(
-                "mixture_error",
-                asset=key("packed_shards"),
-                description="Realized shares in the shards: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
-            ),
-        ],
+        check_specs=_check_specs(
+            key("packed_shards"),
+            {
+                "packing_efficiency": "Real tokens ÷ (sequences × S) ≥ 0.995 (WARN).",
+                "truncated_docs": "No document of length ≤ S is split across sequences.",
+                "manifest_checksums": "Every shard file's size and sha256 match the manifest.",
+                "mixture_error": "Realized shares in the shards: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
+            },
+        ),
     )
     def packed_shards(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
@@ -276,14 +261,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                     passed=not bad,
                     description="all shard checksums match" if not bad else f"corrupt: {', '.join(bad)}",
                 ),
-                dg.AssetCheckResult(
-                    check_name="mixture_error",
-                    passed=me["ok"],
-                    severity=dg.AssetCheckSeverity.WARN,
-                    description=f"realized after packing: window {me['window']:.4f} (goal ≤ {GOAL_WINDOW}), "
-                    f"phase {me['phase']:.4f} (goal ≤ {GOAL_PHASE})",
-                    metadata={"window": me["window"], "phase": me["phase"]},
-                ),
+                _mixture_check(me["window"], me["phase"], "realized after packing"),
             ],
         )
 
