@@ -25,23 +25,29 @@ the whole run. Cost of a document: l² + 49152·l.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
+# library's tokenize for every module imported below, so take this folder off the import path first.
+if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
 import argparse
 import gzip
 import json
 import os
-import sys
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loaders.balance import assign_ranks, dp_imbalance, regroup_window  # noqa: E402
-from loaders.context_parallel import attention_work, split  # noqa: E402
+from loaders.balance import assign_ranks, dp_imbalance, regroup_window
+from loaders.context_parallel import attention_work, split
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}

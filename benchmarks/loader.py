@@ -12,12 +12,18 @@ files are in page cache.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
+# library's tokenize for every module imported below, so take this folder off the import path first.
+if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
 import argparse
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,9 +31,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loaders import PackedDataset  # noqa: E402
-from loaders.balance import assign_ranks, regroup_window  # noqa: E402
-from mixing.shards import ShardSet  # noqa: E402
+from loaders import PackedDataset
+from loaders.balance import assign_ranks, regroup_window
+from mixing.shards import ShardSet
 
 
 def timed(fn, repeat: int, min_s: float = 0.5) -> float:

@@ -9,10 +9,16 @@ in each peer's format under ``argv[2]``, then reads them back as int64 torch ten
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
+
+# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
+# library's tokenize for every module imported below, so take this folder off the import path first.
+if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import json
+import time
 
 import numpy as np
 import torch

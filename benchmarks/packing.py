@@ -18,12 +18,18 @@ Run:  .venv/bin/python benchmarks/packing.py            (about a minute on 2 cor
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
+# library's tokenize for every module imported below, so take this folder off the import path first.
+if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
 import argparse
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -32,13 +38,13 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mixing import stages  # noqa: E402
-from mixing.layout import BuildLayout  # noqa: E402
-from mixing.mixfile import parse_mix  # noqa: E402
-from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, plan_mixture_error  # noqa: E402
-from mixing.packed import inspect_build, write_packed  # noqa: E402
-from mixing.packing import Packing, pack_plan  # noqa: E402
-from mixing.tokenizer import load_tokenizer  # noqa: E402
+from mixing import stages
+from mixing.layout import BuildLayout
+from mixing.mixfile import parse_mix
+from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, plan_mixture_error
+from mixing.packed import inspect_build, write_packed
+from mixing.packing import Packing, pack_plan
+from mixing.tokenizer import load_tokenizer
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 
