@@ -159,7 +159,10 @@ def _csv(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
             parse_options=pcsv.ParseOptions(  # a blank line is a row too (an empty document or a short row)
                 newlines_in_values=True, ignore_empty_lines=False, invalid_row_handler=on_invalid
             ),
-            convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(names, pa.binary())),
+            convert_options=pcsv.ConvertOptions(
+                column_types=dict.fromkeys(names, pa.binary()),
+                include_columns=[c for c in needed_fields(spec) if c in names],  # as parquet: only those read
+            ),
         )
         for batch in reader:
             yield from invalid
@@ -188,6 +191,7 @@ def _csv_rows(path: str, f: IO[bytes], spec: SourceSpec, names: list[str], skip:
     reader = csv.reader(text)
     next(reader, None)  # the header
     row, quarantined = 0, 0
+    wanted = [c for c in needed_fields(spec) if c in names] or names
     for fields in reader:
         if fields and len(fields) != len(names):
             quarantined += 1
@@ -198,7 +202,8 @@ def _csv_rows(path: str, f: IO[bytes], spec: SourceSpec, names: list[str], skip:
         row += 1
         if row > skip[0]:
             rec = dict(zip(names, fields, strict=True)) if fields else dict.fromkeys(names, "")
-            yield _csv_record(path, row, {k: _surrogate_bytes(v) for k, v in rec.items()}, spec)
+            # Only the fields the text reads, as on the fast path: bad bytes elsewhere spoil nothing.
+            yield _csv_record(path, row, {k: _surrogate_bytes(rec[k]) for k in wanted}, spec)
 
 
 def _surrogate_bytes(v: str) -> str | bytes:

@@ -61,7 +61,8 @@ def test_csv_invalid_utf8_row_is_quarantined_alone(tmp_path: Path) -> None:
     rows[3] = b"bad \xff\xfe row"
     rows[700] = b"also \xc3 bad"
     p = tmp_path / "u.csv"
-    p.write_bytes(b"text,n\n" + b"".join(r + b",%d\n" % i for i, r in enumerate(rows)))
+    n = [b"\xff" if i == 900 else b"%d" % i for i in range(1000)]  # row 900: bad bytes in an unread column
+    p.write_bytes(b"text,n\n" + b"".join(r + b"," + k + b"\n" for r, k in zip(rows, n, strict=True)))
     recs = list(read_file(str(p), spec(format="csv")))
     assert [(r.line, r.reason) for r in recs if r.error] == [(4, "invalid UTF-8"), (701, "invalid UTF-8")]
     kept = [r.text for r in recs if r.error is None]
@@ -74,6 +75,7 @@ def test_csv_malformed_row_not_utf8_falls_back_and_keeps_the_rest(tmp_path: Path
     # pyarrow cannot even report this row (its text is not UTF-8): the reader resumes with Python's csv.
     rows = [b'"row %d %s",%d\n' % (i, b"x" * 3000, i) for i in range(800)]
     rows[500] = b'"\xff\xfe",0","1"\n'
+    rows[600] = b'"row 600 %s",\xff\n' % (b"x" * 3000)  # bad bytes in an unread column: kept
     p = tmp_path / "m.csv"
     p.write_bytes(b"text,n\n" + b"".join(rows))
     recs = list(read_file(str(p), spec(format="csv")))
