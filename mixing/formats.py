@@ -1,9 +1,12 @@
 """Streaming readers, one per source format: a file (any fsspec URI) in, :class:`Record` s out, in order.
 
-Memory is bounded by one batch (``spec.batch_rows`` rows of parquet/csv, one line of jsonl, one record of
-at most ``spec.max_record_bytes``), never by the file. Compression (``.gz``, ``.zst``, ``.bz2``, ``.xz``)
-is inferred from the file name. Nothing raises for bad data: a malformed record, or a file that cannot be
-read (from where reading stopped), comes out as a :class:`Record` with ``error`` set.
+Memory is bounded by one batch (``spec.batch_rows`` rows of parquet, a 1 MB block of csv, one line of
+jsonl, one record of at most ``spec.max_record_bytes``), never by the file. Compression (``.gz``, ``.zst``,
+``.bz2``, ``.xz``) is inferred from the file name. Nothing raises for bad data: a malformed record, or a
+file that cannot be read (from where reading stopped), comes out as a :class:`Record` with ``error`` set.
+A csv row that is not UTF-8 is quarantined alone; its neighbours are kept. In text ``separator`` mode every
+piece between two separators is a record (an empty one is quarantined as ``empty document``); a blank tail
+after the last separator is not a piece.
 """
 
 from __future__ import annotations
