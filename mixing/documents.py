@@ -37,6 +37,7 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
+from mixing.formats import READER_VERSION
 from mixing.layout import atomic_path
 from mixing.mixfile import SourceSpec
 from mixing.records import Record
@@ -164,7 +165,7 @@ def _groups(files: pl.DataFrame) -> list[list[dict[str, Any]]]:
 
 
 def _key(group: list[dict[str, Any]], tokenizer: TextTokenizer, spec: SourceSpec) -> str:
-    h = hashlib.sha256(f"{tokenizer.fingerprint}|{spec.render_fingerprint()}".encode())
+    h = hashlib.sha256(f"{tokenizer.fingerprint}|{spec.render_fingerprint()}|r{READER_VERSION}".encode())
     for row in group:
         fp = row.get("fingerprint") or os.urandom(8).hex()  # no fingerprint: never reuse
         h.update(f"|{row['path']}|{fp}".encode())

@@ -1,9 +1,12 @@
 """Streaming readers, one per source format: a file (any fsspec URI) in, :class:`Record` s out, in order.
 
-Memory is bounded by one batch (``spec.batch_rows`` rows of parquet/csv, one line of jsonl, one record of
-at most ``spec.max_record_bytes``), never by the file. Compression (``.gz``, ``.zst``, ``.bz2``, ``.xz``)
-is inferred from the file name. Nothing raises for bad data: a malformed record, or a file that cannot be
-read (from where reading stopped), comes out as a :class:`Record` with ``error`` set.
+Memory is bounded by one batch (``spec.batch_rows`` rows of parquet, a 1 MB block of csv, one line of
+jsonl, one record of at most ``spec.max_record_bytes``), never by the file. Compression (``.gz``, ``.zst``,
+``.bz2``, ``.xz``) is inferred from the file name. Nothing raises for bad data: a malformed record, or a
+file that cannot be read (from where reading stopped), comes out as a :class:`Record` with ``error`` set.
+A csv row that is not UTF-8 is quarantined alone; its neighbours are kept. In text ``separator`` mode every
+piece between two separators is a record (an empty one is quarantined as ``empty document``); a blank tail
+after the last separator is not a piece.
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ import fsspec
 from mixing.mixfile import SourceSpec
 from mixing.records import Malformed, Record, bad, needed_fields, render
 
-__all__ = ["LANGUAGES", "TAR_SUFFIXES", "is_code_file", "read_file"]
+__all__ = ["LANGUAGES", "READER_VERSION", "TAR_SUFFIXES", "is_code_file", "read_file"]
+
+# Bumped whenever the records a reader yields for the same bytes change (part of every chunk key, so a
+# rebuild never reuses chunks read the old way). 2: csv quarantines invalid UTF-8 per row; empty pieces
+# between separators are counted as "empty document"; blank csv lines are rows.
+READER_VERSION = 2
 
 LANGUAGES = {
     ".py": "python", ".pyi": "python", ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".hpp": "cpp",
@@ -143,20 +151,80 @@ def _csv(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
         invalid.append(bad(path, row.number or 0, "invalid CSV row", row.text[:80], row.text))
         return "skip"
 
-    reader = pcsv.open_csv(
-        f,
-        read_options=pcsv.ReadOptions(block_size=1 << 20, use_threads=False),
-        parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=on_invalid),
-        convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())),
-    )
-    row = 0
-    for batch in reader:
-        yield from invalid
-        invalid.clear()
-        for rec in batch.to_pylist():
-            row += 1
-            yield _record(path, row, rec, spec)
+    # Columns are read as binary: a string column would make pyarrow reject a whole block for one row
+    # of invalid UTF-8 (and the reader cannot go on after it). Each batch is then validated at once by a
+    # cast, and only a batch that fails is decoded row by row, so a bad row is quarantined alone.
+    row = quarantined = 0
+    try:
+        reader = pcsv.open_csv(
+            f,
+            read_options=pcsv.ReadOptions(block_size=1 << 20, use_threads=False),
+            parse_options=pcsv.ParseOptions(  # a blank line is a row too (an empty document or a short row)
+                newlines_in_values=True, ignore_empty_lines=False, invalid_row_handler=on_invalid
+            ),
+            convert_options=pcsv.ConvertOptions(
+                column_types=dict.fromkeys(names, pa.binary()),
+                include_columns=[c for c in needed_fields(spec) if c in names],  # as parquet: only those read
+            ),
+        )
+        for batch in reader:
+            yield from invalid
+            quarantined += len(invalid)
+            invalid.clear()
+            try:
+                rows = batch.cast(pa.schema([(n, pa.string()) for n in batch.schema.names])).to_pylist()
+            except pa.ArrowInvalid:  # some row of this batch is not UTF-8
+                rows = batch.to_pylist()
+            for rec in rows:
+                row += 1
+                yield _csv_record(path, row, rec, spec)
+    except pa.ArrowInvalid:  # pyarrow cannot go on (a malformed row that is not UTF-8 either)
+        f.seek(0)
+        yield from _csv_rows(path, f, spec, names, skip=(row, quarantined))
+        return
     yield from invalid
+
+
+def _csv_rows(path: str, f: IO[bytes], spec: SourceSpec, names: list[str], skip: tuple[int, int]) -> Iterator[Record]:
+    """The slow path: Python's csv reader, one row at a time, after the ``skip`` (rows, malformed rows)
+    pyarrow already yielded. Bytes that are not UTF-8 survive as surrogates and mark their row."""
+    # A field may be as large as a record can be; the limit is process-wide, so it only ever grows.
+    csv.field_size_limit(max(csv.field_size_limit(), spec.max_record_bytes + 1))
+    text = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape", newline="")
+    reader = csv.reader(text)
+    next(reader, None)  # the header
+    row, quarantined = 0, 0
+    wanted = [c for c in needed_fields(spec) if c in names] or names
+    for fields in reader:
+        if fields and len(fields) != len(names):
+            quarantined += 1
+            if quarantined > skip[1]:
+                raw = ",".join(fields).encode("utf-8", "surrogateescape")
+                yield bad(path, reader.line_num, "invalid CSV row", raw[:80].decode("utf-8", "replace"), raw)
+            continue
+        row += 1
+        if row > skip[0]:
+            rec = dict(zip(names, fields, strict=True)) if fields else dict.fromkeys(names, "")
+            # Only the fields the text reads, as on the fast path: bad bytes elsewhere spoil nothing.
+            yield _csv_record(path, row, {k: _surrogate_bytes(rec[k]) for k in wanted}, spec)
+
+
+def _surrogate_bytes(v: str) -> str | bytes:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return v.encode("utf-8", "surrogateescape")  # decoded again (and quarantined) by _csv_record
+    return v
+
+
+def _csv_record(path: str, row: int, rec: dict[str, Any], spec: SourceSpec) -> Record:
+    for k, v in rec.items():
+        if isinstance(v, bytes):  # only in a batch that failed to validate as UTF-8
+            try:
+                rec[k] = v.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return bad(path, row, "invalid UTF-8", f"column {k!r}, byte {e.start}", v)
+    return _record(path, row, rec, spec)
 
 
 def _text(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
@@ -175,11 +243,14 @@ def _text(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
         chunk = f.read(1 << 20)
         parts = (buf + chunk).split(sep)
         buf = parts.pop() if chunk else b""  # at the end of the file the last part is a piece too
-        for raw in parts:
+        last = len(parts) - 1 if not chunk else -1
+        for i, raw in enumerate(parts):
             piece += 1
             if skipping:  # the tail of a piece already counted as too large
                 skipping = False
-            elif raw.strip():  # nothing between two separators is not a document
+            elif i == last and not raw.strip():
+                piece -= 1  # what follows the last separator is no piece when blank: it ended the file
+            else:  # an empty piece between two separators is counted (quarantined), never skipped
                 text = _decode(path, piece, raw)
                 yield text if isinstance(text, Record) else _checked(path, piece, text, spec)
         if len(buf) > limit:

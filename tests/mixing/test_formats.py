@@ -55,12 +55,48 @@ def test_csv_rows_and_invalid_row(tmp_path: Path) -> None:
     assert [r.reason for r in recs if r.error] == ["invalid CSV row"]
 
 
+def test_csv_invalid_utf8_row_is_quarantined_alone(tmp_path: Path) -> None:
+    # Rows across several pyarrow blocks (1 MB each): the bad rows' blocks are decoded row by row.
+    rows = [f"row {i} ".encode() + b"x" * 3000 for i in range(1000)]
+    rows[3] = b"bad \xff\xfe row"
+    rows[700] = b"also \xc3 bad"
+    p = tmp_path / "u.csv"
+    n = [b"\xff" if i == 900 else b"%d" % i for i in range(1000)]  # row 900: bad bytes in an unread column
+    p.write_bytes(b"text,n\n" + b"".join(r + b"," + k + b"\n" for r, k in zip(rows, n, strict=True)))
+    recs = list(read_file(str(p), spec(format="csv")))
+    assert [(r.line, r.reason) for r in recs if r.error] == [(4, "invalid UTF-8"), (701, "invalid UTF-8")]
+    kept = [r.text for r in recs if r.error is None]
+    assert kept == [r.decode() for i, r in enumerate(rows) if i not in (3, 700)]
+    assert [r.line for r in recs] == list(range(1, 1001))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # pyarrow's row handler
+def test_csv_malformed_row_not_utf8_falls_back_and_keeps_the_rest(tmp_path: Path) -> None:
+    # pyarrow cannot even report this row (its text is not UTF-8): the reader resumes with Python's csv.
+    rows = [b'"row %d %s",%d\n' % (i, b"x" * 3000, i) for i in range(800)]
+    rows[500] = b'"\xff\xfe",0","1"\n'
+    rows[600] = b'"row 600 %s",\xff\n' % (b"x" * 3000)  # bad bytes in an unread column: kept
+    p = tmp_path / "m.csv"
+    p.write_bytes(b"text,n\n" + b"".join(rows))
+    recs = list(read_file(str(p), spec(format="csv")))
+    assert [r.reason for r in recs if r.error] == ["invalid CSV row"]
+    assert [r.text for r in recs if r.error is None] == [f"row {i} " + "x" * 3000 for i in range(800) if i != 500]
+
+
 def test_text_whole_file_and_separator(tmp_path: Path) -> None:
     p = tmp_path / "t.txt"
     p.write_text("one\n\ntwo\n\n\n\nthree\n")
     assert [r.text for r in read_file(str(p), spec())] == ["one\n\ntwo\n\n\n\nthree\n"]
     recs = list(read_file(str(p), spec(separator="\n\n")))
-    assert [(r.line, r.text) for r in recs] == [(1, "one"), (2, "two"), (4, "three\n")]
+    assert [(r.line, r.text, r.reason) for r in recs] == [
+        (1, "one", None),
+        (2, "two", None),
+        (3, None, "empty document"),  # between two separators: counted, not skipped
+        (4, "three\n", None),
+    ]
+    p.write_text("one\n\n\n\ntwo\n\n")  # a blank tail after the last separator ends the file: no piece
+    recs = list(read_file(str(p), spec(separator="\n\n")))
+    assert [(r.line, r.reason) for r in recs] == [(1, None), (2, "empty document"), (3, None)]
 
 
 def test_text_separator_across_read_chunks(tmp_path: Path) -> None:
