@@ -46,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loaders.balance import assign_ranks, dp_imbalance, regroup_window
+from loaders.balance import assign_ranks, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
@@ -203,11 +203,12 @@ def mixture_error(steps: list[list[list[tuple[int, int]]]], window: int = 10, en
 def regrouped_steps(packed: list[Step], batch: int, window: int, period: int) -> list[list[list[tuple[int, int]]]]:
     """The training steps after regrouping windows of ``window`` steps as ``loaders.schedule`` does."""
     out: list[list[list[tuple[int, int]]]] = []
-    for a in range(0, len(packed), window):
-        flat = [s for st in packed[a : a + window] for s in st.seqs]
+    starts = regroup_bounds(0, len(packed), window, period)  # the run is one phase
+    for a, b in zip(starts, [*starts[1:], len(packed)], strict=True):
+        flat = [s for st in packed[a:b] for s in st.seqs]
         n = len(flat) // batch
         costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
-        new = regroup_window(costs, src, n, period=period)
+        new = regroup_window(costs, src, n, period=period, tail=len(packed) % period if period else 0)
         out += [[flat[i] for i in np.flatnonzero(new == g)] for g in range(n)]
     return out
 

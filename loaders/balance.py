@@ -15,8 +15,15 @@ Pure numpy, deterministic; only :func:`assign_ranks` depends on the world size. 
    template per block of ``P`` steps, heaviest first: any ``P`` consecutive steps of a phase then hold
    each template position once, so every window of ``P`` steps has the build's mixture up to the
    difference between neighbouring blocks. This trades a little balance (one block of ``P`` steps,
-   ``P × global_batch`` sequences, is sorted) for a ``mixture_error`` per window near the build's own;
-   only windows reaching into a phase's last partial block (``steps mod P``) miss it.
+   ``P × global_batch`` sequences, is sorted) for a ``mixture_error`` per window near the build's own.
+   A phase's last partial block of ``r = steps mod P`` steps is regrouped with the whole block before it
+   (:func:`regroup_bounds`) and repeats ``r`` of the template's classes (:func:`template_slots`), spread
+   over the cost range and placed first in the whole phase's template, so the layout stays periodic up
+   to the phase's end. It cannot be exact: a unit of ``P + r`` steps of one cost class each has classes
+   of ``1/(P + r)`` or ``2/(P + r)`` of its sequences against ``1/P`` in the blocks before, and the ``r``
+   repeated classes need not hold the mixture; windows reaching into that unit drift by ~0.02 on real
+   lengths (0.2 before), the rest as before. With ``m > 1`` copies of a class in a unit, its sequences
+   are dealt one by one over the copies so that every block gets the same part of the class.
 
 Cost of a sequence = Σ over its documents of ``attention·l² + linear·l`` (the build's cost model).
 """
@@ -25,7 +32,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["assign_ranks", "dp_imbalance", "regroup_window", "segment_cost"]
+__all__ = [
+    "assign_ranks",
+    "dp_imbalance",
+    "regroup_bounds",
+    "regroup_window",
+    "segment_cost",
+    "tail_classes",
+    "template_slots",
+]
 
 
 def segment_cost(lengths: np.ndarray, attention: float, linear: float) -> float:
@@ -87,7 +102,12 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
 
 
 def regroup_window(
-    costs: np.ndarray, source_tokens: np.ndarray, steps: int, band: float = 0.02, period: int = 0
+    costs: np.ndarray,
+    source_tokens: np.ndarray,
+    steps: int,
+    band: float = 0.02,
+    period: int = 0,
+    tail: int = 0,
 ) -> np.ndarray:
     """Regroup one window's sequences into ``steps`` steps of equal size; returns the new step (0-based
     within the window, int64 [n]) of each sequence, in the window's original order.
@@ -97,10 +117,10 @@ def regroup_window(
     width ``band``, inside which the build's order is kept) are cut into ``steps`` runs, so each new step
     holds sequences of similar cost (any equal-count assignment of them is balanced). The runs are then
     placed greedily: each next step takes the run that keeps the running per-source token counts closest
-    to the build's running counts. With ``period`` > 0 the runs are instead dealt heaviest first to the
-    ``max(1, steps // period)`` blocks of ``period`` steps in turn (run ``i`` → block ``i mod m``, position
-    ``i // m``), so every block follows the same cost template (see the module's docstring); use a window
-    that is a multiple of ``period``. Deterministic; independent of the world size.
+    to the build's running counts. With ``period`` > 0 the runs are instead laid out by
+    :func:`template_slots`: every block of ``period`` steps, and a last partial block, follow the same cost
+    template (see the module's docstring); ``tail`` is the phase's ``steps mod period``, which fixes the
+    template of all the phase's windows. Deterministic; independent of the world size.
     """
     costs = np.asarray(costs, dtype=np.float64)
     n = len(costs)
@@ -111,12 +131,20 @@ def regroup_window(
     # costs within ``band`` of each other are interchangeable for balance: inside a band keep the build's
     # order, which mixes sources, instead of sorting them apart (that would make single-source steps)
     level = np.floor(np.log(np.maximum(costs, 1e-300)) / np.log1p(band)) if band > 0 else costs
-    group[np.lexsort((np.arange(n), -level))] = np.repeat(np.arange(steps), size)
+    order = np.lexsort((np.arange(n), -level))
+    group[order] = np.repeat(np.arange(steps), size)
     if period > 0:
-        m = max(1, steps // period)
-        run = np.arange(steps)
-        slot_of_run = np.argsort(np.argsort((run % m) * steps + run // m, kind="stable"), kind="stable")
-        return slot_of_run[group]
+        slots = template_slots(steps, period, tail)
+        pos = slots % period  # template position of each run
+        copies = np.bincount(pos, minlength=period)
+        first = np.full(period, steps)
+        np.minimum.at(first, pos, np.arange(steps))
+        # the runs of one class are dealt sequence by sequence over its copies (blocks), so that every
+        # block, and the partial block, gets the same share of the class's cost range and thus of its mix
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        p = pos[group]
+        return (rank - first[p] * size) % copies[p] * period + p
     src = np.asarray(source_tokens, dtype=np.float64)
     target = np.cumsum(src.reshape(steps, size, -1).sum(axis=1), axis=0)  # [steps, sources]
     per_group = np.stack([src[group == k].sum(axis=0) for k in range(steps)])
@@ -129,3 +157,49 @@ def regroup_window(
         placed[best] = slot
         running += per_group[best]
     return placed[group]
+
+
+def template_slots(steps: int, period: int, tail: int = 0) -> np.ndarray:
+    """Step (int64 [steps]) of each of ``steps`` cost runs, heaviest run first, under the per-block template.
+
+    ``steps = m·period + r`` (``0 ≤ r < period``): ``m`` whole blocks and a partial block of ``r`` steps.
+    Run ``i`` belongs to cost class ``⌊(i + ½)·period / steps⌋`` (the deciles for ``period = 10``), so each
+    class has ``m`` or ``m + 1`` runs and, whatever ``m``, the same fraction of the unit's cost range; the
+    ``r`` classes with ``m + 1`` runs (:func:`tail_classes`, spread over the range) take the template's
+    first ``r`` positions, the others follow, each part heaviest first; copy ``k`` of the class at
+    position ``p`` goes to step ``k·period + p``. So any ``period`` consecutive steps hold each class once,
+    also across the partial block, and since the repeated classes are spread over the cost range the
+    partial block keeps about the unit's mixture. Units with ``r = 0`` order their classes as a unit with
+    ``r = tail`` would (pass the phase's ``steps mod period``), so that all units of one phase share one
+    template. A unit shorter than ``period`` (``m = 0``) holds one step of each of its ``r`` classes.
+    """
+    if steps < 1 or period < 1:
+        raise ValueError(f"need steps ≥ 1 and period ≥ 1, got {steps} and {period}")
+    r = steps % period
+    first = tail_classes(period, r or tail % period)
+    rest = np.setdiff1d(np.arange(period), first)
+    position = np.argsort(np.concatenate([first, rest]))  # class → template position
+    cls = ((np.arange(steps) + 0.5) * period // steps).astype(np.int64)
+    copy = np.arange(steps) - np.searchsorted(cls, cls)  # runs are heaviest first: classes ascend
+    return copy * period + position[cls]
+
+
+def tail_classes(period: int, r: int) -> np.ndarray:
+    """The ``r`` cost classes (ascending, int64) that get one run more in a unit of ``m·period + r`` steps;
+    the same for every ``m`` (checked by the tests)."""
+    cls = ((np.arange(period + r) + 0.5) * period // (period + r)).astype(np.int64)
+    return np.flatnonzero(np.bincount(cls, minlength=period) == 2).astype(np.int64)
+
+
+def regroup_bounds(first: int, last: int, window: int, period: int = 0) -> list[int]:
+    """First step of each regroup unit of the phase holding steps ``first``…``last − 1`` (ascending).
+
+    Units of ``window`` steps; with ``period`` > 0 a last unit shorter than ``period`` joins the one before
+    it (so the phase's partial block of the template regroups together with a whole block and can repeat
+    its first positions, see :func:`template_slots`). Units never cross the phase; pure function of its
+    arguments (no world size).
+    """
+    starts = list(range(first, last, window))
+    if period > 0 and len(starts) > 1 and last - starts[-1] < period:
+        starts.pop()
+    return starts

@@ -2,9 +2,10 @@
 
 World-independent where it can be: with ``window == 1`` training step ``t`` is exactly the build's step
 ``t``; with ``window == W > 1`` the steps of each phase are cut into windows of ``W`` steps (the last one
-of a phase may be shorter; a window never crosses a phase) whose sequences are regrouped by cost
-(:func:`loaders.balance.regroup_window`; ``period`` > 0 selects its per-block cost template, which
-keeps ``mixture_error`` per window of ``period`` steps near the build's), which does not depend on the
+of a phase may be shorter, and with ``period`` > 0 one shorter than ``period`` joins the window before it;
+a window never crosses a phase: :func:`loaders.balance.regroup_bounds`) whose sequences are regrouped by
+cost (:func:`loaders.balance.regroup_window`; ``period`` > 0 selects its per-block cost template, which
+keeps ``mixture_error`` per window of ``period`` steps near the build's, tail included), which does not depend on the
 world: training steps stay the same across an elastic resume. Within a step, sequences go to DP ranks by
 :func:`loaders.balance.assign_ranks`; the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window, period and world.
@@ -17,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from loaders.balance import assign_ranks, regroup_window, segment_cost
+from loaders.balance import assign_ranks, regroup_bounds, regroup_window, segment_cost
 from mixing.shards import ShardSet
 
 __all__ = ["Schedule"]
@@ -46,9 +47,13 @@ class Schedule:
         self.first = np.concatenate([[0], np.cumsum(counts)])  # sequences of build step t: first[t]:first[t+1]
         starts = sorted({0, *(int(p["first_step"]) for p in m.get("phases", []))} | {self.steps})
         bounds: list[int] = []
+        tails: list[int] = []  # per window, its phase's steps mod period: fixes the phase's cost template
         for a, b in itertools.pairwise(starts):
-            bounds += list(range(a, b, window))
+            cut = regroup_bounds(a, b, window, period)
+            bounds += cut
+            tails += [(b - a) % period if period else 0] * len(cut)
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
+        self.window_tail = np.array(tails, dtype=np.int64)
 
     def window_of(self, step: int) -> int:
         """Index of the window holding training step ``step``."""
@@ -77,7 +82,7 @@ class Schedule:
         if b - a == 1 or self.window == 1:
             return seqs.reshape(b - a, self.global_batch)
         _, costs, src = self._facts(w)
-        new_step = regroup_window(costs, src, b - a, period=self.period)
+        new_step = regroup_window(costs, src, b - a, period=self.period, tail=int(self.window_tail[w]))
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders.balance import assign_ranks, dp_imbalance, regroup_window
+from loaders.balance import assign_ranks, dp_imbalance, regroup_bounds, regroup_window, tail_classes, template_slots
 
 
 def lpt_equal_count(costs: np.ndarray, dp: int) -> float:
@@ -102,3 +103,70 @@ def test_period_template_keeps_every_window_on_the_mixture() -> None:
     for a in range(len(per) - period + 1):
         share = per[a : a + period].sum(axis=0) / per[a : a + period].sum()
         assert share[1] == 0.4
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 4), st.integers(1, 12), st.integers(0, 11))
+def test_template_repeats_its_first_positions_in_the_partial_block(m: int, period: int, r: int) -> None:
+    r %= period
+    steps = m * period + r
+    if steps == 0:
+        return
+    slots = template_slots(steps, period, tail=r)
+    assert sorted(slots.tolist()) == list(range(steps))  # a bijection of runs onto steps
+    cls = ((np.arange(steps) + 0.5) * period // steps).astype(int)  # class of each run, heaviest first
+    cls_at = np.empty(steps, dtype=int)
+    cls_at[slots] = cls
+    for a in range(steps - period + 1):  # any `period` consecutive steps hold each class once
+        assert sorted(cls_at[a : a + period].tolist()) == list(range(period))
+    if m:  # the layout is periodic, tail included
+        assert (cls_at[: steps - period] == cls_at[period:]).all()
+    assert len(tail_classes(period, r)) == r
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 50), st.integers(1, 80), st.integers(1, 12), st.integers(0, 12))
+def test_regroup_bounds_cover_the_phase_and_absorb_a_short_tail(
+    first: int, length: int, window: int, period: int
+) -> None:
+    starts = regroup_bounds(first, first + length, window, period)
+    assert starts[0] == first and starts == sorted(set(starts)) and starts[-1] < first + length
+    sizes = np.diff([*starts, first + length])
+    assert (sizes[:-1] == window).all()
+    if period and window >= period and len(starts) > 1:
+        assert sizes[-1] >= period
+
+
+def phase_stream(steps: int, size: int, seed: int, merge_tail: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per training step tokens per source of a synthetic phase regrouped window by window (window = period
+    = 10) as the schedule does, and the build's tokens per source. Long-tailed (Pareto) costs, the same
+    profile in every build step; the source follows the cost band (heaviest = books-like)."""
+    rng = np.random.default_rng(seed)
+    base = (1 - (np.arange(size) + 0.5) / size) ** (-1 / 1.5)
+    costs = np.stack([rng.permutation(base * (1 + 0.01 * rng.random(size))) for _ in range(steps)])
+    src = np.zeros((steps, size, 4))
+    np.put_along_axis(src, np.digitize(costs, [1.3, 2.0, 3.5])[..., None], np.sqrt(costs)[..., None], axis=2)
+    starts = regroup_bounds(0, steps, 10, 10) if merge_tail else list(range(0, steps, 10))
+    out = []
+    for a, b in itertools.pairwise([*starts, steps]):
+        flat = src[a:b].reshape(-1, 4)
+        tail = steps % 10 if merge_tail else 0
+        new = regroup_window(costs[a:b].ravel(), flat, b - a, period=10, tail=tail)
+        out += [flat[new == k].sum(axis=0) for k in range(b - a)]
+    return np.array(out), src.reshape(-1, 4).sum(axis=0)
+
+
+def worst_window(per: np.ndarray, build: np.ndarray) -> float:
+    want = build / build.sum()
+    return max(float(np.abs(per[a : a + 10].sum(0) / per[a : a + 10].sum() - want).max()) for a in range(len(per) - 9))
+
+
+@pytest.mark.parametrize("steps", [64, 53, 37, 15])
+def test_partial_block_keeps_every_window_near_the_mixture(steps: int) -> None:
+    per, build = phase_stream(steps, 16, 0, merge_tail=True)
+    assert np.allclose(per.sum(axis=0), build)  # nothing lost or repeated
+    # homogeneous-cost steps cannot reach the build's share exactly around a partial block (see
+    # loaders.balance); the tail window used to drift by 0.15-0.19 here, the merged tail stays within 0.05
+    assert worst_window(per, build) <= 0.05
+    old, _ = phase_stream(steps, 16, 0, merge_tail=False)  # the tail as its own short window
+    assert worst_window(old, build) > 0.1
