@@ -8,6 +8,12 @@ int64 torch tensors of S tokens, single process (``num_workers=0``), after one w
 files are in page cache.
 
     .venv/bin/python benchmarks/loader.py [--build build/demo] [--peer-python /tmp/peer/bin/python]
+
+The peer venv (it borrows this venv's torch and numpy through a .pth file, so no other torch is pulled)::
+
+    python3 -m venv /tmp/peer
+    /tmp/peer/bin/pip install --no-deps litdata==0.2.76 megatron-core==0.16.1 lightning-utilities
+    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/peer/lib/python3.11/site-packages/weir-venv.pth
 """
 
 from __future__ import annotations
