@@ -25,6 +25,10 @@ Pure numpy, deterministic; only :func:`assign_ranks` depends on the world size. 
    lengths (0.2 before), the rest as before. With ``m > 1`` copies of a class in a unit, its sequences
    are dealt one by one over the copies so that every block gets the same part of the class.
 
+3. :func:`assign_unequal` (``micro_batches: unequal`` in the mix file, after ByteScale): the counts per rank
+   may differ, which balances a step of several long-context sequences per rank without moving sequences
+   between steps, so the mixture of every step stays the build's.
+
 Cost of a sequence = Σ over its documents of ``attention·l² + linear·l`` (the build's cost model).
 """
 
@@ -34,6 +38,7 @@ import numpy as np
 
 __all__ = [
     "assign_ranks",
+    "assign_unequal",
     "dp_imbalance",
     "regroup_bounds",
     "regroup_window",
@@ -203,3 +208,45 @@ def regroup_bounds(first: int, last: int, window: int, period: int = 0) -> list[
     if period > 0 and len(starts) > 1 and last - starts[-1] < period:
         starts.pop()
     return starts
+
+
+def assign_unequal(costs: np.ndarray, dp_size: int, max_rounds: int = 64) -> np.ndarray:
+    """DP rank (int64 [n]) of each of one step's ``n ≥ dp_size`` sequences, counts free (at least one each).
+
+    The ``dp_size`` heaviest sequences open one rank each, the rest go heaviest first onto the least loaded
+    rank (LPT without the count constraint); then, while it lowers the heaviest rank, one of its sequences
+    moves to another rank (keeping at least one) or swaps with one there. Deterministic (ties by index).
+    Never above the equal-count optimum's bound ``mean + max cost``.
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    n = len(costs)
+    if n < dp_size:
+        raise ValueError(f"{n} sequences cannot give each of dp_size {dp_size} ranks at least one")
+    ranks = np.empty(n, dtype=np.int64)
+    loads = np.zeros(dp_size)
+    for k, i in enumerate(np.argsort(-costs, kind="stable")):
+        r = k if k < dp_size else int(np.argmin(loads))
+        ranks[i] = r
+        loads[r] += costs[i]
+    for _ in range(max_rounds):
+        hi = int(np.argmax(loads))
+        mine, others = np.flatnonzero(ranks == hi), np.flatnonzero(ranks != hi)
+        # a move of i (from hi to rank r) is a swap with a zero-cost sequence of r: one table for both
+        give = costs[mine][:, None]  # [k, 1]
+        take = np.concatenate([costs[others], np.zeros(dp_size)]) if len(mine) > 1 else costs[others]
+        dest = np.concatenate([ranks[others], np.arange(dp_size)]) if len(mine) > 1 else ranks[others]
+        d = give - take[None, :]  # load leaving hi
+        gain = loads[hi] - np.maximum(loads[hi] - d, loads[dest][None, :] + d)
+        gain[:, dest == hi] = -np.inf
+        if gain.size == 0:  # one rank, or one sequence on the heaviest and none elsewhere to swap
+            break
+        a, b = (int(x) for x in np.unravel_index(int(np.argmax(gain)), gain.shape))
+        if gain[a, b] <= 1e-9 * loads[hi]:
+            break
+        i, r = int(mine[a]), int(dest[b])
+        ranks[i] = r
+        if b < len(others):  # a swap: the other sequence comes to hi
+            ranks[int(others[b])] = hi
+        loads[hi] -= d[a, b]
+        loads[r] += d[a, b]
+    return ranks

@@ -41,6 +41,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context); ``period``:
     0, or the block of steps whose cost template regrouping repeats (10 with ``window=10`` keeps
     ``mixture_error`` per 10-step window near the build's, see :func:`loaders.balance.regroup_window`).
+    ``micro_batches``: ``"equal"`` or ``"unequal"`` sequences per DP rank and step (default: the mix file's
+    ``balance.micro_batches``, see :func:`loaders.balance.assign_unequal`; with ``"unequal"`` count a
+    rank's items per step by their ``step`` and normalize the loss by tokens).
     ``cp_split``: ``"zigzag"`` (per document, balanced), ``"sequence_zigzag"`` or ``"contiguous"``.
     ``chunk``: items built together with ``cp_size == 1`` from a local build (default: about 2 MiB of
     int64 per array); it changes speed only, never the items.
@@ -75,6 +78,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         *,
         window: int = 1,
         period: int = 0,
+        micro_batches: str | None = None,
         chunk: int | None = None,
         cp_split: str = "zigzag",
         cache_dir: str | Path | None = None,
@@ -92,14 +96,14 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         m = self.shards.manifest
         self.seq_len, self.global_batch = int(m["seq_len"]), int(m["global_batch"])
         self.pad_id = int(m.get("pad_id", 0))
-        if self.global_batch % dp_size:
-            raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {dp_size}")
         if cp_split != "zigzag" and self.seq_len % (2 * cp_size):
             raise ValueError(f"sequence length {self.seq_len} is not divisible by 2·cp_size {2 * cp_size}")
         split(np.array([2 * cp_size]), cp_size, 0, cp_split)  # validates the name early
         self.seed, self.window, self.cp_split = seed, window, cp_split
         self.period = period
-        self.schedule = Schedule(self.shards, window=window, seed=seed, period=period)
+        self.micro_batches = micro_batches or str(m.get("micro_batches", "equal"))
+        self.schedule = Schedule(self.shards, window, seed, period, self.micro_batches)
+        self.schedule.check_world(dp_size)
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
         self._step, self._consumed = 0, 0  # position: next item to yield
         # items built together: ~2 MiB per array (cache-sized), at most 64 items
@@ -114,11 +118,14 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     @property
     def per_rank(self) -> int:
-        """Sequences each DP rank reads per step."""
+        """Sequences each DP rank reads per step (on average when ``micro_batches == "unequal"``)."""
         return self.global_batch // self.dp_size
 
     def __len__(self) -> int:
-        return (self.schedule.steps - self._step) * self.per_rank - self._consumed
+        if self.micro_batches == "equal":
+            return (self.schedule.steps - self._step) * self.per_rank - self._consumed
+        counts = (self.schedule.count(t, self.dp_size, self.dp_rank) for t in range(self._step, self.schedule.steps))
+        return sum(counts) - self._consumed
 
     def plan(self) -> Iterator[tuple[int, int, int]]:
         """``(step, slot, sequence)`` of every remaining item of this rank, in order (no I/O beyond metadata)."""
@@ -193,7 +200,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     def _advance(self, step: int, slot: int) -> None:
         """Record that item ``(step, slot)`` was delivered: the position moves just past it."""
-        self._step, self._consumed = (step + 1, 0) if slot + 1 == self.per_rank else (step, slot + 1)
+        last = slot + 1 == self.schedule.count(step, self.dp_size, self.dp_rank)
+        self._step, self._consumed = (step + 1, 0) if last else (step, slot + 1)
 
     def state_at(self, step: int, slot: int) -> dict[str, Any]:
         """The state just after item ``(step, slot)`` was delivered (what :class:`PackedLoader` saves)."""
@@ -212,6 +220,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             seed=self.seed,
             window=self.window,
             period=self.period,
+            micro_batches=self.micro_batches,
             step=self._step,
             consumed=self._consumed,
             dp_rank=self.dp_rank,
@@ -223,7 +232,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         """Continue at the next unseen sequence of ``state``; raises :class:`~loaders.state.StateError` for
         a state of another build or plan, or one saved inside a step under another DP layout."""
         s = LoaderState.from_dict(state)
-        s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size, self.period)
+        s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size, self.period, self.micro_batches)
         self._step, self._consumed = s.step, s.consumed
 
 

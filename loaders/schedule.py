@@ -7,7 +7,8 @@ a window never crosses a phase: :func:`loaders.balance.regroup_bounds`) whose se
 cost (:func:`loaders.balance.regroup_window`; ``period`` > 0 selects its per-block cost template, which
 keeps ``mixture_error`` per window of ``period`` steps near the build's, tail included), which does not depend on the
 world: training steps stay the same across an elastic resume. Within a step, sequences go to DP ranks by
-:func:`loaders.balance.assign_ranks`; the seed permutes which rank takes which bin and the order of a
+:func:`loaders.balance.assign_ranks` (equal counts) or :func:`loaders.balance.assign_unequal`
+(``micro_batches="unequal"``); the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window, period and world.
 """
 
@@ -18,16 +19,23 @@ from functools import lru_cache
 
 import numpy as np
 
-from loaders.balance import assign_ranks, regroup_bounds, regroup_window, segment_cost
+from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window, segment_cost
 from mixing.shards import ShardSet
 
-__all__ = ["Schedule"]
+__all__ = ["MICRO_BATCHES", "Schedule"]
+
+MICRO_BATCHES = ("equal", "unequal")
 
 
 class Schedule:
     """Plans steps of a :class:`~mixing.shards.ShardSet` lazily, one window at a time (cached)."""
 
-    def __init__(self, shards: ShardSet, window: int = 1, seed: int = 0, period: int = 0) -> None:
+    def __init__(
+        self, shards: ShardSet, window: int = 1, seed: int = 0, period: int = 0, micro_batches: str = "equal"
+    ) -> None:
+        if micro_batches not in MICRO_BATCHES:
+            raise ValueError(f"micro_batches must be one of {MICRO_BATCHES}, got {micro_batches!r}")
+        self.micro_batches = micro_batches
         if window < 1:
             raise ValueError(f"window must be ≥ 1 step, got {window}")
         if period < 0:
@@ -91,14 +99,28 @@ class Schedule:
         w = self.window_of(step)
         return self._window(w)[step - int(self.window_starts[w])]
 
+    def check_world(self, dp_size: int) -> None:
+        """Raise ``ValueError`` unless every step can be dealt to ``dp_size`` ranks."""
+        if self.micro_batches == "equal" and self.global_batch % dp_size:
+            raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {dp_size}")
+        if self.global_batch < dp_size:
+            raise ValueError(f"global_batch {self.global_batch} gives no sequence to some of dp_size {dp_size} ranks")
+
+    def count(self, step: int, dp_size: int, dp_rank: int) -> int:
+        """How many sequences of training ``step`` DP rank ``dp_rank`` reads."""
+        if self.micro_batches == "equal":
+            return self.global_batch // dp_size
+        return len(self.assignment(step, dp_size)[dp_rank])
+
     @lru_cache(maxsize=64)  # noqa: B019
     def assignment(self, step: int, dp_size: int) -> tuple[np.ndarray, ...]:
-        """Per DP rank, its sequences of training ``step`` in reading order (int64 arrays of equal length)."""
-        if self.global_batch % dp_size:
-            raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {dp_size}")
+        """Per DP rank, its sequences of training ``step`` in reading order (int64 arrays; of equal length
+        unless ``micro_batches == "unequal"``, where each has at least one)."""
+        self.check_world(dp_size)
         seqs = self.step_sequences(step)
         lo, costs, _ = self._facts(self.window_of(step))
-        bins = assign_ranks(costs[seqs - lo], dp_size)
+        assign = assign_ranks if self.micro_batches == "equal" else assign_unequal
+        bins = assign(costs[seqs - lo], dp_size)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, step])
         to_rank = rng.permutation(dp_size)
         out = []

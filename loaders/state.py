@@ -38,6 +38,7 @@ class LoaderState:
     cp_size: int
     version: int = STATE_VERSION
     period: int = 0  # regrouping template (0: none); states saved before it existed had none
+    micro_batches: str = "equal"  # sequences per DP rank within a step: "equal" or "unequal"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,11 +50,21 @@ class LoaderState:
             raise StateError(f"loader state version {found!r}; this loader reads version {STATE_VERSION}")
         try:
             fields = cls.__dataclass_fields__
-            return cls(**{k: state[k] if k != "period" else state.get(k, 0) for k in fields})
+            optional = {"period": 0, "micro_batches": "equal"}  # fields added after version 2 first shipped
+            return cls(**{k: state[k] if k not in optional else state.get(k, optional[k]) for k in fields})
         except KeyError as e:
             raise StateError(f"loader state lacks field {e.args[0]!r}") from None
 
-    def check(self, build_id: str, seed: int, window: int, dp_rank: int, dp_size: int, period: int = 0) -> None:
+    def check(
+        self,
+        build_id: str,
+        seed: int,
+        window: int,
+        dp_rank: int,
+        dp_size: int,
+        period: int = 0,
+        micro_batches: str = "equal",
+    ) -> None:
         """Raise :class:`StateError` unless this state can resume on that build, plan and DP layout."""
         if self.build_id != build_id:
             raise StateError(
@@ -65,8 +76,9 @@ class LoaderState:
                 f"state was saved with seed {self.seed}, window {self.window}, period {self.period}; "
                 f"this loader has {seed}, {window}, {period}"
             )
-        if self.consumed and (self.dp_rank, self.dp_size) != (dp_rank, dp_size):
+        if self.consumed and (self.dp_rank, self.dp_size, self.micro_batches) != (dp_rank, dp_size, micro_batches):
             raise StateError(
-                f"state was saved for dp rank {self.dp_rank}/{self.dp_size} inside step {self.step}; "
-                f"a resume on dp rank {dp_rank}/{dp_size} needs a state saved at a step boundary"
+                f"state was saved for dp rank {self.dp_rank}/{self.dp_size} ({self.micro_batches} micro-batches) "
+                f"inside step {self.step}; a resume on dp rank {dp_rank}/{dp_size} ({micro_batches} micro-batches) "
+                "needs a state saved at a step boundary"
             )

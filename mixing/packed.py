@@ -111,6 +111,7 @@ def write_packed(
         "pad_id": pad_id,
         "global_batch": mix.sequence.global_batch,
         "cost": mix.balance.cost.model_dump(),
+        "micro_batches": mix.balance.micro_batches,
         "steps": mix.total_steps,
         "sources": list(packing.sources),
         "phases": [{"phase": p, "first_step": s, "steps": c} for p, s, c in phases],

@@ -222,4 +222,13 @@ class Cost(FrozenModel):
 
 
 class Balance(FrozenModel):
+    """How the loader spreads work over DP ranks (``loaders.balance``).
+
+    ``micro_batches``: ``equal`` (default) gives every DP rank ``global_batch / dp_size`` sequences per step;
+    ``unequal`` (ByteScale-style) lets the counts differ (at least one each) so that each rank's Σ cost is
+    even: for a trainer that accumulates gradients over a variable number of micro-batches and normalizes its
+    loss by tokens. It changes which rank reads which sequence of a step, never the steps themselves.
+    """
+
     cost: Cost = Cost()
+    micro_batches: Literal["equal", "unequal"] = "equal"

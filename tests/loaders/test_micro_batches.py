@@ -1,0 +1,102 @@
+"""Unequal micro-batch counts per DP rank (``balance.micro_batches: unequal``): balance within a step, every
+sequence of a step read once, exact resume, the mix file's option reaching the loader."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loaders import PackedDataset
+from loaders.balance import assign_ranks, assign_unequal, dp_imbalance
+from loaders.state import StateError
+from mixing import MixError
+from mixing.mixfile import parse_mix
+from mixing.shards import ShardSet
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 12), st.integers(0, 2**31 - 1))
+def test_every_rank_gets_one_and_the_heaviest_stays_within_the_list_bound(dp: int, extra: int, seed: int) -> None:
+    costs = np.random.default_rng(seed).pareto(1.2, dp + extra) + 0.01
+    ranks = assign_unequal(costs, dp)
+    loads = np.bincount(ranks, weights=costs, minlength=dp)
+    assert ranks.min() >= 0 and ranks.max() < dp
+    assert np.bincount(ranks, minlength=dp).min() >= 1
+    assert loads.max() <= loads.mean() + costs.max() + 1e-9  # list scheduling's bound, kept by the moves
+    assert np.array_equal(ranks, assign_unequal(costs, dp))  # deterministic
+
+
+def test_unequal_counts_balance_what_equal_counts_cannot() -> None:
+    costs = np.array([4.0, 1, 1, 1, 1, 1, 1, 1])  # one long sequence among short ones, two ranks
+    equal, unequal = assign_ranks(costs, 2), assign_unequal(costs, 2)
+    assert dp_imbalance(costs, equal, 2) == pytest.approx(7 / 5.5)
+    assert dp_imbalance(costs, unequal, 2) == pytest.approx(6 / 5.5)
+
+
+def test_too_few_sequences_for_the_ranks_is_an_error() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        assign_unequal(np.ones(3), 4)
+
+
+def items(ds: PackedDataset, n: int | None = None) -> list[tuple[int, int, int]]:
+    return [(int(it["step"]), int(it["slot"]), int(it["sequence"])) for it in itertools.islice(ds, n)]
+
+
+@pytest.mark.parametrize("dp", [3, 4])
+def test_every_step_is_read_once_over_ranks_with_any_dp(tiny_build: Path, dp: int) -> None:
+    full = ShardSet(tiny_build / "shards")  # 4 sequences per step: dp=3 only works with unequal counts
+    per_step: dict[int, list[int]] = defaultdict(list)
+    for r in range(dp):
+        ds = PackedDataset(tiny_build, r, dp, seed=5, micro_batches="unequal")
+        expected = len(ds)
+        got = items(ds)
+        assert len(got) == expected and len(ds) == 0
+        for t, _, s in got:
+            per_step[t].append(s)
+    assert all(sorted(v) == np.flatnonzero(full.steps == t).tolist() for t, v in per_step.items())
+    assert len(per_step) == full.steps.max() + 1
+    with pytest.raises(ValueError, match="not divisible"):
+        PackedDataset(tiny_build, 0, 3)
+
+
+@pytest.mark.parametrize("stop", [1, 2, 5, 9])
+def test_resume_inside_a_step_gives_the_uninterrupted_stream(tiny_build: Path, stop: int) -> None:
+    def make() -> PackedDataset:
+        return PackedDataset(tiny_build, 0, 3, seed=5, micro_batches="unequal")
+
+    reference = items(make())
+    first = make()
+    head = items(first, stop)
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    assert head + items(resumed) == reference
+    if first.state_dict()["consumed"]:
+        with pytest.raises(StateError, match="micro-batches"):
+            PackedDataset(tiny_build, 0, 2, seed=5).load_state_dict(first.state_dict())
+
+
+def test_the_mix_files_option_reaches_the_loader(tiny_build: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "build"
+    shutil.copytree(tiny_build / "shards", copy / "shards")
+    manifest = json.loads((copy / "shards" / "manifest.json").read_text())
+    assert manifest["micro_batches"] == "equal"  # the default, recorded by the build
+    manifest["micro_batches"] = "unequal"
+    (copy / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    assert PackedDataset(copy, 0, 3).micro_batches == "unequal"
+    assert PackedDataset(copy, 0, 2, micro_batches="equal").micro_batches == "equal"
+
+
+def test_mix_file_names_a_bad_micro_batches_value() -> None:
+    text = "name: m\nsequence: {length: 8, global_batch: 2}\nsources:\n  a: {uri: x}\n"
+    text += "curriculum:\n  - {phase: p, steps: 1, mixture: {a: 1}}\nbalance:\n  micro_batches: sometimes\n"
+    assert parse_mix(text.replace("sometimes", "unequal"), "m.yaml").balance.micro_batches == "unequal"
+    with pytest.raises(MixError, match=r"m.yaml:8: balance.micro_batches"):
+        parse_mix(text, "m.yaml")
