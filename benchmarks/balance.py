@@ -12,7 +12,9 @@ longer than S into S-sized pieces, and packs:
 - weir: the same BFD packing, ``loaders.balance.assign_ranks`` (LPT + swaps) after regrouping windows of
   ``--window`` steps (``loaders.balance.regroup_window``, per-block cost template of ``--period`` steps,
   0 = none), per-document zigzag CP. At one sequence per rank the other (window, period) settings follow
-  as ``w<W>p<P>`` rows: the trade-off between balance and mixture error.
+  as ``w<W>p<P>`` rows: the trade-off between balance and mixture error. With several sequences per rank the
+  ``unequal`` row deals each step with ``loaders.balance.assign_unequal`` (``balance.micro_batches:
+  unequal``: counts per rank may differ), which leaves every step, and so the mixture, as built.
 
 Prints ``dp_imbalance`` mean/p95 over steps, ``cp_imbalance`` mean/max over sequences, and
 ``mixture_error`` (max over 10-step windows and sources, of real tokens per source in each step's sequences
@@ -46,7 +48,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loaders.balance import assign_ranks, dp_imbalance, regroup_bounds, regroup_window
+from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
@@ -234,6 +236,10 @@ def regime(
     regrouped = regrouped_steps(packed, batch, window, period)
     rows["weir"] = dp_stats([np.array([cost(s) for s in st]) for st in regrouped], lambda c: assign_ranks(c, dp))
     others = {}
+    if batch > dp:  # several sequences per rank: unequal counts per rank (balance.micro_batches: unequal)
+        per_step_costs = [np.array([cost(s) for s in st]) for st in regrouped]
+        rows["unequal"] = dp_stats(per_step_costs, lambda c: assign_unequal(c, dp))
+        others["unequal"] = regrouped
     if batch == dp:
         for w, p in ((8, 0), (16, 0), (10, 10), (20, 10), (40, 10)):
             if (w, p) != (window, period):
@@ -259,11 +265,11 @@ def regime(
         f"\nS={seq_len} global_batch={batch} dp={dp} cp={cp} steps={steps} window={window} "
         f"(BFD packing_efficiency {eff:.4f})"
     )
-    head = f"{'':6} {'dp_imb mean':>11} {'dp_imb p95':>10} {'cp_imb mean':>11} {'cp_imb max':>10}"
+    head = f"{'':8} {'dp_imb mean':>11} {'dp_imb p95':>10} {'cp_imb mean':>11} {'cp_imb max':>10}"
     print(f"{head} {'mix_err/10':>10} {'body /10':>9} {'mix_err/run':>11}")
     for name, (mean, p95) in rows.items():
         c = cps.get(name, cps["weir"])
-        cells = f"{name:6} {mean:11.3f} {p95:10.3f} {np.mean(c):11.3f} {np.max(c):10.3f}"
+        cells = f"{name:8} {mean:11.3f} {p95:10.3f} {np.mean(c):11.3f} {np.max(c):10.3f}"
         print(f"{cells} {mix[name]:10.4f} {body[name]:9.4f} {whole[name]:11.4f}")
 
 
@@ -293,6 +299,7 @@ def main() -> None:
     regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
     regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period)
     regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period)
+    regime(lens, 131072, 64, 16, 8, args.steps, 1, args.seed)  # 4 sequences per rank: unequal counts
 
 
 if __name__ == "__main__":
