@@ -19,7 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SPLITS", "attention_work", "contiguous", "document_zigzag", "sequence_zigzag", "split"]
+__all__ = [
+    "SPLITS",
+    "attention_work",
+    "contiguous",
+    "document_zigzag",
+    "document_zigzag_many",
+    "sequence_zigzag",
+    "split",
+]
 
 
 def document_zigzag(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndarray:
@@ -33,16 +41,29 @@ def document_zigzag(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndar
     seg_lens = np.asarray(seg_lens, dtype=np.int64)
     if cp_size == 1 or len(seg_lens) == 0:
         return np.arange(int(seg_lens.sum()), dtype=np.int64)
+    return document_zigzag_many(seg_lens, np.arange(len(seg_lens)), cp_size, cp_rank)
+
+
+def document_zigzag_many(seg_lens: np.ndarray, rotation: np.ndarray, cp_size: int, cp_rank: int) -> np.ndarray:
+    """:func:`document_zigzag` of many sequences at once (one numpy pass, for a chunk of items).
+
+    ``seg_lens`` int64 [m]: the segments of all sequences back to back (each sequence's positions follow the
+    previous one's, e.g. item ``k`` starting at ``k·S``); ``rotation`` int64 [m]: each segment's index inside
+    its own sequence (``d`` above). Returns the slots of ``cp_rank`` in those concatenated positions, each
+    sequence's after the previous one's (segment ``i`` contributes ``2·ceil(l_i / 2cp)`` slots), ``-1`` for
+    padding: for one sequence, exactly :func:`document_zigzag`'s result.
+    """
     two = 2 * cp_size
     m = -(-seg_lens // two)
     pad = two * m - seg_lens
     starts = np.cumsum(seg_lens) - seg_lens
-    j = (cp_rank + np.arange(len(seg_lens))) % cp_size  # rotate pairs: rounding leftovers average out
+    j = (cp_rank + rotation) % cp_size  # rotate pairs: rounding leftovers average out
     base = starts - pad  # where the padded segment would start
     run_start = np.stack([base + j * m, base + (two - 1 - j) * m], axis=1).reshape(-1)  # two runs per segment
     run_len = np.repeat(m, 2)
     ends = np.cumsum(run_len)
-    out = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(run_start - (ends - run_len), run_len)
+    out = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+    out += np.repeat(run_start - (ends - run_len), run_len)
     if pad.any():
         out[out < np.repeat(starts, 2 * m)] = -1  # slots before their segment's start are front padding
     return out
