@@ -2,7 +2,7 @@
 
 Building items one by one costs tens of µs of numpy calls each; here every array of a chunk of items is made
 by one numpy pass from the build's segment index (the CP split of all items' documents included, by
-:func:`loaders.context_parallel.document_zigzag_many`, then one gather per array), only the requested
+:func:`loaders.context_parallel.zigzag_runs`, then one gather per array), only the requested
 fields are computed, and the arrays are reused once no item holds them. Deterministic: the items equal
 :meth:`loaders.PackedDataset.item`'s, whatever the chunk.
 """
@@ -10,12 +10,13 @@ fields are computed, and the arrays are reused once no item holds them. Determin
 from __future__ import annotations
 
 import sys
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
 
-from loaders.context_parallel import document_zigzag_many, split
+from loaders.context_parallel import expand_runs, split, zigzag_runs
 from loaders.fields import FIELDS, IGNORE_INDEX
 from mixing.shards import ShardSet
 
@@ -47,6 +48,7 @@ class ChunkBuilder:
         self._pool: dict[str, list[np.ndarray]] = {}
         self._plain: dict[int, np.ndarray] = {}
         self._first = np.array([int(sh["first_sequence"]) for sh in m["shards"]], dtype=np.int64)
+        self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
 
     def build(self, seqs: list[int]) -> list[dict[str, Any]]:
         """Global sequences ``seqs`` as items: the requested fields plus ``step`` (the build's), ``sequence``
@@ -68,7 +70,38 @@ class ChunkBuilder:
         stored = [self._stored(k) for k in shard.tolist()]
         for k in range(n):  # one copy per row (no gathered temporary), converting to int64 on the way
             block[k] = stored[k][rows[k]]
-        # segment lengths of every item back to back, each item's padding (if any) as one more segment
+        cols: dict[str, list[Any]] = {}
+        if self._lean:  # no labels, positions or per-document split: the build's cu_seqlens, made once
+            used = self.shards.seq_tokens[idx]
+            cu_all, at = self._cu_all
+            count = at[idx + 1] - at[idx]
+            gather = np.arange(int(count.sum())) + np.repeat(at[idx] - (np.cumsum(count) - count), count)
+            cus = list(torch.from_numpy(cu_all[gather]).split(count.tolist()))
+            self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used)
+        else:
+            seg, first, cu, used = self._layout(idx)
+            if self.zigzag:
+                self._zigzag(cols, tokens, seg, first, cu, used)
+            else:
+                self._whole(cols, tokens, seg, cu, used)
+            cus, pcus = self._item_cu(seg, first, cu)
+            if self.zigzag and "cu_seqlens_padded" in want:
+                cols["cu_seqlens_padded"] = pcus
+        if "cu_seqlens" in want:
+            cols["cu_seqlens"] = cus
+        if "cu_seqlens_padded" in want and not self.zigzag:
+            cols["cu_seqlens_padded"] = cus
+        cols["step"] = self.shards.steps[idx].tolist()
+        cols["sequence"] = list(seqs)
+        cols["num_tokens"] = used.tolist()
+        keys = list(cols)
+        return [dict(zip(keys, values, strict=True)) for values in zip(*cols.values(), strict=True)]
+
+    def _layout(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Segments of sequences ``idx`` back to back, each one's padding (if any) as one more segment:
+        lengths ``seg`` [m], ``first`` [n+1] (item k's segments are ``first[k]:first[k+1]``), boundaries
+        ``cu`` [m+1] in the concatenated positions (item k starts at k·S), real tokens ``used`` [n]."""
+        S, n = self.S, len(idx)
         offs, segs = self.shards.segments
         lo, n_real = offs[idx], offs[idx + 1] - offs[idx]
         used = self.shards.seq_tokens[idx]
@@ -82,6 +115,43 @@ class ChunkBuilder:
         seg[first[item_of] + e] = segs[lo[item_of] + e, 3]
         cu = np.zeros(len(seg) + 1, dtype=np.int64)
         np.cumsum(seg, out=cu[1:])
+        return seg, first, cu, used
+
+    def _item_cu(
+        self, seg: np.ndarray, first: np.ndarray, cu: np.ndarray
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each item's ``cu_seqlens`` and zigzag-padded ``cu_seqlens_padded`` (int32 [k+1] from 0) from a
+        :meth:`_layout` (the padded ones only under the per-document zigzag, else the same list)."""
+        n = len(first) - 1
+        n_seg = first[1:] - first[:-1]
+        owner = np.repeat(np.arange(n), n_seg + 1)
+        src = np.arange(len(owner)) - owner  # entry e of item k is boundary first[k] + e of the flat cu
+        bounds = (n_seg + 1).tolist()
+        cus = list(torch.split(torch.from_numpy((cu[src] - owner * self.S).astype(np.int32)), bounds))
+        if not self.zigzag:
+            return cus, cus
+        two = 2 * self.cp_size
+        pcu = np.zeros(len(seg) + 1, dtype=np.int64)
+        np.cumsum(-(-seg // two) * two, out=pcu[1:])
+        return cus, list(torch.split(torch.from_numpy((pcu[src] - pcu[first[owner]]).astype(np.int32)), bounds))
+
+    @cached_property
+    def _cu_all(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every sequence's ``cu_seqlens`` back to back (int32) and where each begins (int64 [n+1]), made
+        once for the lean fields (4 bytes per segment, against the 32 of the segment index)."""
+        seg, first, cu, _ = self._layout(np.arange(len(self.shards.seq_tokens)))
+        at = np.zeros(len(first), dtype=np.int64)
+        np.cumsum(first[1:] - first[:-1] + 1, out=at[1:])
+        cus = self._item_cu(seg, first, cu)[0]
+        return (torch.cat(cus).numpy() if cus else np.zeros(0, np.int32)), at
+
+    def _whole(
+        self, cols: dict[str, list[Any]], tokens: np.ndarray, seg: np.ndarray, cu: np.ndarray, used: np.ndarray
+    ) -> None:
+        """``cols``' token-slot fields when every item has the same slots (``cp_size == 1``, or a split of
+        fixed slots): labels and positions of the whole sequences, then one gather per array for CP."""
+        S, n, want = self.S, len(used), self.fields
+        N = n * S
         full = {"input_ids": tokens}
         if "labels" in want:
             labels = full["labels"] = self._take("labels", N + 1)
@@ -97,52 +167,66 @@ class ChunkBuilder:
             positions[0] = 0
             np.cumsum(positions[:N], out=positions[:N])
             positions[N] = 0
-        # each item's own cu_seqlens (k+1 entries, from 0): item k's boundaries minus k·S, side by side
-        owner = np.repeat(np.arange(n), n_seg + 1)
-        src = np.arange(len(owner)) - owner  # entry e of item k is boundary first[k] + e of the flat cu
-        bounds = (n_seg + 1).tolist()
-        cols: dict[str, list[Any]] = {}
-        gather: np.ndarray | None  # flat positions of this rank's slots (N: the padding slot); None: all
-        if self.zigzag:
-            two = 2 * self.cp_size
-            padded = -(-seg // two) * two
-            rotation = np.arange(len(seg)) - np.repeat(first[:-1], n_seg)  # segment index inside its item
-            flat = document_zigzag_many(seg, rotation, self.cp_size, self.cp_rank)
-            sizes = np.add.reduceat(padded // self.cp_size, first[:-1]).tolist()
-            pad = flat < 0
-            gather = np.where(pad, N, flat)
-            local = flat - np.repeat(np.arange(n) * S, sizes)
-            local[pad] = -1
-            if "indices" in want:
-                cols["indices"] = list(torch.from_numpy(local).split(sizes))
-            if "cu_seqlens_padded" in want:
-                pcu = np.zeros(len(seg) + 1, dtype=np.int64)
-                np.cumsum(padded, out=pcu[1:])
-                pcu32 = torch.from_numpy((pcu[src] - pcu[first[owner]]).astype(np.int32))
-                cols["cu_seqlens_padded"] = list(torch.split(pcu32, bounds))
-        else:
-            sizes = [len(self._fixed)] * n
-            gather = (np.arange(n) * S)[:, None] + self._fixed[None, :] if self.cp_size > 1 else None
-            if "indices" in want:
-                cols["indices"] = [self._fixed_t] * n
+        if "indices" in want:
+            cols["indices"] = [self._fixed_t] * n
+        size = len(self._fixed)
+        gather = ((np.arange(n) * S)[:, None] + self._fixed[None, :]).reshape(-1) if self.cp_size > 1 else None
         for name in ("input_ids", "labels", "position_ids"):
             if name in want:
                 arr = full[name][:N]
                 if gather is not None:  # CP: this rank's slots of every item, in one gather per array
-                    out = self._take("cp_" + name, int(sum(sizes)))
-                    arr = np.take(full[name], gather.reshape(-1), out=out, mode="clip")  # unbuffered
-                cols[name] = list(torch.from_numpy(arr).split(sizes))
-        if "cu_seqlens" in want or ("cu_seqlens_padded" in want and not self.zigzag):
-            cus = list(torch.split(torch.from_numpy((cu[src] - owner * S).astype(np.int32)), bounds))
-            if "cu_seqlens" in want:
-                cols["cu_seqlens"] = cus
-            if "cu_seqlens_padded" in want and not self.zigzag:
-                cols["cu_seqlens_padded"] = cus
-        cols["step"] = self.shards.steps[idx].tolist()
-        cols["sequence"] = list(seqs)
-        cols["num_tokens"] = used.tolist()
-        keys = list(cols)
-        return [dict(zip(keys, values, strict=True)) for values in zip(*cols.values(), strict=True)]
+                    arr = np.take(full[name], gather, out=self._take("cp_" + name, n * size), mode="clip")
+                cols[name] = list(torch.from_numpy(arr).split(size))
+
+    def _zigzag(
+        self,
+        cols: dict[str, list[Any]],
+        tokens: np.ndarray,
+        seg: np.ndarray,
+        first: np.ndarray,
+        cu: np.ndarray,
+        used: np.ndarray,
+    ) -> None:
+        """``cols``' token-slot fields under the per-document zigzag: the rank's slots of all items as runs
+        (:func:`~loaders.context_parallel.zigzag_runs`), each per-slot array written once by
+        :func:`~loaders.context_parallel.expand_runs` or one gather from ``tokens``; labels are gathered
+        from the next position and fixed where a segment ends (its last chunk's last slot), in trailing
+        padding and on CP padding slots, so no whole-sequence labels or positions are made."""
+        S, n, want, cp = self.S, len(used), self.fields, self.cp_size
+        N = n * S
+        n_seg = first[1:] - first[:-1]
+        rotation = np.arange(len(seg)) - np.repeat(first[:-1], n_seg)  # segment index inside its item
+        runs = zigzag_runs(seg, rotation, cp, self.cp_rank)
+        total = int(runs.length.sum())
+        sizes = np.add.reduceat(runs.length, 2 * first[:-1]).tolist()
+        pad = runs.padding()
+        gather = expand_runs(runs.start, runs.length, runs.head, self._take("cp_gather", total))
+        gather[pad] = N  # the pad_id slot
+        if "input_ids" in want:
+            x = np.take(tokens, gather, out=self._take("cp_input_ids", total), mode="clip")
+            cols["input_ids"] = list(torch.from_numpy(x).split(sizes))
+        if "labels" in want:
+            y = np.take(tokens[1:], gather, out=self._take("cp_labels", total), mode="clip")
+            last = runs.chunk == 2 * cp - 1  # the run ending at its segment's last token
+            y[runs.head[last] + runs.length[last] - 1] = IGNORE_INDEX
+            for k in np.flatnonzero(used < S).tolist():  # the item's trailing padding: its last segment's runs
+                r = 2 * int(first[k + 1] - 1)
+                y[runs.head[r] : runs.head[r + 1] + runs.length[r + 1]] = IGNORE_INDEX
+            y[pad] = IGNORE_INDEX
+            cols["labels"] = list(torch.from_numpy(y).split(sizes))
+        if "position_ids" in want:
+            seg_start = np.repeat(cu[:-1], 2)
+            pos = expand_runs(runs.start - seg_start, runs.length, runs.head, self._take("cp_position_ids", total))
+            pos[pad] = 0
+            cols["position_ids"] = list(torch.from_numpy(pos).split(sizes))
+        if "indices" in want:
+            local = self._take("cp_indices", total)
+            local_t = torch.from_numpy(local)
+            parts = list(local_t.split(sizes))
+            for k, part in enumerate(torch.from_numpy(gather).split(sizes)):  # n slices: cheaper than a repeat
+                torch.sub(part, k * S, out=parts[k])
+            local[pad] = -1
+            cols["indices"] = parts
 
     def _stored(self, k: int) -> np.ndarray:
         """Shard ``k``'s tokens as a plain ndarray over its memory map (row access without memmap's overhead)."""

@@ -131,9 +131,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         """``(step, slot, sequence)`` of every remaining item of this rank, in order (no I/O beyond metadata)."""
         step0, consumed0 = self._step, self._consumed  # iteration moves the position
         for t in range(step0, self.schedule.steps):
-            mine = self.schedule.assignment(t, self.dp_size)[self.dp_rank]
+            mine = self.schedule.assignment(t, self.dp_size)[self.dp_rank].tolist()
             for slot in range(consumed0 if t == step0 else 0, len(mine)):
-                yield t, slot, int(mine[slot])
+                yield t, slot, mine[slot]
 
     def rank_sequences(self) -> np.ndarray:
         """Global sequence indices this DP rank reads from its position on, in order (int64)."""
@@ -142,16 +142,17 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         stride, offset = (1, 0) if info is None else (info.num_workers, info.id)
-        mine = (p for k, p in enumerate(self.plan()) if k % stride == offset)
+        mine = itertools.islice(self.plan(), offset, None, stride)  # worker w: items w, w + stride, …
+        per_rank = self.per_rank
+        # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
+        whole = type(self.shards) is ShardSet
         while chunk := list(itertools.islice(mine, self.chunk)):
             # items are built a chunk at a time (one numpy call per array for all of them, not per item)
-            # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
-            whole = type(self.shards) is ShardSet
             built = self.items([i for _, _, i in chunk]) if whole else (self.item(i) for *_, i in chunk)
             for (t, slot, _), item in zip(chunk, built, strict=True):
-                item.update(step=t, slot=slot)
-                if info is None:
-                    self._advance(t, slot)
+                item["step"], item["slot"] = t, slot
+                if info is None:  # the position moves just past this item (as _advance, inlined: per item)
+                    self._step, self._consumed = (t + 1, 0) if slot + 1 == per_rank else (t, slot + 1)
                 yield item
 
     def items(self, seqs: list[int]) -> list[dict[str, Any]]:
