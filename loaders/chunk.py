@@ -73,10 +73,12 @@ class ChunkBuilder:
         cols: dict[str, list[Any]] = {}
         if self._lean:  # no labels, positions or per-document split: the build's cu_seqlens, made once
             used = self.shards.seq_tokens[idx]
-            cu_all, at = self._cu_all
-            count = at[idx + 1] - at[idx]
-            gather = np.arange(int(count.sum())) + np.repeat(at[idx] - (np.cumsum(count) - count), count)
-            cus = list(torch.from_numpy(cu_all[gather]).split(count.tolist()))
+            cus = []
+            if "cu_seqlens" in want or "cu_seqlens_padded" in want:
+                cu_all, at = self._cu_all
+                count = at[idx + 1] - at[idx]
+                gather = np.arange(int(count.sum())) + np.repeat(at[idx] - (np.cumsum(count) - count), count)
+                cus = list(torch.from_numpy(cu_all[gather]).split(count.tolist()))
             self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used)
         else:
             seg, first, cu, used = self._layout(idx)
