@@ -6,6 +6,8 @@ Training code imports this (and never Dagster)::
     ds = PackedDataset("build/demo", cp_size=2)            # dp/cp ranks from torch.distributed or RANK/WORLD_SIZE
     loader = PackedLoader(ds, num_workers=2, pin_memory=True)
     for item in loader: ...
+    # cp_size 1, labels and positions made on the GPU (loaders.targets): the loader writes 8 bytes per token
+    lean = PackedDataset("build/demo", fields=("input_ids", "cu_seqlens"))
     ckpt["loader"] = loader.state_dict()                  # exact, also with workers; elastic across worlds
 """
 

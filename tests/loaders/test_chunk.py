@@ -5,14 +5,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loaders import FIELDS, PackedDataset
-from mixing.shards import write_shards
+from tests.loaders.segmentations import random_build, segmentations
 
 SPLITS = ("zigzag", "sequence_zigzag", "contiguous")
 
@@ -21,18 +20,6 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
         torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
     )
-
-
-def random_build(root: Path, seg_lens: list[list[int]], S: int, pad_id: int, shard_sequences: int) -> Path:
-    """A build of ``len(seg_lens)`` sequences (4 per step) whose segments have the given lengths (≤ S each)."""
-    n = len(seg_lens)
-    rng = np.random.default_rng(n * S)
-    tokens = rng.integers(0, 60000, (n, S)).astype(np.uint32)
-    segments = np.array([(0, d, 0, ln) for lens in seg_lens for d, ln in enumerate(lens)], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum([len(lens) for lens in seg_lens])]).astype(np.int64)
-    manifest = {"global_batch": 4, "pad_id": pad_id, "cost": {"attention": 1.0, "linear": 0.0}}
-    write_shards(root / "shards", tokens, np.arange(n) // 4, offsets, segments, shard_sequences, manifest)
-    return root
 
 
 def check_chunks_equal_items(build: Path, cp: int, how: str, chunks: list[int], fields=None) -> int:
@@ -51,22 +38,6 @@ def check_chunks_equal_items(build: Path, cp: int, how: str, chunks: list[int], 
                 compared += 1
             k += 1
     return compared
-
-
-@st.composite
-def segmentations(draw: st.DrawFn) -> tuple[int, list[list[int]]]:
-    S = 24 * draw(st.integers(1, 4))  # divisible by 2·cp for cp ≤ 4: every split applies
-    out = []
-    for _ in range(draw(st.sampled_from([4, 8]))):
-        lens, total = [], 0
-        for ln in draw(st.lists(st.integers(1, S), min_size=1, max_size=10)):
-            ln = min(ln, S - total)
-            if ln == 0:
-                break
-            lens.append(ln)
-            total += ln
-        out.append(lens)
-    return S, out
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from loaders import PackedDataset
 from loaders.targets import cp_position_ids, labels, position_ids
-from tests.loaders.test_chunk import random_build, segmentations
+from tests.loaders.segmentations import random_build, segmentations
 
 
 def check_targets(build: Path, cp: int = 1) -> int:
