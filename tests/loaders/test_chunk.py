@@ -50,7 +50,7 @@ def test_chunks_equal_items_on_random_segmentations(
         build = random_build(Path(tmp), seg_lens, S, pad_id, shard_sequences=3)
         check_chunks_equal_items(build, 1, "zigzag", chunks)
         for cp in (2, 3, 4):
-            for how in SPLITS:
+            for how in SPLITS if S % (2 * cp) == 0 else ("zigzag",):
                 check_chunks_equal_items(build, cp, how, chunks)
         check_chunks_equal_items(build, 1, "zigzag", chunks, fields=("input_ids", "cu_seqlens"))
         check_chunks_equal_items(build, 3, "zigzag", chunks, fields=("labels", "indices", "cu_seqlens_padded"))
