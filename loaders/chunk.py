@@ -76,8 +76,9 @@ class ChunkBuilder:
             cus = []
             if "cu_seqlens" in want or "cu_seqlens_padded" in want:
                 cu_all, at = self._cu_all
-                count = at[idx + 1] - at[idx]
-                gather = np.arange(int(count.sum())) + np.repeat(at[idx] - (np.cumsum(count) - count), count)
+                count = at[idx + 1] - at[idx]  # ≥ 2 boundaries per item
+                head = np.cumsum(count) - count
+                gather = expand_runs(at[idx], count, head, np.empty(int(head[-1] + count[-1]), np.int64))
                 cus = list(torch.from_numpy(cu_all[gather]).split(count.tolist()))
             self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used)
         else:
@@ -97,7 +98,8 @@ class ChunkBuilder:
         cols["sequence"] = list(seqs)
         cols["num_tokens"] = used.tolist()
         keys = list(cols)
-        return [dict(zip(keys, values, strict=True)) for values in zip(*cols.values(), strict=True)]
+        # every column has one entry per item by construction; a strict zip per item costs more than the dict
+        return [dict(zip(keys, values, strict=False)) for values in zip(*cols.values(), strict=True)]
 
     def _layout(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Segments of sequences ``idx`` back to back, each one's padding (if any) as one more segment:
@@ -178,7 +180,7 @@ class ChunkBuilder:
                 arr = full[name][:N]
                 if gather is not None:  # CP: this rank's slots of every item, in one gather per array
                     arr = np.take(full[name], gather, out=self._take("cp_" + name, n * size), mode="clip")
-                cols[name] = list(torch.from_numpy(arr).split(size))
+                cols[name] = list(torch.from_numpy(arr).view(n, size).unbind(0))
 
     def _zigzag(
         self,
