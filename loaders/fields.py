@@ -15,26 +15,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "check_fields"]
+from mixing.errors import WeirError
+
+__all__ = ["FIELDS", "IGNORE_INDEX", "FieldsError", "check_fields"]
 
 IGNORE_INDEX = -100
 
 FIELDS = ("input_ids", "labels", "position_ids", "indices", "cu_seqlens", "cu_seqlens_padded")
 
 
+class FieldsError(WeirError, ValueError):
+    """A ``fields`` request the loader cannot serve (the message names the field)."""
+
+
 def check_fields(fields: Iterable[str] | None, cp_size: int) -> tuple[str, ...]:
     """The requested fields in :data:`FIELDS` order (all of them for None); ValueError naming an unknown
-    field, a bare string, or ``labels`` left out with ``cp_size > 1``."""
+    field, a bare string, or ``labels`` left out with ``cp_size > 1`` (:class:`FieldsError`, a ValueError)."""
     if fields is None:
         return FIELDS
     if isinstance(fields, str):
-        raise ValueError(f"fields must be a collection of field names, not the string {fields!r}")
+        raise FieldsError(f"fields must be a collection of field names, not the string {fields!r}")
     wanted = list(fields)
     unknown = [f for f in wanted if f not in FIELDS]
     if unknown:
-        raise ValueError(f"unknown item field {unknown[0]!r}; expected some of {list(FIELDS)}")
+        raise FieldsError(f"unknown item field {unknown[0]!r}; expected some of {list(FIELDS)}")
     if cp_size > 1 and "labels" not in wanted:
-        raise ValueError(
+        raise FieldsError(
             "fields must include 'labels' when cp_size > 1: a CP chunk's last label is a token another CP rank "
             "holds, so the trainer cannot rebuild labels from its own input_ids"
         )

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loaders import FIELDS, PackedDataset
+from loaders import FIELDS, FieldsError, PackedDataset
 from tests.loaders.segmentations import random_build, segmentations
 
 SPLITS = ("zigzag", "sequence_zigzag", "contiguous")
@@ -74,7 +74,7 @@ def test_iteration_with_fewer_fields_gives_the_same_arrays(tiny_build: Path, cp:
 
 
 def test_fields_are_checked_at_the_edge(tiny_build: Path) -> None:
-    with pytest.raises(ValueError, match="'label'"):
+    with pytest.raises(FieldsError, match="'label'"):
         PackedDataset(tiny_build, 0, 1, fields=("input_ids", "label"))
     with pytest.raises(ValueError, match="not the string"):
         PackedDataset(tiny_build, 0, 1, fields="input_ids")
