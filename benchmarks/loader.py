@@ -1,11 +1,12 @@
-"""``loader_tokens_per_s`` per rank from page cache: weir's PackedDataset beside a raw ``np.memmap`` copy
-(the ceiling) and peers reading the same packed tokens (LitData ``StreamingDataset`` + ``TokensLoader``,
-megatron-core's ``IndexedDataset``), plus the sampler's planning time per step.
+"""``loader_tokens_per_s`` per rank from page cache: weir's PackedDataset (full items, the peers' payload,
+cp=2 and cp=4) beside a raw ``np.memmap`` copy (the ceiling) and peers reading the same packed tokens
+(LitData ``StreamingDataset`` + ``TokensLoader``, megatron-core's ``IndexedDataset``), plus the sampler's
+planning time per step against a stated, plausible training step.
 
 Peers run in a separate venv (``--peer-python``; their pins need not match ours) through
 ``benchmarks/loader_peers.py``; without one they are reported as not measured. Every reader delivers
-int64 torch tensors of S tokens, single process (``num_workers=0``), after one warm-up pass so the
-files are in page cache.
+int64 torch tensors, single process (``num_workers=0``), after one warm-up pass so the files are in page
+cache; each row says which arrays it writes per sequence.
 
     .venv/bin/python benchmarks/loader.py [--build build/demo] [--peer-python /tmp/peer/bin/python]
 
@@ -27,6 +28,7 @@ if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 import argparse
+import functools
 import subprocess
 import tempfile
 import time
@@ -72,25 +74,22 @@ def raw_memmap(shards: ShardSet) -> int:
     return n
 
 
-def weir(build: Path, cp_size: int, cp_rank: int):
-    """A reader over one PackedDataset built once (opening and planning are timed apart, in main)."""
-    ds = PackedDataset(build, 0, 1, cp_rank, cp_size)
+LEAN = ("input_ids", "cu_seqlens")  # the peers' payload (plus the document boundaries they lack)
+
+
+def weir(build: Path, cp_size: int, cp_rank: int, fields: tuple[str, ...] | None = None, planned: bool = True):
+    """A reader over one PackedDataset built once. ``planned``: its steps' plans are kept (each reader has
+    its own cache: the readers take turns, and the schedule's shared cache holds 64 steps), so passes time
+    reading only, planning being timed apart in main; else every pass plans its steps again."""
+    ds = PackedDataset(build, 0, 1, cp_rank, cp_size, fields=fields)
     start = ds.state_dict()
+    plan = functools.partial(type(ds.schedule).assignment.__wrapped__, ds.schedule)  # the uncached planner
+    kept = functools.lru_cache(maxsize=None)(plan)
 
     def read() -> int:
+        ds.schedule.assignment = kept if planned else functools.lru_cache(maxsize=None)(plan)  # type: ignore
         ds.load_state_dict(start)
         return sum(int(item["input_ids"].numel()) for item in ds)
-
-    return read
-
-
-def weir_per_item(build: Path):
-    """The per-sequence path (``PackedDataset.item``, what iteration did before chunks; still the cp>1 path)."""
-    ds = PackedDataset(build, 0, 1)
-    seqs = ds.rank_sequences().tolist()
-
-    def read() -> int:
-        return sum(int(ds.item(i)["input_ids"].numel()) for i in seqs)
 
     return read
 
@@ -109,12 +108,26 @@ def planning(batch: int, dp: int, window: int, steps: int = 64) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def step_seconds(tokens_per_rank: int, params: float, mfu: float, peak_tflops: float) -> float:
+    """A plausible training step: ``tokens_per_rank`` × 6·``params`` FLOPs ÷ (``mfu`` × peak FLOP/s) (the
+    6·N rule leaves out attention FLOPs, which only lengthen the step: the estimate is on the short side)."""
+    return tokens_per_rank * 6 * params / (mfu * peak_tflops * 1e12)
+
+
+PAYLOAD_FULL = "input_ids, labels, position_ids (int64 [S] each), indices, cu_seqlens"
+PAYLOAD_LEAN = "input_ids int64 [S] + cu_seqlens"
+PAYLOAD_IDS = "input_ids int64 [S]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", type=Path, help="a weir build (default: build the embedded demo into build/bench)")
     ap.add_argument("--peer-python", help="python of a venv with litdata and megatron-core")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=8192, help="S of the demo build made when --build is absent")
+    ap.add_argument("--model-params", type=float, default=8e9, help="N of the plausible step's model")
+    ap.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation of the plausible step")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="accelerator peak (H100 SXM dense BF16: 989)")
     args = ap.parse_args()
     build = args.build
     if build is None:
@@ -133,13 +146,26 @@ def main() -> None:
             )
     shards = ShardSet(build / "shards")
     m = shards.manifest
-    print(f"build {build}: {len(shards)} sequences of {m['seq_len']} tokens ({m['dtype']}), single process")
+    S = int(m["seq_len"])
+    print(f"build {build}: {len(shards)} sequences of {S} tokens ({m['dtype']}), single process")
+    payload = {
+        "raw np.memmap copy (ceiling)": PAYLOAD_IDS,
+        "weir cp=1, full item": PAYLOAD_FULL,
+        "weir cp=1, fields=input_ids+cu_seqlens": PAYLOAD_LEAN,
+        "weir cp=1, fields=input_ids": PAYLOAD_IDS,
+        "weir cp=1, input_ids+cu_seqlens, planning included": PAYLOAD_LEAN,
+        "weir cp=2, full item (per rank)": PAYLOAD_FULL + " of S/2 slots",
+        "weir cp=4, full item (per rank)": PAYLOAD_FULL + " of S/4 slots",
+    }
     rows = interleaved(
         {
             "raw np.memmap copy (ceiling)": lambda: raw_memmap(shards),
-            "weir PackedDataset cp=1": weir(build, 1, 0),
-            "weir PackedDataset.item() per sequence, cp=1": weir_per_item(build),
-            "weir PackedDataset cp=2 (per rank)": weir(build, 2, 0),
+            "weir cp=1, full item": weir(build, 1, 0),
+            "weir cp=1, fields=input_ids+cu_seqlens": weir(build, 1, 0, LEAN),
+            "weir cp=1, fields=input_ids": weir(build, 1, 0, ("input_ids",)),
+            "weir cp=1, input_ids+cu_seqlens, planning included": weir(build, 1, 0, LEAN, planned=False),
+            "weir cp=2, full item (per rank)": weir(build, 2, 0),
+            "weir cp=4, full item (per rank)": weir(build, 4, 0),
         },
         args.repeat,
     )
@@ -160,26 +186,38 @@ def main() -> None:
                 if line.startswith("PEER\t"):
                     _, name, value = line.split("\t")
                     rows[name] = float(value)
+                    payload[name] = PAYLOAD_IDS
             errors = [ln for ln in proc.stderr.splitlines() if " failed: " in ln]
             if proc.returncode or errors:
                 print(f"peer run (exit {proc.returncode}): {errors or proc.stderr[-800:]}")
     else:
         rows["peers (LitData, megatron-core)"] = float("nan")
+        payload["peers (LitData, megatron-core)"] = PAYLOAD_IDS
         print("peers not measured: pass --peer-python of a venv with litdata and megatron-core")
-    print(f"\n{'reader':46} {'loader_tokens_per_s':>20}")
-    for name, value in rows.items():
-        print(f"{name:46} {value:20,.0f}")
-    print("(weir delivers input_ids, labels, position_ids (int64 [S] each), indices and cu_seqlens per item;")
-    print(" the peers and the ceiling deliver input_ids only)")
+    print(f"\n{'reader':52} {'loader_tokens_per_s':>20}  payload per sequence")
+    for name, value in sorted(rows.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0.0):
+        print(f"{name:52} {value:20,.0f}  {payload[name]}")
+    print("(best of --repeat samples of >= 0.5 s; weir's readers and the ceiling take turns, the peers run next;")
+    print(f" weir's rows reuse their step plans except 'planning included': {m['global_batch']} sequences per step)")
     t0 = time.perf_counter()
     ds = PackedDataset(build, 0, 8 if len(shards) % 8 == 0 and m["global_batch"] % 8 == 0 else 1)
     n_plan = sum(1 for _ in ds.plan())
     print(f"\nopen + plan the whole build ({n_plan} items of rank 0): {time.perf_counter() - t0:.3f} s (once)")
-    print("\nsampler planning time per step (regroup + LPT/swaps, synthetic long-tailed costs):")
-    for batch, dp, window in ((64, 8, 1), (16, 16, 16), (1024, 128, 16)):
+    rate = args.mfu * args.peak_tflops * 1e12 / (6 * args.model_params)
+    print(
+        "\nsampler planning time per step (regroup + LPT/swaps, synthetic long-tailed costs), against a plausible"
+        f"\nstep: a {args.model_params / 1e9:g}B-parameter model"
+        f" (6·N = {6 * args.model_params / 1e9:g} GFLOP per token) at {args.mfu:.0%} MFU"
+        f" of {args.peak_tflops:g} TFLOP/s = {rate:,.0f} tokens/s per GPU:"
+    )
+    for batch, dp, window, seq_len in ((64, 8, 1, 8192), (16, 16, 16, 32768), (1024, 128, 16, 8192)):
         sec = planning(batch, dp, window)
+        tokens = batch // dp * seq_len
+        step = step_seconds(tokens, args.model_params, args.mfu, args.peak_tflops)
         print(
-            f"  global_batch={batch:5} dp={dp:4} window={window:3}: {sec * 1e3:7.3f} ms/step = {sec:.2%} of a 1 s step"
+            f"  global_batch={batch:5} dp={dp:4} window={window:3} S={seq_len:6}: {sec * 1e3:6.3f} ms/step = "
+            f"{sec / step:.3%} of a {step:.2f} s step ({tokens:,} tokens per rank);"
+            f" < 1% of any step over {sec * 1e5:.0f} ms"
         )
 
 

@@ -34,6 +34,8 @@ Cost of a sequence = Σ over its documents of ``attention·l² + linear·l`` (th
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 __all__ = [
@@ -78,20 +80,26 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
         ranks[np.argsort(-costs, kind="stable")] = np.arange(n)
         return ranks
     loads = np.zeros(dp_size)
-    counts = np.zeros(dp_size, dtype=np.int64)
-    for i in np.argsort(-costs, kind="stable"):
-        open_ = np.flatnonzero(counts < per)
-        r = int(open_[np.argmin(loads[open_])])
+    # the lightest open rank, ties to the lowest index: a heap of (load, rank) pops exactly that
+    heap = [(0.0, r) for r in range(dp_size)]
+    counts = [0] * dp_size
+    load_list = [0.0] * dp_size
+    cost_list = costs.tolist()
+    for i in np.argsort(-costs, kind="stable").tolist():
+        r = heapq.heappop(heap)[1]
         ranks[i] = r
-        loads[r] += costs[i]
+        load_list[r] += cost_list[i]  # the same additions in the same order as a numpy running sum
         counts[r] += 1
-    members = [np.flatnonzero(ranks == r).tolist() for r in range(dp_size)]
+        if counts[r] < per:
+            heapq.heappush(heap, (load_list[r], r))
+    loads[:] = load_list
+    table = np.argsort(ranks, kind="stable").reshape(dp_size, per)  # [dp, per] sequence indices, ascending
+    held = costs[table]  # their costs, kept in step with the table
     for _ in range(max_swap_rounds):
         hi = int(np.argmax(loads))
-        table = np.array(members)  # [dp, per] sequence indices
-        mine = costs[table[hi]]  # [per]
+        mine = held[hi]  # [per]
         # moving d = c_mine - c_theirs from hi to r: the pair's new max must drop below loads[hi]
-        d = mine[None, :, None] - costs[table][:, None, :]  # [dp, per, per]
+        d = mine[None, :, None] - held[:, None, :]  # [dp, per, per]
         new_max = np.maximum(loads[hi] - d, loads[:, None, None] + d)
         gain = loads[hi] - new_max
         gain[hi] = -np.inf
@@ -99,7 +107,8 @@ def assign_ranks(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> 
         if gain[r, a, b] <= 1e-9 * loads[hi]:
             break
         i, j = int(table[hi, a]), int(table[r, b])
-        members[hi][a], members[r][b] = j, i
+        table[hi, a], table[r, b] = j, i
+        held[hi, a], held[r, b] = costs[j], costs[i]
         ranks[i], ranks[j] = r, hi
         loads[hi] -= d[r, a, b]
         loads[r] += d[r, a, b]

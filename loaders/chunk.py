@@ -1,52 +1,111 @@
-"""Whole-sequence items (``cp_size == 1``) built a chunk at a time, for :class:`loaders.PackedDataset`.
+"""Items built a chunk at a time from a local build, for :class:`loaders.PackedDataset` (any ``cp_size``).
 
 Building items one by one costs tens of µs of numpy calls each; here every array of a chunk of items is made
-by one numpy pass from the build's segment index, and the arrays are reused once no item holds them.
-Deterministic: the items equal :meth:`loaders.PackedDataset.item`'s, whatever the chunk.
+by one numpy pass from the build's segment index (the CP split of all items' documents included, by
+:func:`loaders.context_parallel.zigzag_runs`, then one gather per array), only the requested
+fields are computed, and the arrays are reused once no item holds them. Deterministic: the items equal
+:meth:`loaders.PackedDataset.item`'s, whatever the chunk.
 """
 
 from __future__ import annotations
 
 import sys
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
 
+from loaders.context_parallel import expand_runs, split, zigzag_runs
+from loaders.fields import FIELDS, IGNORE_INDEX
 from mixing.shards import ShardSet
 
 __all__ = ["IGNORE_INDEX", "ChunkBuilder"]
 
-IGNORE_INDEX = -100
-
 
 class ChunkBuilder:
-    """Items of a local :class:`~mixing.shards.ShardSet` (its whole segment index is loaded once)."""
+    """Items of a local :class:`~mixing.shards.ShardSet` (its whole segment index is loaded once), cut for
+    CP rank ``cp_rank`` of ``cp_size`` by ``cp_split``, carrying ``fields`` (checked by the caller)."""
 
-    def __init__(self, shards: ShardSet) -> None:
+    def __init__(
+        self,
+        shards: ShardSet,
+        fields: tuple[str, ...] = FIELDS,
+        cp_size: int = 1,
+        cp_rank: int = 0,
+        cp_split: str = "zigzag",
+        pad_id: int = 0,
+    ) -> None:
         m = shards.manifest
-        self.shards, self.S = shards, int(m["seq_len"])
-        self._arange = torch.arange(self.S, dtype=torch.int64)
-        self._pool: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.shards, self.S, self.fields = shards, int(m["seq_len"]), fields
+        self.cp_size, self.cp_rank, self.pad_id = cp_size, cp_rank, pad_id
+        self.zigzag = cp_size > 1 and cp_split == "zigzag"
+        # the other splits take the same slots of every sequence (they depend on S only)
+        fixed = np.arange(self.S, dtype=np.int64)
+        if cp_size > 1 and not self.zigzag:
+            fixed = split(np.array([self.S]), cp_size, cp_rank, cp_split)
+        self._fixed, self._fixed_t = fixed, torch.from_numpy(fixed)
+        self._pool: dict[str, list[np.ndarray]] = {}
         self._plain: dict[int, np.ndarray] = {}
         self._first = np.array([int(sh["first_sequence"]) for sh in m["shards"]], dtype=np.int64)
+        self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
 
     def build(self, seqs: list[int]) -> list[dict[str, Any]]:
-        """Global sequences ``seqs`` as whole-sequence items: ``input_ids``, ``labels``, ``position_ids``,
-        ``indices``, ``cu_seqlens``, ``cu_seqlens_padded``, ``step`` (the build's), ``sequence``.
+        """Global sequences ``seqs`` as items: the requested fields plus ``step`` (the build's), ``sequence``
+        and ``num_tokens``, equal to :meth:`loaders.PackedDataset.item`'s.
 
-        One numpy pass per array over all of them: ``input_ids``, ``labels`` and ``position_ids`` of item
-        ``k`` are row ``k`` of one [len(seqs), S] int64 block each (views; the block lives as long as any
-        of them), ``indices`` is one shared ``arange(S)`` tensor: treat items as read-only.
+        One numpy pass per array over all of them: each array field of item ``k`` is a view of one flat
+        int64 block shared by the chunk (the block lives as long as any of them); ``indices`` is one shared
+        tensor unless the split is per document: treat items as read-only.
         """
-        S, n = self.S, len(seqs)
+        S, n, want = self.S, len(seqs), self.fields
+        N = n * S
         idx = np.asarray(seqs, dtype=np.int64)
         shard = np.searchsorted(self._first, idx, side="right") - 1
-        tokens, labels, positions = self._block(n)
-        stored = [self._stored(int(k)) for k in shard]
+        rows = (idx - self._first[shard]).tolist()
+        # the whole sequences back to back, then one slot more: what a CP padding slot (index -1) gathers
+        tokens = self._take("tokens", N + 1)
+        tokens[N] = self.pad_id
+        block = tokens[:N].reshape(n, S)
+        stored = [self._stored(k) for k in shard.tolist()]
         for k in range(n):  # one copy per row (no gathered temporary), converting to int64 on the way
-            tokens[k] = stored[k][idx[k] - self._first[shard[k]]]
-        # segment lengths of every item back to back, each item's padding (if any) as one more segment
+            block[k] = stored[k][rows[k]]
+        cols: dict[str, list[Any]] = {}
+        if self._lean:  # no labels, positions or per-document split: the build's cu_seqlens, made once
+            used = self.shards.seq_tokens[idx]
+            cus = []
+            if "cu_seqlens" in want or "cu_seqlens_padded" in want:
+                cu_all, at = self._cu_all
+                count = at[idx + 1] - at[idx]  # ≥ 2 boundaries per item
+                head = np.cumsum(count) - count
+                gather = expand_runs(at[idx], count, head, np.empty(int(head[-1] + count[-1]), np.int64))
+                cus = list(torch.from_numpy(cu_all[gather]).split(count.tolist()))
+            self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used)
+        else:
+            seg, first, cu, used = self._layout(idx)
+            if self.zigzag:
+                self._zigzag(cols, tokens, seg, first, cu, used)
+            else:
+                self._whole(cols, tokens, seg, cu, used)
+            cus, pcus = self._item_cu(seg, first, cu)
+            if self.zigzag and "cu_seqlens_padded" in want:
+                cols["cu_seqlens_padded"] = pcus
+        if "cu_seqlens" in want:
+            cols["cu_seqlens"] = cus
+        if "cu_seqlens_padded" in want and not self.zigzag:
+            cols["cu_seqlens_padded"] = cus
+        cols["step"] = self.shards.steps[idx].tolist()
+        cols["sequence"] = list(seqs)
+        cols["num_tokens"] = used.tolist()
+        keys = list(cols)
+        # every column has one entry per item by construction; a strict zip per item costs more than the dict
+        return [dict(zip(keys, values, strict=False)) for values in zip(*cols.values(), strict=True)]
+
+    def _layout(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Segments of sequences ``idx`` back to back, each one's padding (if any) as one more segment:
+        lengths ``seg`` [m], ``first`` [n+1] (item k's segments are ``first[k]:first[k+1]``), boundaries
+        ``cu`` [m+1] in the concatenated positions (item k starts at k·S), real tokens ``used`` [n]."""
+        S, n = self.S, len(idx)
         offs, segs = self.shards.segments
         lo, n_real = offs[idx], offs[idx + 1] - offs[idx]
         used = self.shards.seq_tokens[idx]
@@ -60,36 +119,118 @@ class ChunkBuilder:
         seg[first[item_of] + e] = segs[lo[item_of] + e, 3]
         cu = np.zeros(len(seg) + 1, dtype=np.int64)
         np.cumsum(seg, out=cu[1:])
-        labels[:, :-1] = tokens[:, 1:]
-        labels.reshape(-1)[cu[1:] - 1] = IGNORE_INDEX  # the last token of each document predicts nothing
-        for row in np.flatnonzero(used < S).tolist():
-            labels[row, used[row] :] = IGNORE_INDEX
-        positions.fill(1)
-        positions[cu[1:-1]] = 1 - seg[:-1]  # the running count restarts at 0 at every segment start
-        positions[0] = 0
-        np.cumsum(positions, out=positions)
-        # each item's own cu_seqlens (k+1 entries, from 0): item k's boundaries minus k·S, side by side
+        return seg, first, cu, used
+
+    def _item_cu(
+        self, seg: np.ndarray, first: np.ndarray, cu: np.ndarray
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each item's ``cu_seqlens`` and zigzag-padded ``cu_seqlens_padded`` (int32 [k+1] from 0) from a
+        :meth:`_layout` (the padded ones only under the per-document zigzag, else the same list)."""
+        n = len(first) - 1
+        n_seg = first[1:] - first[:-1]
         owner = np.repeat(np.arange(n), n_seg + 1)
         src = np.arange(len(owner)) - owner  # entry e of item k is boundary first[k] + e of the flat cu
-        cu32 = torch.from_numpy((cu[src] - owner * S).astype(np.int32))
-        steps = self.shards.steps[idx].tolist()
-        x = torch.from_numpy(tokens).unbind(0)
-        y = torch.from_numpy(labels).unbind(0)
-        pos = torch.from_numpy(positions.reshape(n, S)).unbind(0)
-        cus = torch.split(cu32, (n_seg + 1).tolist())
-        return [
-            {
-                "input_ids": x[k],
-                "labels": y[k],
-                "position_ids": pos[k],
-                "indices": self._arange,
-                "cu_seqlens": cus[k],
-                "cu_seqlens_padded": cus[k],
-                "step": steps[k],
-                "sequence": seqs[k],
-            }
-            for k in range(n)
-        ]
+        bounds = (n_seg + 1).tolist()
+        cus = list(torch.split(torch.from_numpy((cu[src] - owner * self.S).astype(np.int32)), bounds))
+        if not self.zigzag:
+            return cus, cus
+        two = 2 * self.cp_size
+        pcu = np.zeros(len(seg) + 1, dtype=np.int64)
+        np.cumsum(-(-seg // two) * two, out=pcu[1:])
+        return cus, list(torch.split(torch.from_numpy((pcu[src] - pcu[first[owner]]).astype(np.int32)), bounds))
+
+    @cached_property
+    def _cu_all(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every sequence's ``cu_seqlens`` back to back (int32) and where each begins (int64 [n+1]), made
+        once for the lean fields (4 bytes per segment, against the 32 of the segment index)."""
+        seg, first, cu, _ = self._layout(np.arange(len(self.shards.seq_tokens)))
+        at = np.zeros(len(first), dtype=np.int64)
+        np.cumsum(first[1:] - first[:-1] + 1, out=at[1:])
+        cus = self._item_cu(seg, first, cu)[0]
+        return (torch.cat(cus).numpy() if cus else np.zeros(0, np.int32)), at
+
+    def _whole(
+        self, cols: dict[str, list[Any]], tokens: np.ndarray, seg: np.ndarray, cu: np.ndarray, used: np.ndarray
+    ) -> None:
+        """``cols``' token-slot fields when every item has the same slots (``cp_size == 1``, or a split of
+        fixed slots): labels and positions of the whole sequences, then one gather per array for CP."""
+        S, n, want = self.S, len(used), self.fields
+        N = n * S
+        full = {"input_ids": tokens}
+        if "labels" in want:
+            labels = full["labels"] = self._take("labels", N + 1)
+            labels[: N - 1] = tokens[1:N]
+            labels[cu[1:] - 1] = IGNORE_INDEX  # the last token of each document predicts nothing
+            labels[N] = IGNORE_INDEX
+            for row in np.flatnonzero(used < S).tolist():
+                labels[row * S + int(used[row]) : (row + 1) * S] = IGNORE_INDEX
+        if "position_ids" in want:
+            positions = full["position_ids"] = self._take("position_ids", N + 1)
+            positions.fill(1)
+            positions[cu[1:-1]] = 1 - seg[:-1]  # the running count restarts at 0 at every segment start
+            positions[0] = 0
+            np.cumsum(positions[:N], out=positions[:N])
+            positions[N] = 0
+        if "indices" in want:
+            cols["indices"] = [self._fixed_t] * n
+        size = len(self._fixed)
+        gather = ((np.arange(n) * S)[:, None] + self._fixed[None, :]).reshape(-1) if self.cp_size > 1 else None
+        for name in ("input_ids", "labels", "position_ids"):
+            if name in want:
+                arr = full[name][:N]
+                if gather is not None:  # CP: this rank's slots of every item, in one gather per array
+                    arr = np.take(full[name], gather, out=self._take("cp_" + name, n * size), mode="clip")
+                cols[name] = list(torch.from_numpy(arr).view(n, size).unbind(0))
+
+    def _zigzag(
+        self,
+        cols: dict[str, list[Any]],
+        tokens: np.ndarray,
+        seg: np.ndarray,
+        first: np.ndarray,
+        cu: np.ndarray,
+        used: np.ndarray,
+    ) -> None:
+        """``cols``' token-slot fields under the per-document zigzag: the rank's slots of all items as runs
+        (:func:`~loaders.context_parallel.zigzag_runs`), each per-slot array written once by
+        :func:`~loaders.context_parallel.expand_runs` or one gather from ``tokens``; labels are gathered
+        from the next position and fixed where a segment ends (its last chunk's last slot), in trailing
+        padding and on CP padding slots, so no whole-sequence labels or positions are made."""
+        S, n, want, cp = self.S, len(used), self.fields, self.cp_size
+        N = n * S
+        n_seg = first[1:] - first[:-1]
+        rotation = np.arange(len(seg)) - np.repeat(first[:-1], n_seg)  # segment index inside its item
+        runs = zigzag_runs(seg, rotation, cp, self.cp_rank)
+        total = int(runs.length.sum())
+        sizes = np.add.reduceat(runs.length, 2 * first[:-1]).tolist()
+        pad = runs.padding()
+        gather = expand_runs(runs.start, runs.length, runs.head, self._take("cp_gather", total))
+        gather[pad] = N  # the pad_id slot
+        if "input_ids" in want:
+            x = np.take(tokens, gather, out=self._take("cp_input_ids", total), mode="clip")
+            cols["input_ids"] = list(torch.from_numpy(x).split(sizes))
+        if "labels" in want:
+            y = np.take(tokens[1:], gather, out=self._take("cp_labels", total), mode="clip")
+            last = runs.chunk == 2 * cp - 1  # the run ending at its segment's last token
+            y[runs.head[last] + runs.length[last] - 1] = IGNORE_INDEX
+            for k in np.flatnonzero(used < S).tolist():  # the item's trailing padding: its last segment's runs
+                r = 2 * int(first[k + 1] - 1)
+                y[runs.head[r] : runs.head[r + 1] + runs.length[r + 1]] = IGNORE_INDEX
+            y[pad] = IGNORE_INDEX
+            cols["labels"] = list(torch.from_numpy(y).split(sizes))
+        if "position_ids" in want:
+            seg_start = np.repeat(cu[:-1], 2)
+            pos = expand_runs(runs.start - seg_start, runs.length, runs.head, self._take("cp_position_ids", total))
+            pos[pad] = 0
+            cols["position_ids"] = list(torch.from_numpy(pos).split(sizes))
+        if "indices" in want:
+            local = self._take("cp_indices", total)
+            local_t = torch.from_numpy(local)
+            parts = list(local_t.split(sizes))
+            for k, part in enumerate(torch.from_numpy(gather).split(sizes)):  # n slices: cheaper than a repeat
+                torch.sub(part, k * S, out=parts[k])
+            local[pad] = -1
+            cols["indices"] = parts
 
     def _stored(self, k: int) -> np.ndarray:
         """Shard ``k``'s tokens as a plain ndarray over its memory map (row access without memmap's overhead)."""
@@ -97,20 +238,26 @@ class ChunkBuilder:
             self._plain[k] = np.asarray(self.shards.shard_tokens(k))
         return self._plain[k]
 
-    def _block(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Token, label ([n, S]) and flat position ([n·S]) int64 arrays for one chunk of ``n`` items.
+    def _take(self, role: str, size: int) -> np.ndarray:
+        """An int64 array of ``size`` for ``role`` (one per array a chunk makes), reused when free.
 
         Fresh multi-megabyte arrays cost a page fault per 4 KiB on every chunk (the allocator maps them
-        anew each time), more than the work itself; so a few blocks are kept and one is handed out again
-        once no tensor of its earlier items is alive (CPython's reference count says so exactly: each
-        item's tensors keep their block referenced).
+        anew each time), more than the work itself; so a few arrays per role are kept and one is handed out
+        again once no tensor of its earlier items is alive (CPython's reference count says so exactly: each
+        item's tensors keep the array referenced through their views' base).
         """
-        S = self.S
-        for trio in self._pool:
-            # 3 = the pool's tuple + the loop variable's tuple access + getrefcount's own argument
-            if len(trio[0]) >= n and all(sys.getrefcount(a) <= 3 for a in trio):
-                return trio[0][:n], trio[1][:n], trio[2][: n * S]
-        trio = (np.empty((n, S), np.int64), np.empty((n, S), np.int64), np.empty(n * S, np.int64))
-        if len(self._pool) < 4:  # bounded: a consumer that keeps every item gets fresh arrays
-            self._pool.append(trio)
-        return trio
+        pool = self._pool.setdefault(role, [])
+        spare = -1
+        for k in range(len(pool)):  # not enumerate: its cached result tuple would hold one reference more
+            a = pool[k]
+            # 3 = the pool's list + the local variable + getrefcount's own argument
+            if sys.getrefcount(a) <= 3:
+                if len(a) >= size:
+                    return a[:size]
+                spare = k
+        fresh = np.empty(size + size // 4, dtype=np.int64)  # room for a chunk with more CP padding
+        if spare >= 0:
+            pool[spare] = fresh
+        elif len(pool) < 4:  # bounded: a consumer that keeps every item gets fresh arrays
+            pool.append(fresh)
+        return fresh[:size]

@@ -17,9 +17,21 @@ slots, ``-1`` for a padding slot. All ranks get the same ``n`` for one sequence.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-__all__ = ["SPLITS", "attention_work", "contiguous", "document_zigzag", "sequence_zigzag", "split"]
+__all__ = [
+    "SPLITS",
+    "ZigzagRuns",
+    "attention_work",
+    "contiguous",
+    "document_zigzag",
+    "expand_runs",
+    "sequence_zigzag",
+    "split",
+    "zigzag_runs",
+]
 
 
 def document_zigzag(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndarray:
@@ -45,6 +57,56 @@ def document_zigzag(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndar
     out = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(run_start - (ends - run_len), run_len)
     if pad.any():
         out[out < np.repeat(starts, 2 * m)] = -1  # slots before their segment's start are front padding
+    return out
+
+
+class ZigzagRuns(NamedTuple):
+    """One CP rank's slots of many segments as runs of consecutive positions (two runs per segment, in
+    order); all int64 [2·segments]. ``start``: position of the run's first slot (below its segment's start
+    for front padding); ``length``: ``m`` of its segment (≥ 1); ``chunk``: which of the ``2·cp`` chunks it
+    is; ``front``: its leading padding slots; ``head``: where the run begins among the rank's slots."""
+
+    start: np.ndarray
+    length: np.ndarray
+    chunk: np.ndarray
+    front: np.ndarray
+    head: np.ndarray
+
+    def padding(self) -> np.ndarray:
+        """Slot numbers (int64, ascending) of the padding slots (at most ``2·cp − 1`` per segment)."""
+        first = np.cumsum(self.front) - self.front
+        return np.repeat(self.head - first, self.front) + np.arange(int(self.front.sum()))
+
+
+def zigzag_runs(seg_lens: np.ndarray, rotation: np.ndarray, cp_size: int, cp_rank: int) -> ZigzagRuns:
+    """:func:`document_zigzag` of many sequences at once, as runs (for a chunk of items: no per-slot work).
+
+    ``seg_lens`` int64 [k] (≥ 1 each): the segments of all sequences back to back (positions continue
+    from one sequence to the next, e.g. item ``i`` starting at ``i·S``); ``rotation`` int64 [k]: each
+    segment's index inside its own sequence (``d`` of :func:`document_zigzag`). Expanded by
+    :func:`expand_runs`, with the padding slots set to -1, one sequence gives :func:`document_zigzag`'s slots.
+    """
+    two = 2 * cp_size
+    m = -(-seg_lens // two)
+    pad = two * m - seg_lens
+    base = np.cumsum(seg_lens) - seg_lens - pad  # where each padded segment would start
+    j = (cp_rank + rotation) % cp_size  # rotate pairs: rounding leftovers average out
+    chunk = np.stack([j, two - 1 - j], axis=1).reshape(-1)
+    length = np.repeat(m, 2)
+    head = np.cumsum(length) - length
+    front = np.clip(np.repeat(pad, 2) - chunk * length, 0, length)
+    return ZigzagRuns(np.repeat(base, 2) + chunk * length, length, chunk, front, head)
+
+
+def expand_runs(start: np.ndarray, length: np.ndarray, head: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Writes the runs ``start[i], start[i] + 1, …`` (``length[i] ≥ 1`` values each, run ``i`` beginning at
+    ``out[head[i]]``) back to back into ``out`` (int64 [Σ length]) in place and returns it: a fill, a small
+    scatter and a cumsum, no temporary the size of ``out``."""
+    out.fill(1)
+    if len(start):
+        out[head[0]] = start[0]
+        out[head[1:]] = start[1:] - (start[:-1] + length[:-1] - 1)  # the step from each run's last value
+        np.cumsum(out, out=out)
     return out
 
 

@@ -6,6 +6,8 @@ Training code imports this (and never Dagster)::
     ds = PackedDataset("build/demo", cp_size=2)            # dp/cp ranks from torch.distributed or RANK/WORLD_SIZE
     loader = PackedLoader(ds, num_workers=2, pin_memory=True)
     for item in loader: ...
+    # cp_size 1, labels and positions made on the GPU (loaders.targets): the loader writes 8 bytes per token
+    lean = PackedDataset("build/demo", fields=("input_ids", "cu_seqlens"))
     ckpt["loader"] = loader.state_dict()                  # exact, also with workers; elastic across worlds
 """
 
@@ -21,14 +23,15 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders.chunk import IGNORE_INDEX, ChunkBuilder
+from loaders.chunk import ChunkBuilder
 from loaders.context_parallel import split
+from loaders.fields import FIELDS, IGNORE_INDEX, check_fields
 from loaders.schedule import Schedule
 from loaders.state import LoaderState
 from loaders.world import World
 from mixing.shards import ShardSet
 
-__all__ = ["IGNORE_INDEX", "PackedDataset"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "PackedDataset"]
 
 
 class PackedDataset(IterableDataset[dict[str, Any]]):
@@ -45,8 +48,11 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     ``balance.micro_batches``, see :func:`loaders.balance.assign_unequal`; with ``"unequal"`` count a
     rank's items per step by their ``step`` and normalize the loss by tokens).
     ``cp_split``: ``"zigzag"`` (per document, balanced), ``"sequence_zigzag"`` or ``"contiguous"``.
-    ``chunk``: items built together with ``cp_size == 1`` from a local build (default: about 2 MiB of
-    int64 per array); it changes speed only, never the items.
+    ``chunk``: items built together from a local build (default: about 2 MiB of int64 per array); it
+    changes speed only, never the items. ``fields``: the arrays items carry (default: all of
+    :data:`loaders.fields.FIELDS`); a trainer that rebuilds labels and positions on its device
+    (:mod:`loaders.targets`) asks for ``("input_ids", "cu_seqlens")`` and the loader writes only those.
+    With ``cp_size > 1`` ``labels`` must stay (a CP chunk's last label is a token another CP rank holds).
 
     Items (torch tensors, ``n`` slots for this CP rank; ``n = S`` when ``cp_size == 1``):
 
@@ -57,10 +63,11 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     - ``cu_seqlens_padded`` int32 [k+1]: the same with each segment padded for the CP split (a multiple of
       2·cp for ``"zigzag"``; equal to ``cu_seqlens`` otherwise); each rank holds ``[-1] / cp`` slots,
     - ``step`` (training step), ``slot`` (index among this rank's sequences of the step), ``sequence``
-      (global index in the build): Python ints.
+      (global index in the build), ``num_tokens`` (real tokens of the full sequence; padding follows):
+      Python ints, whatever ``fields``.
 
-    Treat items as read-only: with ``cp_size == 1`` the tensors are views of arrays shared by a chunk of
-    items (reused once none of them is referenced) and ``indices`` is one tensor shared by all items.
+    Treat items as read-only: the tensors are views of arrays shared by a chunk of items (reused once none
+    of them is referenced) and ``indices`` may be one tensor shared by all items.
 
     Deterministic for the same build, seed, window and world. ``state_dict()`` after n items (iterated in
     this process) and ``load_state_dict()`` on a fresh dataset continue with item n+1; with DataLoader
@@ -81,6 +88,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         micro_batches: str | None = None,
         chunk: int | None = None,
         cp_split: str = "zigzag",
+        fields: tuple[str, ...] | list[str] | None = None,
         cache_dir: str | Path | None = None,
         cache_bytes: int = 8 << 30,
         storage_options: dict[str, Any] | None = None,
@@ -92,6 +100,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             dp_size = detected.dp_size if dp_size is None else dp_size
             cp_rank = detected.cp_rank if cp_rank is None else cp_rank
         self.world = World(dp_rank, dp_size, cp_rank or 0, cp_size)
+        self.fields = check_fields(fields, cp_size)
         self.shards, manifest_bytes = _open(path, cache_dir, cache_bytes, storage_options)
         m = self.shards.manifest
         self.seq_len, self.global_batch = int(m["seq_len"]), int(m["global_batch"])
@@ -108,7 +117,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self._step, self._consumed = 0, 0  # position: next item to yield
         # items built together: ~2 MiB per array (cache-sized), at most 64 items
         self.chunk = max(1, chunk if chunk is not None else min(64, (2 << 20) // (8 * self.seq_len)))
-        self._chunks = ChunkBuilder(self.shards)
+        self._chunks = ChunkBuilder(self.shards, self.fields, cp_size, self.cp_rank, cp_split, self.pad_id)
 
     # compatibility with the skeleton's attribute names
     dp_rank = property(lambda self: self.world.dp_rank)
@@ -131,9 +140,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         """``(step, slot, sequence)`` of every remaining item of this rank, in order (no I/O beyond metadata)."""
         step0, consumed0 = self._step, self._consumed  # iteration moves the position
         for t in range(step0, self.schedule.steps):
-            mine = self.schedule.assignment(t, self.dp_size)[self.dp_rank]
+            mine = self.schedule.assignment(t, self.dp_size)[self.dp_rank].tolist()
             for slot in range(consumed0 if t == step0 else 0, len(mine)):
-                yield t, slot, int(mine[slot])
+                yield t, slot, mine[slot]
 
     def rank_sequences(self) -> np.ndarray:
         """Global sequence indices this DP rank reads from its position on, in order (int64)."""
@@ -142,21 +151,22 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         stride, offset = (1, 0) if info is None else (info.num_workers, info.id)
-        mine = (p for k, p in enumerate(self.plan()) if k % stride == offset)
+        mine = itertools.islice(self.plan(), offset, None, stride)  # worker w: items w, w + stride, …
+        per_rank = self.per_rank
+        # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
+        whole = type(self.shards) is ShardSet
         while chunk := list(itertools.islice(mine, self.chunk)):
             # items are built a chunk at a time (one numpy call per array for all of them, not per item)
-            # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
-            whole = self.cp_size == 1 and type(self.shards) is ShardSet
             built = self.items([i for _, _, i in chunk]) if whole else (self.item(i) for *_, i in chunk)
             for (t, slot, _), item in zip(chunk, built, strict=True):
-                item.update(step=t, slot=slot)
-                if info is None:
-                    self._advance(t, slot)
+                item["step"], item["slot"] = t, slot
+                if info is None:  # the position moves just past this item (as _advance, inlined: per item)
+                    self._step, self._consumed = (t + 1, 0) if slot + 1 == per_rank else (t, slot + 1)
                 yield item
 
     def items(self, seqs: list[int]) -> list[dict[str, Any]]:
-        """Global sequences ``seqs`` as whole-sequence items (``cp_size == 1``), identical to :meth:`item`'s
-        (built together by :class:`loaders.chunk.ChunkBuilder`)."""
+        """Global sequences ``seqs`` cut for this CP rank, identical to :meth:`item`'s (without ``step``/``slot``;
+        built together by :class:`loaders.chunk.ChunkBuilder` from the local build's segment index)."""
         return self._chunks.build(seqs)
 
     def item(self, i: int) -> dict[str, Any]:
@@ -187,16 +197,16 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         if self.cp_split == "zigzag" and self.cp_size > 1:
             two = 2 * self.cp_size
             padded = np.concatenate([[0], np.cumsum(-(-seg_lens // two) * two)])
-        return {
-            "input_ids": torch.from_numpy(np.ascontiguousarray(x)),
-            "labels": torch.from_numpy(np.ascontiguousarray(y)),
-            "position_ids": torch.from_numpy(np.ascontiguousarray(pos)),
-            "indices": torch.from_numpy(idx),
-            "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
-            "cu_seqlens_padded": torch.from_numpy(padded.astype(np.int32)),
-            "step": view.step,
-            "sequence": i,
+        arrays = {
+            "input_ids": lambda: torch.from_numpy(np.ascontiguousarray(x)),
+            "labels": lambda: torch.from_numpy(np.ascontiguousarray(y)),
+            "position_ids": lambda: torch.from_numpy(np.ascontiguousarray(pos)),
+            "indices": lambda: torch.from_numpy(idx),
+            "cu_seqlens": lambda: torch.from_numpy(cu.astype(np.int32)),
+            "cu_seqlens_padded": lambda: torch.from_numpy(padded.astype(np.int32)),
         }
+        out: dict[str, Any] = {name: arrays[name]() for name in self.fields}
+        return {**out, "step": view.step, "sequence": i, "num_tokens": used}
 
     def _advance(self, step: int, slot: int) -> None:
         """Record that item ``(step, slot)`` was delivered: the position moves just past it."""

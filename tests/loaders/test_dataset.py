@@ -245,11 +245,14 @@ def test_chunked_items_equal_single_items(tiny_build: Path, chunk: int) -> None:
     assert padded  # the tiny build has sequences ending in padding
 
 
-def test_reused_arrays_never_change_an_item_still_held(tiny_build: Path) -> None:
+@pytest.mark.parametrize("cp", [1, 2])
+def test_reused_arrays_never_change_an_item_still_held(tiny_build: Path, cp: int) -> None:
     # chunks reuse their arrays once no item of theirs is alive: the tensors a consumer keeps must stay intact
-    ds = PackedDataset(tiny_build, 0, 1, chunk=2)
-    kept = [(g["sequence"], g["labels"], g["position_ids"][3:]) for k, g in enumerate(ds) if k % 3 == 0]
-    assert len(ds._chunks._pool) <= 4
-    for i, labels, pos in kept:
+    ds = PackedDataset(tiny_build, 0, 1, 0, cp, chunk=2)
+    kept = [(g["sequence"], g["labels"], g["position_ids"][3:], g["indices"]) for k, g in enumerate(ds) if k % 3 == 0]
+    assert all(len(pool) <= 4 for pool in ds._chunks._pool.values())
+    assert "cp_labels" in ds._chunks._pool if cp > 1 else "labels" in ds._chunks._pool
+    for i, labels, pos, indices in kept:
         want = ds.item(i)
         assert torch.equal(labels, want["labels"]) and torch.equal(pos, want["position_ids"][3:])
+        assert torch.equal(indices, want["indices"])
