@@ -152,7 +152,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         stride, offset = (1, 0) if info is None else (info.num_workers, info.id)
         mine = itertools.islice(self.plan(), offset, None, stride)  # worker w: items w, w + stride, …
-        per_rank = self.per_rank
+        per_rank, equal = self.per_rank, self.micro_batches == "equal"
         # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
         whole = type(self.shards) is ShardSet
         while chunk := list(itertools.islice(mine, self.chunk)):
@@ -160,8 +160,10 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             built = self.items([i for _, _, i in chunk]) if whole else (self.item(i) for *_, i in chunk)
             for (t, slot, _), item in zip(chunk, built, strict=True):
                 item["step"], item["slot"] = t, slot
-                if info is None:  # the position moves just past this item (as _advance, inlined: per item)
+                if info is None and equal:  # the position moves just past this item (as _advance, inlined)
                     self._step, self._consumed = (t + 1, 0) if slot + 1 == per_rank else (t, slot + 1)
+                elif info is None:
+                    self._advance(t, slot)
                 yield item
 
     def items(self, seqs: list[int]) -> list[dict[str, Any]]:
