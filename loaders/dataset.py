@@ -26,8 +26,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loaders.chunk import ChunkBuilder
 from loaders.context_parallel import split
 from loaders.fields import FIELDS, IGNORE_INDEX, check_fields
+from loaders.refinement import SLACK
 from loaders.schedule import Schedule
-from loaders.state import LoaderState
+from loaders.state import LoaderState, StateError
 from loaders.world import World
 from mixing.shards import ShardSet
 
@@ -43,7 +44,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``: steps regrouped together for
     DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context); ``period``:
     0, or the block of steps whose cost template regrouping repeats (10 with ``window=10`` keeps
-    ``mixture_error`` per 10-step window near the build's, see :func:`loaders.balance.regroup_window`).
+    ``mixture_error`` per 10-step window near the build's, see :func:`loaders.balance.regroup_window`);
+    with both, ``slack`` (0 turns it off) bounds the balance a step may give up to the refinement that keeps
+    every such window on the build's mixture (:mod:`loaders.refinement`).
     ``micro_batches``: ``"equal"`` or ``"unequal"`` sequences per DP rank and step (default: the mix file's
     ``balance.micro_batches``, see :func:`loaders.balance.assign_unequal`; with ``"unequal"`` count a
     rank's items per step by their ``step`` and normalize the loss by tokens).
@@ -85,6 +88,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         *,
         window: int = 1,
         period: int = 0,
+        slack: float = SLACK,
         micro_batches: str | None = None,
         chunk: int | None = None,
         cp_split: str = "zigzag",
@@ -111,7 +115,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self.seed, self.window, self.cp_split = seed, window, cp_split
         self.period = period
         self.micro_batches = micro_batches or str(m.get("micro_batches", "equal"))
-        self.schedule = Schedule(self.shards, window, seed, period, self.micro_batches)
+        self.schedule = Schedule(self.shards, window, seed, period, self.micro_batches, slack)
         self.schedule.check_world(dp_size)
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
         self._step, self._consumed = 0, 0  # position: next item to yield
@@ -227,24 +231,33 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def state_dict(self) -> dict[str, Any]:
         """World-independent position (see :mod:`loaders.state`): resume on this build, any world at a step
         boundary, the same DP layout inside a step."""
+        return self._state(context=self.schedule.context_at(self._step)).to_dict()
+
+    def _state(self, context: list[list[int]] | None = None) -> LoaderState:
         return LoaderState(
             build_id=self.build_id,
             seed=self.seed,
             window=self.window,
             period=self.period,
             micro_batches=self.micro_batches,
+            slack=self.schedule.slack,
+            context=context,
             step=self._step,
             consumed=self._consumed,
             dp_rank=self.dp_rank,
             dp_size=self.dp_size,
             cp_size=self.cp_size,
-        ).to_dict()
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the next unseen sequence of ``state``; raises :class:`~loaders.state.StateError` for
         a state of another build or plan, or one saved inside a step under another DP layout."""
         s = LoaderState.from_dict(state)
-        s.check(self.build_id, self.seed, self.window, self.dp_rank, self.dp_size, self.period, self.micro_batches)
+        s.check(self._state())
+        try:
+            self.schedule.seed_context(s.step, s.context)
+        except ValueError as e:
+            raise StateError(f"loader state's context does not fit this build's schedule: {e}") from None
         self._step, self._consumed = s.step, s.consumed
 
 

@@ -15,11 +15,13 @@ rank's sequences. Deterministic for the same build, seed, window, period and wor
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
 
 from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window, segment_cost
+from loaders.refinement import SLACK, refine_steps
 from mixing.shards import ShardSet
 
 __all__ = ["MICRO_BATCHES", "Schedule"]
@@ -31,7 +33,13 @@ class Schedule:
     """Plans steps of a :class:`~mixing.shards.ShardSet` lazily, one window at a time (cached)."""
 
     def __init__(
-        self, shards: ShardSet, window: int = 1, seed: int = 0, period: int = 0, micro_batches: str = "equal"
+        self,
+        shards: ShardSet,
+        window: int = 1,
+        seed: int = 0,
+        period: int = 0,
+        micro_batches: str = "equal",
+        slack: float = SLACK,
     ) -> None:
         if micro_batches not in MICRO_BATCHES:
             raise ValueError(f"micro_batches must be one of {MICRO_BATCHES}, got {micro_batches!r}")
@@ -62,6 +70,12 @@ class Schedule:
             tails += [(b - a) % period if period else 0] * len(cut)
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
         self.window_tail = np.array(tails, dtype=np.int64)
+        # refinement (loaders.refinement) chains windows: each one's layout depends on the steps before it
+        self.slack = float(slack) if period > 0 and window > 1 else 0.0
+        self.n_sources = len(m.get("sources", [])) or 1
+        self._arranged: OrderedDict[int, np.ndarray] = OrderedDict()  # window → its steps' sequences (bounded)
+        self._comps: dict[int, np.ndarray] = {}  # window → tokens per source of each of its training steps
+        self._seeds: dict[int, np.ndarray] = {}  # window → context given by a loader state
 
     def window_of(self, step: int) -> int:
         """Index of the window holding training step ``step``."""
@@ -81,18 +95,95 @@ class Schedule:
             np.add.at(src[i - lo], seg[:, 0], seg[:, 3])
         return lo, costs, src
 
-    @lru_cache(maxsize=8)  # noqa: B019 -- one Schedule per dataset; a handful of windows in flight
     def _window(self, w: int) -> np.ndarray:
         """Sequence indices of window ``w``'s steps, int64 [steps, global_batch], each row sorted."""
+        if w in self._arranged:
+            self._arranged.move_to_end(w)
+            return self._arranged[w]
+        first = w
+        while self.slack and self._context(first) is None:  # ends: window 0 has no steps before it
+            first -= 1
+        for v in range(first, w + 1):
+            self._arranged[v] = self._arrange(v)
+            while len(self._arranged) > 16:
+                self._arranged.popitem(last=False)
+        return self._arranged[w]
+
+    def _arrange(self, w: int) -> np.ndarray:
+        """Window ``w``'s layout (see :meth:`_window`), its context known when refining; records its steps'
+        compositions."""
         a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
         lo, hi = int(self.first[a]), int(self.first[b])
         seqs = np.arange(lo, hi, dtype=np.int64)
-        if b - a == 1 or self.window == 1:
-            return seqs.reshape(b - a, self.global_batch)
         _, costs, src = self._facts(w)
-        new_step = regroup_window(costs, src, b - a, period=self.period, tail=int(self.window_tail[w]))
+        new_step = np.repeat(np.arange(b - a), self.global_batch)
+        if b - a > 1 and self.window > 1:
+            new_step = regroup_window(costs, src, b - a, period=self.period, tail=int(self.window_tail[w]))
+        if self.slack:
+            context = self._context(w)
+            assert context is not None
+            target = np.concatenate(
+                [self._build_comps(a - len(context), a), src.reshape(b - a, -1, src.shape[1]).sum(1)]
+            )
+            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack)
+            comps = np.zeros((b - a, src.shape[1]), dtype=np.int64)
+            np.add.at(comps, new_step, src.astype(np.int64))
+            self._comps[w] = comps
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
+
+    def _context(self, w: int) -> np.ndarray | None:
+        """Tokens per source (int64 [k, sources]) of the ``k = min(period − 1, start)`` training steps before
+        window ``w``, or None while a window they lie in is not arranged yet."""
+        if w in self._seeds:
+            return self._seeds[w]
+        need, v = min(self.period - 1, int(self.window_starts[w])), w - 1
+        parts: list[np.ndarray] = []
+        while need > 0:
+            if v not in self._comps:
+                return None
+            take = min(need, len(self._comps[v]))
+            parts.insert(0, self._comps[v][len(self._comps[v]) - take :])
+            need, v = need - take, v - 1
+        return np.concatenate(parts) if parts else np.zeros((0, self.n_sources), dtype=np.int64)
+
+    def _build_comps(self, t0: int, t1: int) -> np.ndarray:
+        """Tokens per source of the *build's* steps ``t0``…``t1 − 1`` (float64 [t1 − t0, sources])."""
+        out = np.zeros((t1 - t0, self.n_sources))
+        for t in range(t0, t1):
+            lo, _, src = self._facts(self.window_of(t))
+            out[t - t0] = src[self.first[t] - lo : self.first[t + 1] - lo].sum(axis=0)
+        return out
+
+    def context_at(self, step: int) -> list[list[int]] | None:
+        """The context of the window holding ``step`` (what a loader state carries so that a resume needs no
+        window before it), or None when nothing is refined."""
+        if not self.slack or step >= self.steps:
+            return None
+        w = self.window_of(step)
+        self._window(w)
+        context = self._context(w)
+        assert context is not None
+        return context.tolist()
+
+    def seed_context(self, step: int, context: list[list[int]] | None) -> None:
+        """Take ``context`` (from :meth:`context_at`, via a loader state) for the window holding ``step``.
+
+        Raises ``ValueError`` when its shape does not fit, or when this schedule already knows that window's
+        context and it differs (a state that does not belong to this schedule).
+        """
+        if not self.slack or context is None or step >= self.steps:
+            return
+        w = self.window_of(step)
+        given = np.asarray(context, dtype=np.int64).reshape(-1, self.n_sources) if context else None
+        k = min(self.period - 1, int(self.window_starts[w]))
+        given = np.zeros((0, self.n_sources), dtype=np.int64) if given is None else given
+        if given.shape != (k, self.n_sources):
+            raise ValueError(f"context of shape {given.shape} for step {step}; expected {(k, self.n_sources)}")
+        known = self._context(w)
+        if known is not None and not np.array_equal(known, given):
+            raise ValueError(f"context for step {step} differs from this schedule's own")
+        self._seeds[w] = given
 
     def step_sequences(self, step: int) -> np.ndarray:
         """The ``global_batch`` sequences (sorted) of training ``step``."""

@@ -26,7 +26,10 @@ class StateError(WeirError, ValueError):
 @dataclass(frozen=True)
 class LoaderState:
     """``step``: first training step this rank has not finished; ``consumed``: its sequences of ``step``
-    already delivered. ``dp_rank``/``dp_size``/``cp_size`` record where it was saved."""
+    already delivered. ``dp_rank``/``dp_size``/``cp_size`` record where it was saved; ``seed``, ``window``,
+    ``period`` and ``slack`` fix the training steps (``slack`` is 0 when nothing is refined); ``context``
+    is the refinement's input for the window holding ``step`` (tokens per source of the training steps just
+    before it, :meth:`loaders.schedule.Schedule.context_at`), so that a resume needs no earlier window."""
 
     build_id: str
     seed: int
@@ -39,6 +42,8 @@ class LoaderState:
     version: int = STATE_VERSION
     period: int = 0  # regrouping template (0: none); states saved before it existed had none
     micro_batches: str = "equal"  # sequences per DP rank within a step: "equal" or "unequal"
+    slack: float = 0.0  # refinement's balance bound (0: none); states saved before it existed had none
+    context: list[list[int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,35 +55,29 @@ class LoaderState:
             raise StateError(f"loader state version {found!r}; this loader reads version {STATE_VERSION}")
         try:
             fields = cls.__dataclass_fields__
-            optional = {"period": 0, "micro_batches": "equal"}  # fields added after version 2 first shipped
+            # fields added after version 2 first shipped, with the value that reproduces what it did then
+            optional = {"period": 0, "micro_batches": "equal", "slack": 0.0, "context": None}
             return cls(**{k: state[k] if k not in optional else state.get(k, optional[k]) for k in fields})
         except KeyError as e:
             raise StateError(f"loader state lacks field {e.args[0]!r}") from None
 
-    def check(
-        self,
-        build_id: str,
-        seed: int,
-        window: int,
-        dp_rank: int,
-        dp_size: int,
-        period: int = 0,
-        micro_batches: str = "equal",
-    ) -> None:
-        """Raise :class:`StateError` unless this state can resume on that build, plan and DP layout."""
-        if self.build_id != build_id:
+    def check(self, here: LoaderState) -> None:
+        """Raise :class:`StateError` unless this state can resume on the loader whose own state is ``here``
+        (same build and training steps; inside a step, also the same DP layout)."""
+        if self.build_id != here.build_id:
             raise StateError(
                 f"this state comes from another build (build_id {self.build_id[:12]}…, this build is "
-                f"{build_id[:12]}…); resume with the build the run started on"
+                f"{here.build_id[:12]}…); resume with the build the run started on"
             )
-        if (self.seed, self.window, self.period) != (seed, window, period):
-            raise StateError(
-                f"state was saved with seed {self.seed}, window {self.window}, period {self.period}; "
-                f"this loader has {seed}, {window}, {period}"
-            )
-        if self.consumed and (self.dp_rank, self.dp_size, self.micro_batches) != (dp_rank, dp_size, micro_batches):
+        steps = ("seed", "window", "period", "slack")
+        if any(getattr(self, k) != getattr(here, k) for k in steps):
+            saved = ", ".join(f"{k} {getattr(self, k)}" for k in steps)
+            now = ", ".join(f"{k} {getattr(here, k)}" for k in steps)
+            raise StateError(f"state was saved with {saved}; this loader has {now}")
+        layout = ("dp_rank", "dp_size", "micro_batches")
+        if self.consumed and any(getattr(self, k) != getattr(here, k) for k in layout):
             raise StateError(
                 f"state was saved for dp rank {self.dp_rank}/{self.dp_size} ({self.micro_batches} micro-batches) "
-                f"inside step {self.step}; a resume on dp rank {dp_rank}/{dp_size} ({micro_batches} micro-batches) "
-                "needs a state saved at a step boundary"
+                f"inside step {self.step}; a resume on dp rank {here.dp_rank}/{here.dp_size} ({here.micro_batches} "
+                "micro-batches) needs a state saved at a step boundary"
             )
