@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
+from loaders.refinement import SLACK, refine_steps
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}
@@ -202,21 +203,41 @@ def mixture_error(steps: list[list[list[tuple[int, int]]]], window: int = 10, en
     return worst
 
 
-def regrouped_steps(packed: list[Step], batch: int, window: int, period: int) -> list[list[list[tuple[int, int]]]]:
-    """The training steps after regrouping windows of ``window`` steps as ``loaders.schedule`` does."""
+def regrouped_steps(
+    packed: list[Step], batch: int, window: int, period: int, slack: float = 0.0
+) -> list[list[list[tuple[int, int]]]]:
+    """The training steps after regrouping windows of ``window`` steps as ``loaders.schedule`` does, each
+    window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it."""
     out: list[list[list[tuple[int, int]]]] = []
+    build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
+    done: list[np.ndarray] = []  # tokens per source of each training step so far
     starts = regroup_bounds(0, len(packed), window, period)  # the run is one phase
     for a, b in zip(starts, [*starts[1:], len(packed)], strict=True):
         flat = [s for st in packed[a:b] for s in st.seqs]
         n = len(flat) // batch
         costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
         new = regroup_window(costs, src, n, period=period, tail=len(packed) % period if period else 0)
-        out += [[flat[i] for i in np.flatnonzero(new == g)] for g in range(n)]
+        if slack and period and n > 1:
+            k = min(period - 1, a)
+            context = np.array(done[a - k : a]).reshape(k, len(MIXTURE))
+            new = refine_steps(costs, src, new, context, build[a - k : b], period, slack)
+        for g in range(n):
+            out.append([flat[i] for i in np.flatnonzero(new == g)])
+            done.append(src[new == g].sum(axis=0))
     return out
 
 
 def regime(
-    lens: dict, seq_len: int, batch: int, dp: int, cp: int, steps: int, window: int, seed: int, period: int = 0
+    lens: dict,
+    seq_len: int,
+    batch: int,
+    dp: int,
+    cp: int,
+    steps: int,
+    window: int,
+    seed: int,
+    period: int = 0,
+    slack: float = 0.0,
 ) -> None:
     units = draw(lens, seq_len, batch, steps, seed)
     b0, packed = concat_chunk(units, seq_len, batch), bfd(units, seq_len, batch)
@@ -233,7 +254,7 @@ def regime(
     rows["B1"] = rows["B0"]
     rows["B3"] = dp_stats(bfd_costs, lambda c: lpt(c, dp))
     # weir: regroup windows of `window` steps, then LPT + swaps; other settings at one sequence per rank
-    regrouped = regrouped_steps(packed, batch, window, period)
+    regrouped = regrouped_steps(packed, batch, window, period, slack)
     rows["weir"] = dp_stats([np.array([cost(s) for s in st]) for st in regrouped], lambda c: assign_ranks(c, dp))
     others = {}
     if batch > dp:  # several sequences per rank: unequal counts per rank (balance.micro_batches: unequal)
@@ -241,11 +262,12 @@ def regime(
         rows["unequal"] = dp_stats(per_step_costs, lambda c: assign_unequal(c, dp))
         others["unequal"] = regrouped
     if batch == dp:
-        for w, p in ((8, 0), (16, 0), (10, 10), (20, 10), (40, 10)):
-            if (w, p) != (window, period):
-                others[f"w{w}p{p}"] = regrouped_steps(packed, batch, w, p)
-                per_step = [np.array([cost(s) for s in st]) for st in others[f"w{w}p{p}"]]
-                rows[f"w{w}p{p}"] = dp_stats(per_step, lambda c: assign_ranks(c, dp))
+        for w, p, x in ((8, 0, 0.0), (16, 0, 0.0), (window, period, 0.0), (window, period, 1.3)):
+            if (w, p, x) != (window, period, slack):
+                name = f"w{w}p{p}" + (f"s{x:g}" if x else "")
+                others[name] = regrouped_steps(packed, batch, w, p, x)
+                per_step = [np.array([cost(s) for s in st]) for st in others[name]]
+                rows[name] = dp_stats(per_step, lambda c: assign_ranks(c, dp))
     sample = [s for st in packed[: max(1, 256 // batch)] for s in st.seqs]  # CP on a sample of sequences
     b0_sample = [s for st in b0[: max(1, 256 // batch)] for s in st.seqs]
     cps = {
@@ -286,9 +308,10 @@ def lpt(costs: np.ndarray, dp: int) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=64, help="steps simulated per regime")
+    ap.add_argument("--steps", type=int, default=200, help="steps simulated per regime (one phase)")
     ap.add_argument("--window", type=int, default=10, help="weir's regrouping window at one sequence per rank")
     ap.add_argument("--period", type=int, default=10, help="weir's regrouping template period (0: none)")
+    ap.add_argument("--slack", type=float, default=SLACK, help="weir's refinement balance bound (0: no refinement)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if SHARED is None:
@@ -297,8 +320,8 @@ def main() -> None:
     for n, v in lens.items():
         print(f"{n:13} {len(v):6} docs, {int(v.sum()):>10,} tokens, median {int(np.median(v))}, max {int(v.max())}")
     regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
-    regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period)
-    regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period)
+    regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period, args.slack)
+    regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period, args.slack)
     regime(lens, 131072, 64, 16, 8, args.steps, 1, args.seed)  # 4 sequences per rank: unequal counts
 
 

@@ -41,12 +41,13 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     ``path``: a build folder, its ``shards`` folder, or an ``s3://``/fsspec URI of either (streamed through a
     local cache of at most ``cache_bytes`` per process, see :mod:`loaders.remote`; ``storage_options`` go to
     fsspec, e.g. ``{"endpoint_url": ...}``). World: the arguments, or
-    :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``: steps regrouped together for
-    DP balance (1 = the build's steps exactly; 8 suits one sequence per rank at long context); ``period``:
-    0, or the block of steps whose cost template regrouping repeats (10 with ``window=10`` keeps
-    ``mixture_error`` per 10-step window near the build's, see :func:`loaders.balance.regroup_window`);
-    with both, ``slack`` (0 turns it off) bounds the balance a step may give up to the refinement that keeps
-    every such window on the build's mixture (:mod:`loaders.refinement`).
+    :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``, ``period``, ``slack``: default
+    to the mix file's ``balance.regroup`` (else 1, 0 and :data:`loaders.refinement.SLACK`). ``window``: steps
+    regrouped together for DP balance (1 = the build's steps exactly); ``period``: 0, or the block of steps
+    whose cost template regrouping repeats (10 with ``window=10`` for one sequence per rank at long context,
+    see :func:`loaders.balance.regroup_window`); with both, ``slack`` (0 turns it off) bounds the balance a
+    step may give up to the refinement that keeps every ``period``-step window on the build's mixture
+    (:mod:`loaders.refinement`).
     ``micro_batches``: ``"equal"`` or ``"unequal"`` sequences per DP rank and step (default: the mix file's
     ``balance.micro_batches``, see :func:`loaders.balance.assign_unequal`; with ``"unequal"`` count a
     rank's items per step by their ``step`` and normalize the loss by tokens).
@@ -86,9 +87,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         cp_size: int = 1,
         seed: int = 0,
         *,
-        window: int = 1,
-        period: int = 0,
-        slack: float = SLACK,
+        window: int | None = None,
+        period: int | None = None,
+        slack: float | None = None,
         micro_batches: str | None = None,
         chunk: int | None = None,
         cp_split: str = "zigzag",
@@ -112,6 +113,10 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         if cp_split != "zigzag" and self.seq_len % (2 * cp_size):
             raise ValueError(f"sequence length {self.seq_len} is not divisible by 2·cp_size {2 * cp_size}")
         split(np.array([2 * cp_size]), cp_size, 0, cp_split)  # validates the name early
+        regroup = m.get("regroup") or {}  # the mix file's balance.regroup: the defaults of the three below
+        window = int(regroup.get("window", 1)) if window is None else window
+        period = int(regroup.get("period", 0)) if period is None else period
+        slack = float(regroup.get("slack", SLACK)) if slack is None else slack
         self.seed, self.window, self.cp_split = seed, window, cp_split
         self.period = period
         self.micro_batches = micro_batches or str(m.get("micro_batches", "equal"))

@@ -143,14 +143,24 @@ class Mix(FrozenModel):
                     "every phase is a percentage; expected at least one phase in steps or tokens to fix the length",
                 )
         run = fixed / (1 - sum(pct) / 100)
+        # with regrouping, every phase is a whole number of template blocks: tokens round up, percentages
+        # to the nearest block, and steps given as such must already be a multiple
+        block = self.balance.regroup.period if self.balance.regroup else 1
         out = []
-        for ph, p in zip(self.curriculum, pct, strict=True):
+        for i, (ph, p) in enumerate(zip(self.curriculum, pct, strict=True)):
             if isinstance(ph.steps, int):
+                if ph.steps % block:
+                    lower, upper = ph.steps - ph.steps % block, ph.steps - ph.steps % block + block
+                    raise _FieldError(
+                        ("curriculum", i, "steps"),
+                        f"{ph.steps} steps is not a multiple of balance.regroup.period {block}; expected "
+                        f"{' or '.join(str(n) for n in (lower, upper) if n > 0)}",
+                    )
                 out.append(ph.steps)
             elif ph.tokens is not None:
-                out.append(-(-(ph.token_count() or 0) // per_step))
+                out.append(-(-(ph.token_count() or 0) // (per_step * block)) * block)
             else:
-                out.append(max(1, round(run * p / 100)))
+                out.append(max(1, round(run * p / 100 / block)) * block)
         return tuple(out)
 
     @property

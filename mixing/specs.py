@@ -221,6 +221,18 @@ class Cost(FrozenModel):
         return self.attention * length * length + self.linear * length
 
 
+class Regroup(FrozenModel):
+    """Outlier delay for one sequence per DP rank at long context (``loaders.balance.regroup_window``): the
+    sequences of ``window`` consecutive steps of a phase are regrouped into steps of similar cost, laid out
+    by a cost template repeating every ``period`` steps, and refined under the balance bound ``slack``
+    (``loaders.refinement``) so that every ``period``-step window keeps the build's mixture. Each phase's
+    length becomes a multiple of ``period`` (a partial block at a phase's end cannot keep the mixture)."""
+
+    window: Annotated[int, Field(ge=2)] = 10
+    period: Annotated[int, Field(ge=1)] = 10
+    slack: Annotated[float, Field(ge=1.0)] = 1.15
+
+
 class Balance(FrozenModel):
     """How the loader spreads work over DP ranks (``loaders.balance``).
 
@@ -228,7 +240,10 @@ class Balance(FrozenModel):
     ``unequal`` (ByteScale-style) lets the counts differ (at least one each) so that each rank's Σ cost is
     even: for a trainer that accumulates gradients over a variable number of micro-batches and normalizes its
     loss by tokens. It changes which rank reads which sequence of a step, never the steps themselves.
+    ``regroup`` (default: none, training steps are the build's steps) moves sequences between nearby steps
+    of a phase for balance when each rank holds one sequence per step (:class:`Regroup`).
     """
 
     cost: Cost = Cost()
     micro_batches: Literal["equal", "unequal"] = "equal"
+    regroup: Regroup | None = None

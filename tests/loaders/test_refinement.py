@@ -4,6 +4,8 @@ closer to the build's mixture; chained windows resume exactly from the context a
 from __future__ import annotations
 
 import itertools
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +126,16 @@ def test_a_foreign_or_older_state_is_refused(tiny_build: Path) -> None:
     with pytest.raises(StateError, match="slack 0"):
         make(tiny_build).load_state_dict(older)
     make(tiny_build, slack=0).load_state_dict(older)  # resumes on the layout it was saved with
+
+
+def test_the_mix_files_regroup_is_the_loaders_default(tiny_build: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "build"
+    shutil.copytree(tiny_build / "shards", copy / "shards")
+    manifest = json.loads((copy / "shards" / "manifest.json").read_text())
+    assert manifest["regroup"] is None  # the tiny mix has none: steps exactly as built
+    assert (PackedDataset(tiny_build, 0, 2).window, PackedDataset(tiny_build, 0, 2).period) == (1, 0)
+    manifest["regroup"] = {"window": 2, "period": 2, "slack": 1.2}
+    (copy / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    ds = PackedDataset(copy, 0, 2)
+    assert (ds.window, ds.period, ds.schedule.slack) == (2, 2, 1.2)
+    assert PackedDataset(copy, 0, 2, window=1).schedule.slack == 0  # arguments override it
