@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from loaders import PackedDataset
 from loaders.balance import assign_ranks, regroup_window
+from loaders.refinement import refine_steps
 from mixing.shards import ShardSet
 
 
@@ -94,15 +95,23 @@ def weir(build: Path, cp_size: int, cp_rank: int, fields: tuple[str, ...] | None
     return read
 
 
-def planning(batch: int, dp: int, window: int, steps: int = 64) -> float:
-    """Seconds per step to regroup and assign synthetic long-tailed costs (no I/O)."""
+def planning(batch: int, dp: int, window: int, period: int = 0, steps: int = 40) -> float:
+    """Seconds per step to plan synthetic long-tailed costs as ``loaders.schedule`` does (no I/O): regroup
+    windows of ``window`` steps (template of ``period`` steps), refine each after the one before it
+    (``loaders.refinement``, when ``period`` > 0) and deal every step to ``dp`` ranks."""
     rng = np.random.default_rng(0)
     costs = rng.pareto(1.0, batch * steps) + 1
-    src = rng.integers(0, 1000, (batch * steps, 5))
+    src = rng.integers(0, 1000, (batch * steps, 5)).astype(np.float64)
+    done = np.zeros((0, 5))
     t0 = time.perf_counter()
     for a in range(0, steps, window):
         sl = slice(a * batch, (a + window) * batch)
-        new = regroup_window(costs[sl], src[sl], window)
+        new = regroup_window(costs[sl], src[sl], window, period=period) if window > 1 else np.zeros(batch, int)
+        if period and window > 1:
+            k = min(period - 1, len(done))
+            target = np.concatenate([done[len(done) - k :], src[sl].reshape(window, batch, 5).sum(1)])
+            new = refine_steps(costs[sl], src[sl], new, done[len(done) - k :], target, period)
+            done = np.concatenate([done, np.stack([src[sl][new == g].sum(0) for g in range(window)])])
         for g in range(window):
             assign_ranks(costs[sl][new == g], dp)
     return (time.perf_counter() - t0) / steps
@@ -205,17 +214,24 @@ def main() -> None:
     print(f"\nopen + plan the whole build ({n_plan} items of rank 0): {time.perf_counter() - t0:.3f} s (once)")
     rate = args.mfu * args.peak_tflops * 1e12 / (6 * args.model_params)
     print(
-        "\nsampler planning time per step (regroup + LPT/swaps, synthetic long-tailed costs), against a plausible"
+        "\nsampler planning time per step (regroup + refinement + LPT/swaps, synthetic long-tailed costs), against a"
+        " plausible"
         f"\nstep: a {args.model_params / 1e9:g}B-parameter model"
         f" (6·N = {6 * args.model_params / 1e9:g} GFLOP per token) at {args.mfu:.0%} MFU"
         f" of {args.peak_tflops:g} TFLOP/s = {rate:,.0f} tokens/s per GPU:"
     )
-    for batch, dp, window, seq_len in ((64, 8, 1, 8192), (16, 16, 16, 32768), (1024, 128, 16, 8192)):
-        sec = planning(batch, dp, window)
+    for batch, dp, window, period, seq_len in (
+        (64, 8, 1, 0, 8192),
+        (1024, 128, 1, 0, 8192),
+        (16, 16, 10, 10, 32768),
+        (128, 128, 10, 10, 131072),
+    ):
+        sec = planning(batch, dp, window, period)
         tokens = batch // dp * seq_len
         step = step_seconds(tokens, args.model_params, args.mfu, args.peak_tflops)
         print(
-            f"  global_batch={batch:5} dp={dp:4} window={window:3} S={seq_len:6}: {sec * 1e3:6.3f} ms/step = "
+            f"  global_batch={batch:5} dp={dp:4} window={window:3} period={period:2} S={seq_len:6}: "
+            f"{sec * 1e3:7.3f} ms/step = "
             f"{sec / step:.3%} of a {step:.2f} s step ({tokens:,} tokens per rank);"
             f" < 1% of any step over {sec * 1e5:.0f} ms"
         )
