@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from loaders import PackedDataset, PackedLoader, StateError
 from loaders.balance import regroup_window
 from loaders.refinement import refine_steps
+from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 
 def synthetic(rng: np.random.Generator, steps: int, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -139,3 +142,22 @@ def test_the_mix_files_regroup_is_the_loaders_default(tiny_build: Path, tmp_path
     ds = PackedDataset(copy, 0, 2)
     assert (ds.window, ds.period, ds.schedule.slack) == (2, 2, 1.2)
     assert PackedDataset(copy, 0, 2, window=1).schedule.slack == 0  # arguments override it
+
+
+def test_a_build_with_balance_options_reaches_the_loader(tmp_path: Path) -> None:
+    write_tiny_sources(tmp_path / "data")
+    mix = TINY_MIX.format(root=tmp_path / "data").replace("steps: 3", "steps: 4").replace("steps: 5", "steps: 6")
+    mix += "balance: {micro_batches: unequal, regroup: {window: 2, period: 2}}\n"
+    (tmp_path / "m.yaml").write_text(mix)
+    cli = [sys.executable, "-m", "pipelines.cli", "build", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "b")]
+    subprocess.run(cli, check=True, cwd=ROOT, capture_output=True)
+    manifest = json.loads((tmp_path / "b" / "shards" / "manifest.json").read_text())
+    assert manifest["regroup"] == {"window": 2, "period": 2, "slack": 1.15}
+    assert manifest["micro_batches"] == "unequal"
+    ranks = [PackedDataset(tmp_path / "b", r, 3) for r in range(3)]  # 4 sequences per step over 3 ranks
+    assert all((d.window, d.period, d.micro_batches, d.schedule.slack) == (2, 2, "unequal", 1.15) for d in ranks)
+    seen = sorted(s for d in ranks for *_, s in items(d))
+    assert seen == list(range(len(ranks[0].shards)))
+    (tmp_path / "m.yaml").write_text(mix.replace("steps: 4", "steps: 5"))
+    bad = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "curriculum[0].steps" in bad.stderr and "4 or 6" in bad.stderr
