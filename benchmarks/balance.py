@@ -262,7 +262,7 @@ def regime(
         rows["unequal"] = dp_stats(per_step_costs, lambda c: assign_unequal(c, dp))
         others["unequal"] = regrouped
     if batch == dp:
-        for w, p, x in ((8, 0, 0.0), (16, 0, 0.0), (window, period, 0.0), (window, period, 1.3)):
+        for w, p, x in ((8, 0, 0.0), (16, 0, 0.0), (window, period, 0.0), (10, period, slack), (window, period, 1.3)):
             if (w, p, x) != (window, period, slack):
                 name = f"w{w}p{p}" + (f"s{x:g}" if x else "")
                 others[name] = regrouped_steps(packed, batch, w, p, x)
@@ -309,7 +309,7 @@ def lpt(costs: np.ndarray, dp: int) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200, help="steps simulated per regime (one phase)")
-    ap.add_argument("--window", type=int, default=10, help="weir's regrouping window at one sequence per rank")
+    ap.add_argument("--window", type=int, default=20, help="weir's regrouping window at one sequence per rank")
     ap.add_argument("--period", type=int, default=10, help="weir's regrouping template period (0: none)")
     ap.add_argument("--slack", type=float, default=SLACK, help="weir's refinement balance bound (0: no refinement)")
     ap.add_argument("--seed", type=int, default=0)

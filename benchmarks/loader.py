@@ -223,8 +223,8 @@ def main() -> None:
     for batch, dp, window, period, seq_len in (
         (64, 8, 1, 0, 8192),
         (1024, 128, 1, 0, 8192),
-        (16, 16, 10, 10, 32768),
-        (128, 128, 10, 10, 131072),
+        (16, 16, 20, 10, 32768),
+        (128, 128, 20, 10, 131072),
     ):
         sec = planning(batch, dp, window, period)
         tokens = batch // dp * seq_len

@@ -44,7 +44,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``, ``period``, ``slack``: default
     to the mix file's ``balance.regroup`` (else 1, 0 and :data:`loaders.refinement.SLACK`). ``window``: steps
     regrouped together for DP balance (1 = the build's steps exactly); ``period``: 0, or the block of steps
-    whose cost template regrouping repeats (10 with ``window=10`` for one sequence per rank at long context,
+    whose cost template regrouping repeats (10 with ``window=20`` for one sequence per rank at long context,
     see :func:`loaders.balance.regroup_window`); with both, ``slack`` (0 turns it off) bounds the balance a
     step may give up to the refinement that keeps every ``period``-step window on the build's mixture
     (:mod:`loaders.refinement`).

@@ -23,7 +23,7 @@ import numpy as np
 __all__ = ["SLACK", "THRESHOLDS", "refine_steps"]
 
 SLACK = 1.15  # a swap may raise a step's max/mean cost up to this (the DP goal's p95 at long context)
-THRESHOLDS = (0.006, 0.004, 0.003, 0.002, 0.001)  # window errors below these stop counting, pass by pass
+THRESHOLDS = (0.004, 0.002)  # window errors below these stop counting, pass by pass
 
 
 def refine_steps(
@@ -34,7 +34,7 @@ def refine_steps(
     target: np.ndarray,
     period: int,
     slack: float = SLACK,
-    neighbours: int = 32,
+    neighbours: int = 16,
     max_swaps: int = 400,
 ) -> np.ndarray:
     """New step (int64 [n], 0-based in the window) of each sequence after refinement.

@@ -228,7 +228,7 @@ class Regroup(FrozenModel):
     (``loaders.refinement``) so that every ``period``-step window keeps the build's mixture. Each phase's
     length becomes a multiple of ``period`` (a partial block at a phase's end cannot keep the mixture)."""
 
-    window: Annotated[int, Field(ge=2)] = 10
+    window: Annotated[int, Field(ge=2)] = 20
     period: Annotated[int, Field(ge=1)] = 10
     slack: Annotated[float, Field(ge=1.0)] = 1.15
 
