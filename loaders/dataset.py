@@ -32,7 +32,9 @@ from loaders.state import LoaderState, StateError
 from loaders.world import World
 from mixing.shards import ShardSet
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "PackedDataset"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "SHARED_CONTEXTS", "PackedDataset"]
+
+SHARED_CONTEXTS = "_schedule_contexts"  # key of what a worker passes to PackedLoader (which removes it)
 
 
 class PackedDataset(IterableDataset[dict[str, Any]]):
@@ -164,6 +166,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         per_rank, equal = self.per_rank, self.micro_batches == "equal"
         # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
         whole = type(self.shards) is ShardSet
+        share = info is not None and bool(self.schedule.slack)  # see Schedule.shared_contexts
         while chunk := list(itertools.islice(mine, self.chunk)):
             # items are built a chunk at a time (one numpy call per array for all of them, not per item)
             built = self.items([i for _, _, i in chunk]) if whole else (self.item(i) for *_, i in chunk)
@@ -173,6 +176,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
                     self._step, self._consumed = (t + 1, 0) if slot + 1 == per_rank else (t, slot + 1)
                 elif info is None:
                     self._advance(t, slot)
+                if share:
+                    item[SHARED_CONTEXTS] = self.schedule.shared_contexts(t)
                 yield item
 
     def items(self, seqs: list[int]) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@ With ``num_workers > 0`` each worker process holds its own copy of the dataset a
 ``num_workers``-th item of the rank's stream; the DataLoader hands them back in stream order (``in_order``),
 so the consumer sees exactly the ``num_workers=0`` stream. Prefetched items the consumer never received
 must not count as read, so the state is computed here, from the ``(step, slot)`` of the last item handed
-out, not by the workers.
+out, not by the workers. A refined schedule (``loaders.refinement``) chains its windows; the workers pass
+each window's context along with their items, so that saving a state here never refines a window itself.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from loaders.dataset import PackedDataset
+from loaders.dataset import SHARED_CONTEXTS, PackedDataset
 
 __all__ = ["PackedLoader"]
 
@@ -39,7 +40,10 @@ class PackedLoader(DataLoader):
         if self._last is not None:  # a new pass continues where the consumer stopped, with workers or without
             self.dataset.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
             self._last = None
+        schedule = self.dataset.schedule  # type: ignore[attr-defined]
         for item in super().__iter__():
+            for first_step, context in item.pop(SHARED_CONTEXTS, {}).items():
+                schedule.seed_context(first_step, context)  # so that state_dict() refines nothing here
             self._last = (int(item["step"]), int(item["slot"]))
             yield item
 

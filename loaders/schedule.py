@@ -161,10 +161,20 @@ class Schedule:
         if not self.slack or step >= self.steps:
             return None
         w = self.window_of(step)
-        self._window(w)
+        if w not in self._seeds:  # a loader's main process has them from its workers (shared_contexts)
+            self._window(w)
         context = self._context(w)
         assert context is not None
         return context.tolist()
+
+    def shared_contexts(self, step: int) -> dict[int, list[list[int]]]:
+        """The contexts of the windows holding ``step`` and ``step + 1`` (by their first step), for a DataLoader
+        worker to pass along with an item: the main process then saves states without refining any window."""
+        return {
+            int(self.window_starts[self.window_of(t)]): self.context_at(t) or []
+            for t in {step, step + 1}
+            if self.slack and t < self.steps
+        }
 
     def seed_context(self, step: int, context: list[list[int]] | None) -> None:
         """Take ``context`` (from :meth:`context_at`, via a loader state) for the window holding ``step``.

@@ -161,3 +161,18 @@ def test_a_build_with_balance_options_reaches_the_loader(tmp_path: Path) -> None
     (tmp_path / "m.yaml").write_text(mix.replace("steps: 4", "steps: 5"))
     bad = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "curriculum[0].steps" in bad.stderr and "4 or 6" in bad.stderr
+
+
+def test_a_loader_with_workers_saves_states_without_refining_in_the_main_process(tiny_build: Path) -> None:
+    reference = make(tiny_build)
+    loader = PackedLoader(make(tiny_build), num_workers=2)
+    got = []
+    for k, item in enumerate(loader):
+        assert "_schedule_contexts" not in item  # what the workers pass along never reaches the trainer
+        got.append(item)
+        if k == 10:
+            break
+    state = loader.state_dict()
+    assert not loader.dataset.schedule._arranged  # the contexts came from the workers
+    items(reference, 11)
+    assert state == reference.state_dict()  # the same state an in-process pass computes itself
