@@ -287,11 +287,11 @@ def regime(
         f"\nS={seq_len} global_batch={batch} dp={dp} cp={cp} steps={steps} window={window} "
         f"(BFD packing_efficiency {eff:.4f})"
     )
-    head = f"{'':8} {'dp_imb mean':>11} {'dp_imb p95':>10} {'cp_imb mean':>11} {'cp_imb max':>10}"
+    head = f"{'':12} {'dp_imb mean':>11} {'dp_imb p95':>10} {'cp_imb mean':>11} {'cp_imb max':>10}"
     print(f"{head} {'mix_err/10':>10} {'body /10':>9} {'mix_err/run':>11}")
     for name, (mean, p95) in rows.items():
         c = cps.get(name, cps["weir"])
-        cells = f"{name:8} {mean:11.3f} {p95:10.3f} {np.mean(c):11.3f} {np.max(c):10.3f}"
+        cells = f"{name:12} {mean:11.3f} {p95:10.3f} {np.mean(c):11.3f} {np.max(c):10.3f}"
         print(f"{cells} {mix[name]:10.4f} {body[name]:9.4f} {whole[name]:11.4f}")
 
 
