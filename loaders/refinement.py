@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SLACK", "THRESHOLDS", "refine_steps"]
+__all__ = ["PAIRS", "SLACK", "THRESHOLDS", "refine_steps"]
 
 SLACK = 1.15  # a swap may raise a step's max/mean cost up to this (the DP goal's p95 at long context)
 THRESHOLDS = (0.004, 0.002)  # window errors below these stop counting, pass by pass
+PAIRS = 5120  # candidate pairs per swap search (16 cost neighbours each at 320 sequences)
 
 
 def refine_steps(
@@ -34,7 +35,7 @@ def refine_steps(
     target: np.ndarray,
     period: int,
     slack: float = SLACK,
-    neighbours: int = 16,
+    neighbours: int | None = None,
     max_swaps: int = 400,
 ) -> np.ndarray:
     """New step (int64 [n], 0-based in the window) of each sequence after refinement.
@@ -45,9 +46,10 @@ def refine_steps(
     *build's* steps at the same positions (context steps first), whose windows are the mixture to keep.
     Every full window of ``period`` steps ending inside this window counts: its share of each source against
     the target's. Each pass (one per entry of :data:`THRESHOLDS`) applies, one at a time, the swap of two
-    sequences in different steps (each with one of its ``neighbours`` nearest in cost) that lowers the sum
-    of squared excess errors most; a swap must keep each of its two steps at or below ``max(its balance,
-    slack)``. Step sizes never change.
+    sequences in different steps (each with one of its ``neighbours`` nearest in cost; by default as many as
+    keep about :data:`PAIRS` candidate pairs, 1–16) that lowers the sum of squared excess errors most, until
+    no window is above the pass's threshold; a swap must keep each of its two steps at or below ``max(its
+    balance, slack)``. Step sizes never change.
     """
     costs = np.asarray(costs, dtype=np.float64)
     src = np.asarray(source_tokens, dtype=np.float64)
@@ -63,6 +65,8 @@ def refine_steps(
     fixed = np.stack([before[max(0, e - period) : min(k0, e)].sum(axis=0) for e in ends])
     want_tokens = np.stack([target[e - period : e].sum(axis=0) for e in ends])
     want = want_tokens / np.maximum(want_tokens.sum(axis=1, keepdims=True), 1.0)
+    if neighbours is None:  # ~5000 candidate pairs: each swap's search costs the same at any window size
+        neighbours = int(np.clip(round(PAIRS / max(len(costs), 1)), 1, 16))
     order = np.argsort(costs, kind="stable")
     i_all = np.repeat(order, neighbours)
     j_pos = np.repeat(np.arange(len(order)), neighbours) + np.tile(np.arange(1, neighbours + 1), len(order))
@@ -74,7 +78,10 @@ def refine_steps(
             np.add.at(comp, new, src)
             tot = fixed + member @ comp  # [windows, sources]
             share_tot = np.maximum(tot.sum(axis=1, keepdims=True), 1.0)
-            now = _excess(tot / share_tot - want, threshold)
+            err = tot / share_tot - want
+            if (np.abs(err) <= threshold).all():  # nothing above this pass's threshold: on to the next
+                break
+            now = _excess(err, threshold)
             a, b = new[pi], new[pj]
             live = a != b
             ci, cj, a, b = pi[live], pj[live], a[live], b[live]
