@@ -34,17 +34,33 @@ def main(build: str, out: str) -> None:
         a[:2] == b[:2] and np.array_equal(a[2], b[2]) and np.array_equal(a[3], b[3])
         for a, b in zip(resumed, mine, strict=True)
     )
+    # regrouped and refined (window 2, period 2): every rank plans alone, and the plans must agree
+    regrouped = PackedDataset(build, cp_size=2, seed=9, window=2, period=2)
+    steps_of = [(it["step"], it["sequence"]) for it in regrouped]
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (ds.world, mine, same))
+    dist.all_gather_object(gathered, (ds.world, mine, same, steps_of))
     if dist.get_rank() == 0:
-        worlds = {(w.dp_rank, w.cp_rank) for w, _, _ in gathered}
+        worlds = {(w.dp_rank, w.cp_rank) for w, *_ in gathered}
         problems = [] if worlds == {(0, 0), (0, 1), (1, 0), (1, 1)} else [f"ranks cover {sorted(worlds)}"]
-        problems += [f"rank {w}: the resumed stream differs" for w, _, ok in gathered if not ok]
+        problems += [f"rank {w}: the resumed stream differs" for w, _, ok, _ in gathered if not ok]
+        by_cp: dict[int, list] = defaultdict(list)  # CP ranks of one DP rank read the same sequences
+        for w, _, _, pairs in gathered:
+            by_cp[w.cp_rank].append(sorted(pairs))
+        if sorted(by_cp[0]) != sorted(by_cp[1]):
+            problems.append("regrouped: CP ranks of a DP rank read different sequences")
+        union = [pair for w, _, _, pairs in gathered if w.cp_rank == 0 for pair in pairs]
+        sizes = defaultdict(int)
+        for step, _ in union:
+            sizes[step] += 1
+        if sorted(seq for _, seq in union) != list(range(len(ShardSet(ds.shards.dir)))):
+            problems.append("regrouped: DP ranks do not read every sequence exactly once")
+        elif set(sizes.values()) != {ds.global_batch}:
+            problems.append(f"regrouped: training steps of {sorted(set(sizes.values()))} sequences")
         shards = ShardSet(ds.shards.dir)
         rebuilt: dict[int, np.ndarray] = {}
         filled: dict[int, np.ndarray] = {}
         per_step: dict[int, set] = defaultdict(set)
-        for _, items, _ in gathered:
+        for _, items, _, _ in gathered:
             for step, seq, idx, ids in items:
                 per_step[step].add(seq)
                 buf = rebuilt.setdefault(seq, np.full(ds.seq_len, -1, np.int64))
