@@ -219,34 +219,53 @@ def regroup_bounds(first: int, last: int, window: int, period: int = 0) -> list[
     return starts
 
 
-def assign_unequal(costs: np.ndarray, dp_size: int, max_rounds: int = 64) -> np.ndarray:
+def assign_unequal(
+    costs: np.ndarray,
+    dp_size: int,
+    max_rounds: int = 64,
+    tokens: np.ndarray | None = None,
+    max_tokens: int | None = None,
+) -> np.ndarray:
     """DP rank (int64 [n]) of each of one step's ``n ≥ dp_size`` sequences, counts free (at least one each).
 
     The ``dp_size`` heaviest sequences open one rank each, the rest go heaviest first onto the least loaded
     rank (LPT without the count constraint); then, while it lowers the heaviest rank, one of its sequences
-    moves to another rank (keeping at least one) or swaps with one there. Deterministic (ties by index).
-    Never above the equal-count optimum's bound ``mean + max cost``.
+    moves to another rank (keeping at least one) or swaps with one there. With ``tokens`` (real tokens of
+    each sequence) and ``max_tokens``, no rank ever holds more than ``max_tokens`` real tokens (the memory
+    budget of a variable-length micro-batch); when the greedy start cannot meet it, the step falls back to
+    LPT with at most ``⌈n / dp_size⌉`` sequences per rank (which the caller makes sure fit the budget).
+    Deterministic (ties by index).
+    Without a token budget, never above the list-scheduling bound ``mean + max cost``.
     """
     costs = np.asarray(costs, dtype=np.float64)
     n = len(costs)
     if n < dp_size:
         raise ValueError(f"{n} sequences cannot give each of dp_size {dp_size} ranks at least one")
+    tok = np.zeros(n) if tokens is None else np.asarray(tokens, dtype=np.float64)
+    cap = np.inf if max_tokens is None else float(max_tokens)
     ranks = np.empty(n, dtype=np.int64)
-    loads = np.zeros(dp_size)
+    loads, used = np.zeros(dp_size), np.zeros(dp_size)
     for k, i in enumerate(np.argsort(-costs, kind="stable")):
-        r = k if k < dp_size else int(np.argmin(loads))
+        room = np.flatnonzero(used + tok[i] <= cap)
+        if k >= dp_size and len(room) == 0:
+            return _nearly_equal(costs, dp_size)
+        r = k if k < dp_size else int(room[np.argmin(loads[room])])
         ranks[i] = r
         loads[r] += costs[i]
+        used[r] += tok[i]
     for _ in range(max_rounds):
         hi = int(np.argmax(loads))
         mine, others = np.flatnonzero(ranks == hi), np.flatnonzero(ranks != hi)
-        # a move of i (from hi to rank r) is a swap with a zero-cost sequence of r: one table for both
+        # a move of i (from hi to rank r) is a swap with a zero-cost, zero-token sequence of r: one table
         give = costs[mine][:, None]  # [k, 1]
         take = np.concatenate([costs[others], np.zeros(dp_size)]) if len(mine) > 1 else costs[others]
+        take_tok = np.concatenate([tok[others], np.zeros(dp_size)]) if len(mine) > 1 else tok[others]
         dest = np.concatenate([ranks[others], np.arange(dp_size)]) if len(mine) > 1 else ranks[others]
         d = give - take[None, :]  # load leaving hi
         gain = loads[hi] - np.maximum(loads[hi] - d, loads[dest][None, :] + d)
         gain[:, dest == hi] = -np.inf
+        dt = tok[mine][:, None] - take_tok[None, :]  # tokens leaving hi
+        gain[(used[dest][None, :] + dt > cap) | (used[hi] - dt > cap)] = -np.inf
         if gain.size == 0:  # one rank, or one sequence on the heaviest and none elsewhere to swap
             break
         a, b = (int(x) for x in np.unravel_index(int(np.argmax(gain)), gain.shape))
@@ -258,4 +277,18 @@ def assign_unequal(costs: np.ndarray, dp_size: int, max_rounds: int = 64) -> np.
             ranks[int(others[b])] = hi
         loads[hi] -= d[a, b]
         loads[r] += d[a, b]
+        used[hi] -= dt[a, b]
+        used[r] += dt[a, b]
+    return ranks
+
+
+def _nearly_equal(costs: np.ndarray, dp_size: int) -> np.ndarray:
+    """LPT with at most ``⌈n / dp_size⌉`` sequences per rank (int64 [n] ranks)."""
+    limit = -(-len(costs) // dp_size)
+    ranks = np.empty(len(costs), dtype=np.int64)
+    loads, counts = np.zeros(dp_size), np.zeros(dp_size, dtype=np.int64)
+    for i in np.argsort(-costs, kind="stable"):
+        open_ = np.flatnonzero(counts < limit)
+        r = int(open_[np.argmin(loads[open_])])
+        ranks[i], loads[r], counts[r] = r, loads[r] + costs[i], counts[r] + 1
     return ranks

@@ -52,6 +52,9 @@ class Schedule:
         m = shards.manifest
         self.shards, self.window, self.seed = shards, window, seed
         self.global_batch = int(m["global_batch"])
+        self.seq_len = int(m["seq_len"])
+        budget = m.get("max_tokens") if micro_batches == "unequal" else None
+        self.max_tokens = int(budget) if budget else None  # real tokens per rank and step (unequal only)
         cost = m.get("cost") or {"attention": 1.0, "linear": 0.0}
         self.attention, self.linear = float(cost["attention"]), float(cost["linear"])
         steps = shards.steps
@@ -206,6 +209,12 @@ class Schedule:
             raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {dp_size}")
         if self.global_batch < dp_size:
             raise ValueError(f"global_batch {self.global_batch} gives no sequence to some of dp_size {dp_size} ranks")
+        share = -(-self.global_batch // dp_size)  # sequences of an equal split, rounded up
+        if self.max_tokens is not None and self.max_tokens < share * self.seq_len:
+            raise ValueError(
+                f"max_tokens {self.max_tokens} cannot hold an equal share of a step ({share} sequences of "
+                f"{self.seq_len} tokens) on dp_size {dp_size}; expected at least {share * self.seq_len}"
+            )
 
     def count(self, step: int, dp_size: int, dp_rank: int) -> int:
         """How many sequences of training ``step`` DP rank ``dp_rank`` reads."""
@@ -220,8 +229,11 @@ class Schedule:
         self.check_world(dp_size)
         seqs = self.step_sequences(step)
         lo, costs, _ = self._facts(self.window_of(step))
-        assign = assign_ranks if self.micro_batches == "equal" else assign_unequal
-        bins = assign(costs[seqs - lo], dp_size)
+        if self.micro_batches == "equal":
+            bins = assign_ranks(costs[seqs - lo], dp_size)
+        else:
+            tokens = self.shards.seq_tokens[seqs] if self.max_tokens else None
+            bins = assign_unequal(costs[seqs - lo], dp_size, tokens=tokens, max_tokens=self.max_tokens)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, step])
         to_rank = rng.permutation(dp_size)
         out = []

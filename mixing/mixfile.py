@@ -107,6 +107,12 @@ class Mix(FrozenModel):
                 raise _FieldError(
                     ("curriculum", 0, "transition"), "the first phase has no previous mixture to ramp from"
                 )
+        budget = self.balance.max_tokens
+        if budget is not None and budget < self.sequence.length:
+            raise _FieldError(
+                ("balance", "max_tokens"),
+                f"{budget} tokens is less than one sequence; expected at least sequence.length {self.sequence.length}",
+            )
         object.__setattr__(self, "_steps", self._resolve_steps())
         for i, (ph, n) in enumerate(zip(self.curriculum, self._steps, strict=True)):
             if ph.transition is not None and ph.transition.steps > n:

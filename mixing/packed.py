@@ -112,6 +112,7 @@ def write_packed(
         "global_batch": mix.sequence.global_batch,
         "cost": mix.balance.cost.model_dump(),
         "micro_batches": mix.balance.micro_batches,
+        "max_tokens": mix.balance.max_tokens,
         "regroup": mix.balance.regroup.model_dump() if mix.balance.regroup else None,
         "steps": mix.total_steps,
         "sources": list(packing.sources),

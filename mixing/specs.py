@@ -240,10 +240,21 @@ class Balance(FrozenModel):
     ``unequal`` (ByteScale-style) lets the counts differ (at least one each) so that each rank's Σ cost is
     even: for a trainer that accumulates gradients over a variable number of micro-batches and normalizes its
     loss by tokens. It changes which rank reads which sequence of a step, never the steps themselves.
+    ``max_tokens`` (with ``unequal`` only): the most real tokens one DP rank may hold in a step, the memory
+    budget of a variable-length micro-batch (a rank's sequences concatenated without their padding,
+    ``loaders.varlen.concat``); at least the sequence length, and the loader checks it holds
+    ``global_batch / dp_size`` sequences.
     ``regroup`` (default: none, training steps are the build's steps) moves sequences between nearby steps
     of a phase for balance when each rank holds one sequence per step (:class:`Regroup`).
     """
 
     cost: Cost = Cost()
     micro_batches: Literal["equal", "unequal"] = "equal"
+    max_tokens: Annotated[int, Field(gt=0)] | None = None
     regroup: Regroup | None = None
+
+    @model_validator(mode="after")
+    def _budget_needs_unequal(self) -> Balance:
+        if self.max_tokens is not None and self.micro_batches != "unequal":
+            raise ValueError("max_tokens bounds unequal micro-batches; expected micro_batches: unequal with it")
+        return self

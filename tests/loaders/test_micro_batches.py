@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import PackedDataset
+from loaders import PackedDataset, varlen
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance
 from loaders.state import StateError
 from mixing import MixError
@@ -100,3 +101,53 @@ def test_mix_file_names_a_bad_micro_batches_value() -> None:
     assert parse_mix(text.replace("sometimes", "unequal"), "m.yaml").balance.micro_batches == "unequal"
     with pytest.raises(MixError, match=r"m.yaml:8: balance.micro_batches"):
         parse_mix(text, "m.yaml")
+
+
+def budget_build(tiny_build: Path, tmp_path: Path, max_tokens: int) -> Path:
+    copy = tmp_path / "budget"
+    shutil.copytree(tiny_build / "shards", copy / "shards")
+    manifest = json.loads((copy / "shards" / "manifest.json").read_text())
+    manifest.update(micro_batches="unequal", max_tokens=max_tokens)
+    (copy / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_a_token_budget_caps_every_ranks_share_of_a_step(tiny_build: Path, tmp_path: Path) -> None:
+    build = budget_build(tiny_build, tmp_path, 2 * 64)  # S = 64, 4 sequences per step over 3 ranks
+    full = ShardSet(build / "shards")
+    per_step: dict[int, list[int]] = defaultdict(list)
+    for r in range(3):
+        ds = PackedDataset(build, r, 3, seed=5)
+        for step, group in itertools.groupby(items(ds), key=lambda x: x[0]):
+            seqs = [s for *_, s in group]
+            assert int(full.seq_tokens[seqs].sum()) <= 128  # the budget holds on every rank and step
+            per_step[step] += seqs
+    assert all(sorted(v) == np.flatnonzero(full.steps == t).tolist() for t, v in per_step.items())
+    with pytest.raises(ValueError, match="max_tokens 128 cannot hold an equal share"):
+        PackedDataset(build, 0, 1)  # 4 sequences of 64 tokens on one rank
+
+
+def test_budget_falls_back_to_near_equal_counts_when_the_greedy_start_cannot_meet_it() -> None:
+    costs, tokens = np.array([9.0, 1, 1, 1, 1, 1]), np.full(6, 10)
+    ranks = assign_unequal(costs, 2, tokens=tokens, max_tokens=30)  # the heavy rank would want 1, the other 5
+    assert np.bincount(ranks).tolist() == [3, 3]
+    assert np.bincount(assign_unequal(costs, 2), minlength=2).tolist() == [1, 5]
+
+
+def test_varlen_micro_batches_keep_every_real_token_and_boundary(tiny_build: Path, tmp_path: Path) -> None:
+    build = budget_build(tiny_build, tmp_path, 2 * 64)
+    ds = PackedDataset(build, 1, 3, seed=5)
+    whole = PackedDataset(build, 1, 3, seed=5)
+    for batch in varlen.by_step(ds):
+        parts = [whole.item(s) for s in batch["sequences"]]
+        n = [int(p["num_tokens"]) for p in parts]
+        assert batch["num_tokens"] == sum(n) <= 128
+        assert torch.equal(batch["input_ids"], torch.cat([p["input_ids"][:k] for p, k in zip(parts, n, strict=True)]))
+        assert torch.equal(batch["labels"], torch.cat([p["labels"][:k] for p, k in zip(parts, n, strict=True)]))
+        cu = batch["cu_seqlens"].tolist()
+        assert cu[0] == 0 and cu[-1] == sum(n) and cu == sorted(set(cu))
+        ends = np.array(cu[1:]) - 1
+        assert (batch["labels"].numpy()[ends] == -100).all()  # no label crosses a document boundary
+        assert (batch["position_ids"].numpy()[cu[:-1]] == 0).all()  # every document starts at position 0
+    with pytest.raises(ValueError, match="whole-sequence"):
+        varlen.concat(list(itertools.islice(PackedDataset(build, 0, 3, cp_rank=0, cp_size=2), 1)))

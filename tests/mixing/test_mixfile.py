@@ -103,3 +103,12 @@ def test_steps_that_are_not_whole_template_blocks_name_the_phase() -> None:
     assert "bad.yaml:8: curriculum[0].steps" in str(e.value) and "expected 8 or 12" in str(e.value)
     with pytest.raises(MixError, match=r"bad.yaml:16: balance.regroup.slack"):
         parse_mix(GOOD + "balance:\n  regroup: {period: 5, slack: 0.5}\n", "bad.yaml")
+
+
+def test_a_token_budget_needs_unequal_micro_batches_and_room_for_a_sequence() -> None:
+    ok = parse_mix(GOOD + "balance: {micro_batches: unequal, max_tokens: 512}\n", "m.yaml")
+    assert ok.balance.max_tokens == 512
+    with pytest.raises(MixError, match=r"m.yaml:15: balance: .*micro_batches: unequal"):
+        parse_mix(GOOD + "balance: {max_tokens: 512}\n", "m.yaml")
+    with pytest.raises(MixError, match=r"m.yaml:15: balance.max_tokens: 100 tokens is less than one sequence"):
+        parse_mix(GOOD + "balance: {micro_batches: unequal, max_tokens: 100}\n", "m.yaml")

@@ -1,0 +1,52 @@
+"""Variable-length micro-batches: one DP rank's sequences of a step, concatenated without their padding.
+
+With ``balance.micro_batches: unequal`` DP ranks read different numbers of a step's packed sequences, and
+``balance.max_tokens`` bounds the real tokens one rank holds: a trainer with variable-length attention
+(documents delimited by ``cu_seqlens``) runs a rank's share as one micro-batch of at most that many tokens
+(ByteScale's variable-length sequences up to a token budget) instead of one micro-batch per sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["by_step", "concat"]
+
+_PER_TOKEN = ("input_ids", "labels", "position_ids")
+
+
+def concat(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One micro-batch of whole-sequence items (``cp_size == 1``) of one step: ``input_ids``, ``labels``,
+    ``position_ids`` (those the items carry) int64 [Σ num_tokens], each item's real tokens in order with
+    its padding left out; ``cu_seqlens`` int32 [d + 1] over the d documents of all of them; ``step``;
+    ``sequences`` (their global indices) and ``num_tokens`` (Σ). Labels stay as the loader made them (-100 at
+    each document's last token), so nothing crosses from one sequence into the next.
+    """
+    if not items:
+        raise ValueError("no items to concatenate")
+    if len({int(it["step"]) for it in items}) != 1:
+        raise ValueError("items of different steps; a micro-batch holds one step's sequences")
+    keys = [key for key in _PER_TOKEN if key in items[0]]
+    if any(len(it[key]) != int(it["cu_seqlens"][-1]) for it in items for key in keys):
+        raise ValueError("concat takes whole-sequence items (cp_size == 1)")
+    counts = [int(it["num_tokens"]) for it in items]
+    out: dict[str, Any] = {key: torch.cat([it[key][:n] for it, n in zip(items, counts, strict=True)]) for key in keys}
+    bounds, offset = [torch.zeros(1, dtype=torch.int32)], 0
+    for it, n in zip(items, counts, strict=True):
+        cu = it["cu_seqlens"]
+        bounds.append(cu[(cu > 0) & (cu <= n)] + offset)  # the document ends; trailing padding is dropped
+        offset += n
+    out["cu_seqlens"] = torch.cat(bounds).to(torch.int32)
+    out.update(step=int(items[0]["step"]), sequences=[int(it["sequence"]) for it in items], num_tokens=offset)
+    return out
+
+
+def by_step(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """:func:`concat` of each step's consecutive items (a :class:`~loaders.loader.PackedLoader` yields a rank's
+    items step by step, so its state after a micro-batch is just after that step's last item)."""
+    for _, group in itertools.groupby(items, key=lambda it: int(it["step"])):
+        yield concat(list(group))
