@@ -261,6 +261,14 @@ def regime(
         per_step_costs = [np.array([cost(s) for s in st]) for st in regrouped]
         rows["unequal"] = dp_stats(per_step_costs, lambda c: assign_unequal(c, dp))
         others["unequal"] = regrouped
+        # with a token budget of 1.5× an equal share (balance.max_tokens): a rank's variable-length micro-batch
+        budget = int(1.5 * batch // dp * seq_len)
+        capped = [
+            dp_imbalance(c, assign_unequal(c, dp, tokens=t, max_tokens=budget), dp)
+            for c, t in zip(per_step_costs, ([sum(x for _, x in s) for s in st] for st in regrouped), strict=True)
+        ]
+        rows["unequal1.5x"] = (float(np.mean(capped)), float(np.percentile(capped, 95)))
+        others["unequal1.5x"] = regrouped
     if batch == dp:
         for w, p, x in ((8, 0, 0.0), (16, 0, 0.0), (window, period, 0.0), (10, period, slack), (window, period, 1.3)):
             if (w, p, x) != (window, period, slack):
