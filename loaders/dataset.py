@@ -167,6 +167,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
         whole = type(self.shards) is ShardSet
         share = info is not None and bool(self.schedule.slack)  # see Schedule.shared_contexts
+        shared_step = -1  # once per step is enough: the main process keeps what it was given
         while chunk := list(itertools.islice(mine, self.chunk)):
             # items are built a chunk at a time (one numpy call per array for all of them, not per item)
             built = self.items([i for _, _, i in chunk]) if whole else (self.item(i) for *_, i in chunk)
@@ -176,8 +177,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
                     self._step, self._consumed = (t + 1, 0) if slot + 1 == per_rank else (t, slot + 1)
                 elif info is None:
                     self._advance(t, slot)
-                if share:
-                    item[SHARED_CONTEXTS] = self.schedule.shared_contexts(t)
+                if share and t != shared_step:
+                    item[SHARED_CONTEXTS], shared_step = self.schedule.shared_contexts(t), t
                 yield item
 
     def items(self, seqs: list[int]) -> list[dict[str, Any]]:
