@@ -1,5 +1,7 @@
 """Materialize a mix's assets in-process, stage by stage (what ``weir build`` runs), reusing a previous build.
 
+``build_output`` is the whole transaction behind ``weir build``: take the output's lock, remove what killed
+builds left, build into a staging folder beside the output, and swap it in only when the build succeeded.
 ``reuse_previous`` seeds a fresh staging folder with the previous output's tokenized chunks and trained
 tokenizer (hard links; those files are only ever replaced, never written in place), so that an
 incremental rebuild re-tokenizes only chunks whose files changed, while the staging folder still
@@ -8,11 +10,14 @@ replaces the output only when the whole build succeeded.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -20,10 +25,137 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from assets import mix_assets
-from mixing import Mix
+from mixing import Mix, WeirError
+from mixing.layout import file_mode
 from pipelines.resources import storage_resource
 
-__all__ = ["build_mix", "progress_display", "reuse_previous"]
+__all__ = ["BuildBusy", "BuildOutcome", "build_mix", "build_output", "progress_display", "reuse_previous"]
+
+
+class BuildBusy(WeirError):
+    """Another ``weir build`` holds the output's lock (it is building into the same folder right now)."""
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """What :func:`build_output` did besides building: files reused, leftovers of killed builds removed."""
+
+    dest: Path
+    reused_files: int
+    leftovers: int
+    leftover_bytes: int
+
+
+def build_output(
+    mix: Mix,
+    dest: Path,
+    *,
+    fresh: bool = False,
+    wait: bool = False,
+    say: Callable[[str], None] = print,
+) -> BuildOutcome:
+    """Build ``mix`` into the folder ``dest`` as one transaction; a failure or a kill never leaves a partial output.
+
+    Holds ``.<dest>.lock`` (an ``flock``, released by the kernel even on ``kill -9``) for the whole build;
+    a second build into the same ``dest`` raises :class:`BuildBusy` naming the holder's pid, or with ``wait``
+    blocks until the lock is free. Under the lock, the staging folders that killed builds left beside
+    ``dest`` (``.<dest>.building-<pid>``, ``.<dest>.old-<pid>``) are removed; if a build was killed between
+    the two renames of its swap, the previous output is put back first. The build runs in
+    ``.<dest>.building-<pid>`` (seeded by :func:`reuse_previous` unless ``fresh``) and replaces ``dest`` only
+    when it succeeded. Raises what :func:`build_mix` raises.
+    """
+    dest = dest.resolve()
+    with _output_lock(dest, wait, say):
+        n, size = _remove_leftovers(dest, say)
+        if n:
+            say(f"removed {n} leftover{'s' if n > 1 else ''} of killed builds ({_human(size)})")
+        stage = dest.with_name(f".{dest.name}.building-{os.getpid()}")
+        try:
+            reused = reuse_previous(dest, stage) if dest.is_dir() and not fresh else 0
+            build_mix(mix, stage, say=say)
+            _swap(stage, dest)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    return BuildOutcome(dest, reused, n, size)
+
+
+@contextmanager
+def _output_lock(dest: Path, wait: bool, say: Callable[[str], None]) -> Iterator[None]:
+    lock = dest.with_name(f".{dest.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user's lock file: reading is enough to take the flock
+        fd = os.open(lock, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            if not wait:
+                raise BuildBusy(
+                    f"{dest}: another weir build (pid {holder}) is building into this folder; "
+                    f"wait for it, or pass --wait to start when it is done (lock {lock})"
+                ) from None
+            say(f"waiting for the build of pid {holder} into {dest} to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # the holder's pid, for the message of a build that finds the lock taken
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # opened read-only: the lock still holds, only the pid is not shown
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (removing it would race with a waiting build)
+
+
+def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int]:
+    """Remove the staging folders of dead builds beside ``dest`` (call with the lock held); (count, bytes)."""
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.(building|old)-\d+")
+    found = sorted(p for p in dest.parent.iterdir() if pattern.fullmatch(p.name)) if dest.parent.is_dir() else []
+    olds = [p for p in found if ".old-" in p.name[len(dest.name) + 1 :]]
+    if olds and not dest.exists():  # killed between the swap's two renames: the previous output is whole
+        back = max(olds, key=lambda p: p.stat().st_mtime)
+        back.rename(dest)
+        found.remove(back)
+        say(f"restored {dest} from {back.name} (a build was killed while replacing it)")
+    size = 0
+    for p in found:
+        size += _tree_bytes(p)
+        shutil.rmtree(p, ignore_errors=True)
+    return len(found), size
+
+
+def _swap(stage: Path, dest: Path) -> None:
+    """Replace ``dest`` by ``stage`` (two renames; a kill between them is repaired by the next build)."""
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        dest.rename(old)
+    try:
+        stage.rename(dest)
+    except BaseException:
+        if old.exists() and not dest.exists():
+            old.rename(dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _tree_bytes(root: Path) -> int:
+    n = 0
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            with suppress(OSError):  # removed meanwhile
+                n += os.lstat(os.path.join(d, f)).st_size
+    return n
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    raise AssertionError
 
 
 def build_mix(
@@ -63,23 +195,35 @@ def reuse_previous(previous: Path, stage: Path) -> int:
 
     Reusable: ``sources/*/chunks/`` (tokenized chunks, keyed by file, tokenizer and spec fingerprints)
     and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked.
+    Temporary files and folders a killed writer left (``.NAME.*.tmp``) are not carried over. Folders are
+    created afresh and a file whose mode is not what the umask gives now is copied rather than linked,
+    so the new build's modes follow the umask whatever the previous one's were.
     """
     n = 0
+    want = file_mode()
     parts = [previous / "tokenizer", *sorted((previous / "sources").glob("*/chunks"))]
     for src in parts:
-        if not src.is_dir():
-            continue
-
-        def link(a: str, b: str) -> None:
-            nonlocal n
-            n += 1
-            try:
-                os.link(a, b)
-            except OSError:  # another file system: copy instead
-                shutil.copy2(a, b)
-
-        shutil.copytree(src, stage / src.relative_to(previous), copy_function=link, dirs_exist_ok=True)
+        for d, dirs, files in os.walk(src):
+            dirs[:] = [x for x in dirs if not _is_temp(x)]
+            to = stage / Path(d).relative_to(previous)
+            to.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                if _is_temp(f):
+                    continue
+                a, b = os.path.join(d, f), to / f
+                n += 1
+                try:
+                    if os.stat(a).st_mode & 0o7777 != want:
+                        raise OSError("mode differs")
+                    os.link(a, b)
+                except OSError:  # another file system, or another mode: copy (mode from the umask)
+                    shutil.copyfile(a, b)
     return n
+
+
+def _is_temp(name: str) -> bool:
+    """A writer's temporary name (``layout.atomic_path``'s files, ``documents``' chunk folders)."""
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 class _ProgressHandler(logging.Handler):

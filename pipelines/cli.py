@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,41 +45,36 @@ def build(
     mix: Path,
     out_dir: Annotated[Path | None, typer.Option("--out", help="build folder (default build/<mix name>)")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="ignore the previous build's reusable work")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="if another build is writing the same folder, wait for it (else exit 3)")
+    ] = False,
 ) -> None:
     """Build MIX into a folder by materializing its Dagster assets in-process.
 
     The build happens in a staging folder beside the output and replaces it only when it succeeded, so a
-    failed build leaves the previous output (or nothing) in place. Work of the previous output that is
-    still valid (tokenized chunks of unchanged files, the tokenizer if its sample is unchanged) is reused.
+    failed or killed build leaves the previous output (or nothing) in place; the next build removes what a
+    killed one left. Work of the previous output that is still valid (tokenized chunks of unchanged files,
+    the tokenizer if its sample is unchanged) is reused. One build at a time per output folder: a second
+    one exits 3 naming the first one's pid, or waits with --wait.
     """
     import dagster as dg
 
     from mixing.packed import inspect_build
-    from pipelines.build import build_mix, progress_display, reuse_previous
+    from pipelines.build import BuildBusy, build_output, progress_display
 
     m = _load(mix)
     dest = (out_dir or Path("build") / m.name).resolve()
-    stage = dest.with_name(f".{dest.name}.building-{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)
     out.print(f"building mix {m.name!r} into {dest}")
     try:
-        if dest.is_dir() and not fresh:
-            reuse_previous(dest, stage)
         with progress_display(out):
-            build_mix(m, stage, say=lambda s: out.print(s, highlight=False, markup=False))
+            build_output(m, dest, fresh=fresh, wait=wait, say=lambda s: out.print(s, highlight=False, markup=False))
+    except BuildBusy as e:
+        err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3) from None
     except (WeirError, dg.DagsterError) as e:
-        shutil.rmtree(stage, ignore_errors=True)
         cause = getattr(e, "user_exception", None) or e
         err.print(f"[bold red]build failed[/]: {type(cause).__name__}: {cause}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-    if dest.exists():
-        dest.rename(old)
-    stage.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
     _print_summary(inspect_build(dest))
 
 
