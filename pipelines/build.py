@@ -56,7 +56,8 @@ def build_output(
 ) -> BuildOutcome:
     """Build ``mix`` into the folder ``dest`` as one transaction; a failure or a kill never leaves a partial output.
 
-    Holds ``.<dest>.lock`` (an ``flock``, released by the kernel even on ``kill -9``) for the whole build;
+    Holds ``.<dest>.lock`` (an ``flock``, released by the kernel even on ``kill -9``) for the whole build
+    and removes it at the end;
     a second build into the same ``dest`` raises :class:`BuildBusy` naming the holder's pid, or with ``wait``
     blocks until the lock is free. Under the lock, the staging folders that killed builds left beside
     ``dest`` (``.<dest>.building-<pid>``, ``.<dest>.old-<pid>``) are removed; if a build was killed between
@@ -82,32 +83,49 @@ def build_output(
 
 @contextmanager
 def _output_lock(dest: Path, wait: bool, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``.<dest>.lock``; the holder removes it when done, so a failed build leaves nothing beside ``dest``.
+
+    Removing a lock file is safe because a process that got the flock checks that the file it locked is
+    still the one at the path (not one its holder has just removed) and otherwise starts over.
+    """
     lock = dest.with_name(f".{dest.name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:  # another user's lock file: reading is enough to take the flock
-        fd = os.open(lock, os.O_RDONLY)
-    try:
+    waiting = False
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # another user's lock file: reading is enough to take the flock
+            fd = os.open(lock, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             if not wait:
+                os.close(fd)
                 raise BuildBusy(
                     f"{dest}: another weir build (pid {holder}) is building into this folder; "
                     f"wait for it, or pass --wait to start when it is done (lock {lock})"
                 ) from None
-            say(f"waiting for the build of pid {holder} into {dest} to finish")
+            if not waiting:
+                say(f"waiting for the build of pid {holder} into {dest} to finish")
+                waiting = True
             fcntl.flock(fd, fcntl.LOCK_EX)
-        try:  # the holder's pid, for the message of a build that finds the lock taken
+        try:
+            st = os.stat(lock)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+            break
+        os.close(fd)  # we locked a file its holder removed meanwhile: take the one at the path now
+    try:
+        with suppress(OSError):  # opened read-only: the lock holds, only the pid is not shown to others
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass  # opened read-only: the lock still holds, only the pid is not shown
         yield
     finally:
-        os.close(fd)  # releases the lock; the file stays (removing it would race with a waiting build)
+        with suppress(OSError):  # removed while still held (see above); a folder we may not write: kept
+            lock.unlink()
+        os.close(fd)
 
 
 def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int]:
