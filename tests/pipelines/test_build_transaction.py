@@ -15,7 +15,7 @@ import pytest
 
 from mixing import load_mix
 from mixing.packed import inspect_build
-from pipelines.build import build_output
+from pipelines.build import build_output, reuse_previous
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]
@@ -138,3 +138,33 @@ def test_a_second_build_into_the_same_output_stops_naming_the_first_or_waits_for
     assert beside(out) == {"out"}
     assert inspect_build(out)["corrupt_files"] == []
     assert inspect_build(out)["steps"] == load_mix(tiny_mix_path).total_steps
+
+
+def test_reuse_skips_what_killed_writers_left_and_gives_files_the_umask_mode(tmp_path: Path) -> None:
+    prev, stage = tmp_path / "prev", tmp_path / "stage"
+    chunks = prev / "sources" / "notes" / "chunks"
+    for rel, mode in {
+        "tokenizer/tokenizer.json": 0o644,
+        "tokenizer/.tokenizer.json.1a2b3c4d.tmp": 0o644,  # atomic_path's file of a killed writer
+        "sources/notes/chunks/k1/tokens.bin": 0o644,
+        "sources/notes/chunks/k2/tokens.bin": 0o600,  # written by weir before files followed the umask
+        "sources/notes/chunks/.k3.4242.tmp/tokens.bin": 0o644,  # a chunk folder a killed tokenizer left
+    }.items():
+        (prev / rel).parent.mkdir(parents=True, exist_ok=True)
+        (prev / rel).write_text(rel)
+        (prev / rel).chmod(mode)
+    old = os.umask(0o022)
+    try:
+        n = reuse_previous(prev, stage)
+    finally:
+        os.umask(old)
+    got = {str(p.relative_to(stage)): p for p in stage.rglob("*") if p.is_file()}
+    assert sorted(got) == [
+        "sources/notes/chunks/k1/tokens.bin",
+        "sources/notes/chunks/k2/tokens.bin",
+        "tokenizer/tokenizer.json",
+    ]
+    assert n == 3
+    assert all(p.read_text() == rel and p.stat().st_mode & 0o777 == 0o644 for rel, p in got.items())
+    assert got["sources/notes/chunks/k1/tokens.bin"].stat().st_ino == (chunks / "k1" / "tokens.bin").stat().st_ino
+    assert (chunks / "k2" / "tokens.bin").stat().st_mode & 0o777 == 0o600, "the previous output is not changed"
