@@ -29,6 +29,7 @@ from pydantic import (
 
 from mixing.errors import WeirError
 from mixing.specs import (
+    MAX_STEPS,
     NAME_PATTERN,
     Balance,
     Cost,
@@ -62,7 +63,7 @@ class Mix(FrozenModel):
     """A validated mix file. ``path`` is where it was read from (absent for in-memory mixes)."""
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
     tokenizer: TokenizerSpec = TokenizerSpec()
     sequence: SequenceSpec
     sources: dict[str, SourceSpec]
@@ -114,6 +115,14 @@ class Mix(FrozenModel):
                 f"{budget} tokens is less than one sequence; expected at least sequence.length {self.sequence.length}",
             )
         object.__setattr__(self, "_steps", self._resolve_steps())
+        if sum(self._steps) > MAX_STEPS:
+            big = max(range(len(self._steps)), key=self._steps.__getitem__)
+            field = "tokens" if self.curriculum[big].tokens is not None else "steps"
+            raise _FieldError(
+                ("curriculum", big, field),
+                f"the run resolves to {sum(self._steps):,} steps ({self._steps[big]:,} in this phase); expected at "
+                f"most {MAX_STEPS:,} steps",
+            )
         for i, (ph, n) in enumerate(zip(self.curriculum, self._steps, strict=True)):
             if ph.transition is not None and ph.transition.steps > n:
                 raise _FieldError(
@@ -218,14 +227,23 @@ def load_mix(path: str | os.PathLike[str]) -> Mix:
 
 
 def parse_mix(text: str, filename: str = "<mix>") -> Mix:
-    """Validate mix-file ``text``; ``filename`` is used in messages and to resolve ``{mix_dir}``."""
+    """Validate mix-file ``text``; ``filename`` is used in messages and to resolve ``{mix_dir}``.
+
+    Every problem is a :class:`MixError` of one line; no input makes it raise anything else.
+    """
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _no_duplicate_keys(node, (), filename)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else "?"
-        raise MixError(f"{filename}:{line}: YAML syntax error: {e.problem or e}; expected valid YAML") from None
+        problem = " ".join(str(e.problem or e).split())
+        raise MixError(f"{filename}:{line}: YAML syntax error: {problem}; expected valid YAML") from None
+    except MixError:
+        raise
+    except (yaml.YAMLError, RecursionError, ValueError) as e:  # e.g. nesting deeper than the parser's stack
+        raise MixError(f"{filename}:1: unreadable YAML: {type(e).__name__}; expected a plain YAML mapping") from None
     if not isinstance(data, Mapping):
         raise MixError(f"{filename}:1: the mix file must be a mapping of fields (name, sequence, ...)")
     data = dict(data)
@@ -244,8 +262,38 @@ def parse_mix(text: str, filename: str = "<mix>") -> Mix:
             msg = "field required but missing"
         elif err["type"] == "extra_forbidden":
             msg = "unknown field; check its spelling against the mix-file reference in README.md"
+        elif err["type"] == "finite_number":
+            msg = f"{err.get('input')!r} is not a finite number; expected a number such as 0.25"
         more = f" ({len(e.errors()) - 1} more problem(s) after fixing this)" if len(e.errors()) > 1 else ""
-        raise MixError(f"{filename}:{_line_of(node, loc)}: {_dotted(loc)}: {msg}.{more}") from None
+        line = " ".join(f"{_dotted(loc)}: {msg}.{more}".split())  # one line whatever a value holds
+        raise MixError(f"{filename}:{_line_of(node, loc)}: {line}") from None
+    except (ArithmeticError, RecursionError, TypeError, ValueError) as e:  # a safety net: never a traceback
+        raise MixError(f"{filename}:1: cannot validate the mix file: {type(e).__name__}: {e}") from None
+
+
+def _no_duplicate_keys(node: yaml.Node | None, loc: tuple[Any, ...], filename: str) -> None:
+    """Raise :class:`MixError` at the second occurrence of a key in any mapping (YAML would keep the last)."""
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node | None, tuple[Any, ...]]] = [(node, loc)]
+    while todo:
+        node, loc = todo.pop()
+        if node is None or id(node) in seen:  # an alias repeats a node: check it once
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else None
+                if key is not None and key in first:
+                    raise MixError(
+                        f"{filename}:{k.start_mark.line + 1}: {_dotted((*loc, key))}: duplicate key {key!r} (first on "
+                        f"line {first[key]}); expected each field once"
+                    )
+                if key is not None:
+                    first[key] = k.start_mark.line + 1
+                todo.append((v, (*loc, key)))
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(v, (*loc, i)) for i, v in enumerate(node.value)]
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
