@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import string
 import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from mixing import envvars
 from mixing.errors import WeirError
 from mixing.specs import (
     MAX_STEPS,
@@ -81,6 +83,10 @@ class Mix(FrozenModel):
         for name in v:
             if not re.match(NAME_PATTERN, name):
                 raise ValueError(f"source name {name!r} must match {NAME_PATTERN}")
+        names: set[str] = set()
+        for name, spec in v.items():
+            names |= _uri_variables(name, spec.uri)
+        envvars.register(names)
         return v
 
     @model_validator(mode="after")
@@ -192,10 +198,28 @@ class Mix(FrozenModel):
         return Path(self.path).resolve().parent if self.path else Path.cwd()
 
     def source_uri(self, name: str) -> str:
-        """The source's glob with ``{mix_dir}`` and ``{stdlib}`` expanded."""
-        return self.sources[name].uri.format(
-            mix_dir=str(self.mix_dir), stdlib=sysconfig.get_paths()["stdlib"], **_env()
-        )
+        """The source's glob with ``{mix_dir}``, ``{stdlib}`` and ``{env_NAME}`` expanded: for fsspec only.
+
+        Never show it: :meth:`shown_uri` is the same with the variables' values hidden (see
+        :mod:`mixing.envvars`). Raises :class:`MixError` when a variable the URI names is not set.
+        """
+        env = {}
+        for var in _uri_variables(name, self.sources[name].uri):
+            if var not in os.environ:
+                raise MixError(
+                    f"{self.path}: sources.{name}.uri: environment variable {var} is not set; expected it set "
+                    f"where weir runs (the URI expands {{env_{var}}})"
+                )
+            env[f"env_{var}"] = os.environ[var]
+        return self._format_uri(name, env)
+
+    def shown_uri(self, name: str) -> str:
+        """The source's glob as messages show it: ``{mix_dir}`` and ``{stdlib}`` expanded, ``{env_NAME}`` kept."""
+        env = {f"env_{var}": f"{{env_{var}}}" for var in _uri_variables(name, self.sources[name].uri)}
+        return self._format_uri(name, env)
+
+    def _format_uri(self, name: str, env: dict[str, str]) -> str:
+        return self.sources[name].uri.format(mix_dir=str(self.mix_dir), stdlib=sysconfig.get_paths()["stdlib"], **env)
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the validated mix (independent of formatting and comments)."""
@@ -203,8 +227,24 @@ class Mix(FrozenModel):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _env() -> dict[str, str]:
-    return {f"env_{k}": v for k, v in os.environ.items() if k.isidentifier()}
+def _uri_variables(source: str, uri: str) -> set[str]:
+    """The ``{env_NAME}`` variables of a source URI; raise :class:`_FieldError` for any other placeholder."""
+    loc = (source, "uri")  # under ``sources``, where the field validator's error is placed
+    try:
+        fields = [(f, conv, fmt) for _text, f, fmt, conv in string.Formatter().parse(uri) if f is not None]
+    except ValueError as e:
+        raise _FieldError(loc, f"{e} (write {{{{ and }}}} for a literal brace)") from None
+    out = set()
+    for field, conv, fmt in fields:
+        m = envvars.PLACEHOLDER.fullmatch(f"{{{field}}}")
+        if (field not in ("mix_dir", "stdlib") and not m) or conv or fmt:
+            shown = field + (f"!{conv}" if conv else "") + (f":{fmt}" if fmt else "")
+            raise _FieldError(loc, f"unknown placeholder {{{shown}}}; expected {{mix_dir}}, {{stdlib}} or {{env_NAME}}")
+        if m:
+            if (why := envvars.refusal(m[1])) is not None:
+                raise _FieldError(loc, why)
+            out.add(m[1])
+    return out
 
 
 class _FieldError(ValueError):

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mixing import MixError, WeirError, load_mix
+from mixing.envvars import redact
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 out = Console()
@@ -72,7 +73,8 @@ def build(
     except (WeirError, dg.DagsterError) as e:
         shutil.rmtree(stage, ignore_errors=True)
         cause = getattr(e, "user_exception", None) or e
-        err.print(f"[bold red]build failed[/]: {type(cause).__name__}: {cause}", highlight=False, soft_wrap=True)
+        shown = redact(f"{type(cause).__name__}: {cause}")  # no {env_NAME} value, whatever raised it
+        err.print(f"[bold red]build failed[/]: {shown}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
