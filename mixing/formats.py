@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import fsspec
 
+from mixing import envvars
 from mixing.mixfile import SourceSpec
 from mixing.records import Malformed, Record, bad, needed_fields, render
 
@@ -63,12 +64,12 @@ def read_file(path: str, spec: SourceSpec, storage_options: dict[str, Any] | Non
     """Yield every record of ``path`` in order (see the module contract); never raises for bad data."""
     line = 0
     try:
-        with fsspec.open(path, "rb", compression="infer", **(storage_options or {})) as f:
+        with fsspec.open(envvars.expand(path), "rb", compression="infer", **(storage_options or {})) as f:
             for rec in _READERS[spec.format](path, _buffered(f), spec):
                 line = rec.line
                 yield rec
     except _UNREADABLE as e:
-        yield bad(path, line + 1 if line else 0, "unreadable file", f"{type(e).__name__}: {e}")
+        yield bad(path, line + 1 if line else 0, "unreadable file", envvars.redact(f"{type(e).__name__}: {e}"))
 
 
 def _buffered(f: Any) -> IO[bytes]:

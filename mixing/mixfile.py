@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import string
 import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,8 +28,10 @@ from pydantic import (
     model_validator,
 )
 
+from mixing import envvars
 from mixing.errors import WeirError
 from mixing.specs import (
+    MAX_STEPS,
     NAME_PATTERN,
     Balance,
     Cost,
@@ -62,7 +65,7 @@ class Mix(FrozenModel):
     """A validated mix file. ``path`` is where it was read from (absent for in-memory mixes)."""
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
     tokenizer: TokenizerSpec = TokenizerSpec()
     sequence: SequenceSpec
     sources: dict[str, SourceSpec]
@@ -80,6 +83,10 @@ class Mix(FrozenModel):
         for name in v:
             if not re.match(NAME_PATTERN, name):
                 raise ValueError(f"source name {name!r} must match {NAME_PATTERN}")
+        names: set[str] = set()
+        for name, spec in v.items():
+            names |= _uri_variables(name, spec.uri)
+        envvars.register(names)
         return v
 
     @model_validator(mode="after")
@@ -114,6 +121,14 @@ class Mix(FrozenModel):
                 f"{budget} tokens is less than one sequence; expected at least sequence.length {self.sequence.length}",
             )
         object.__setattr__(self, "_steps", self._resolve_steps())
+        if sum(self._steps) > MAX_STEPS:
+            big = max(range(len(self._steps)), key=self._steps.__getitem__)
+            field = "tokens" if self.curriculum[big].tokens is not None else "steps"
+            raise _FieldError(
+                ("curriculum", big, field),
+                f"the run resolves to {sum(self._steps):,} steps ({self._steps[big]:,} in this phase); expected at "
+                f"most {MAX_STEPS:,} steps",
+            )
         for i, (ph, n) in enumerate(zip(self.curriculum, self._steps, strict=True)):
             if ph.transition is not None and ph.transition.steps > n:
                 raise _FieldError(
@@ -183,10 +198,28 @@ class Mix(FrozenModel):
         return Path(self.path).resolve().parent if self.path else Path.cwd()
 
     def source_uri(self, name: str) -> str:
-        """The source's glob with ``{mix_dir}`` and ``{stdlib}`` expanded."""
-        return self.sources[name].uri.format(
-            mix_dir=str(self.mix_dir), stdlib=sysconfig.get_paths()["stdlib"], **_env()
-        )
+        """The source's glob with ``{mix_dir}``, ``{stdlib}`` and ``{env_NAME}`` expanded: for fsspec only.
+
+        Never show it: :meth:`shown_uri` is the same with the variables' values hidden (see
+        :mod:`mixing.envvars`). Raises :class:`MixError` when a variable the URI names is not set.
+        """
+        env = {}
+        for var in _uri_variables(name, self.sources[name].uri):
+            if var not in os.environ:
+                raise MixError(
+                    f"{self.path}: sources.{name}.uri: environment variable {var} is not set; expected it set "
+                    f"where weir runs (the URI expands {{env_{var}}})"
+                )
+            env[f"env_{var}"] = os.environ[var]
+        return self._format_uri(name, env)
+
+    def shown_uri(self, name: str) -> str:
+        """The source's glob as messages show it: ``{mix_dir}`` and ``{stdlib}`` expanded, ``{env_NAME}`` kept."""
+        env = {f"env_{var}": f"{{env_{var}}}" for var in _uri_variables(name, self.sources[name].uri)}
+        return self._format_uri(name, env)
+
+    def _format_uri(self, name: str, env: dict[str, str]) -> str:
+        return self.sources[name].uri.format(mix_dir=str(self.mix_dir), stdlib=sysconfig.get_paths()["stdlib"], **env)
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the validated mix (independent of formatting and comments)."""
@@ -194,8 +227,24 @@ class Mix(FrozenModel):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _env() -> dict[str, str]:
-    return {f"env_{k}": v for k, v in os.environ.items() if k.isidentifier()}
+def _uri_variables(source: str, uri: str) -> set[str]:
+    """The ``{env_NAME}`` variables of a source URI; raise :class:`_FieldError` for any other placeholder."""
+    loc = (source, "uri")  # under ``sources``, where the field validator's error is placed
+    try:
+        fields = [(f, conv, fmt) for _text, f, fmt, conv in string.Formatter().parse(uri) if f is not None]
+    except ValueError as e:
+        raise _FieldError(loc, f"{e} (write {{{{ and }}}} for a literal brace)") from None
+    out = set()
+    for field, conv, fmt in fields:
+        m = envvars.PLACEHOLDER.fullmatch(f"{{{field}}}")
+        if (field not in ("mix_dir", "stdlib") and not m) or conv or fmt:
+            shown = field + (f"!{conv}" if conv else "") + (f":{fmt}" if fmt else "")
+            raise _FieldError(loc, f"unknown placeholder {{{shown}}}; expected {{mix_dir}}, {{stdlib}} or {{env_NAME}}")
+        if m:
+            if (why := envvars.refusal(m[1])) is not None:
+                raise _FieldError(loc, why)
+            out.add(m[1])
+    return out
 
 
 class _FieldError(ValueError):
@@ -218,14 +267,23 @@ def load_mix(path: str | os.PathLike[str]) -> Mix:
 
 
 def parse_mix(text: str, filename: str = "<mix>") -> Mix:
-    """Validate mix-file ``text``; ``filename`` is used in messages and to resolve ``{mix_dir}``."""
+    """Validate mix-file ``text``; ``filename`` is used in messages and to resolve ``{mix_dir}``.
+
+    Every problem is a :class:`MixError` of one line; no input makes it raise anything else.
+    """
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _no_duplicate_keys(node, (), filename)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else "?"
-        raise MixError(f"{filename}:{line}: YAML syntax error: {e.problem or e}; expected valid YAML") from None
+        problem = " ".join(str(e.problem or e).split())
+        raise MixError(f"{filename}:{line}: YAML syntax error: {problem}; expected valid YAML") from None
+    except MixError:
+        raise
+    except (yaml.YAMLError, RecursionError, ValueError) as e:  # e.g. nesting deeper than the parser's stack
+        raise MixError(f"{filename}:1: unreadable YAML: {type(e).__name__}; expected a plain YAML mapping") from None
     if not isinstance(data, Mapping):
         raise MixError(f"{filename}:1: the mix file must be a mapping of fields (name, sequence, ...)")
     data = dict(data)
@@ -244,8 +302,38 @@ def parse_mix(text: str, filename: str = "<mix>") -> Mix:
             msg = "field required but missing"
         elif err["type"] == "extra_forbidden":
             msg = "unknown field; check its spelling against the mix-file reference in README.md"
+        elif err["type"] == "finite_number":
+            msg = f"{err.get('input')!r} is not a finite number; expected a number such as 0.25"
         more = f" ({len(e.errors()) - 1} more problem(s) after fixing this)" if len(e.errors()) > 1 else ""
-        raise MixError(f"{filename}:{_line_of(node, loc)}: {_dotted(loc)}: {msg}.{more}") from None
+        line = " ".join(f"{_dotted(loc)}: {msg}.{more}".split())  # one line whatever a value holds
+        raise MixError(f"{filename}:{_line_of(node, loc)}: {line}") from None
+    except (ArithmeticError, RecursionError, TypeError, ValueError) as e:  # a safety net: never a traceback
+        raise MixError(f"{filename}:1: cannot validate the mix file: {type(e).__name__}: {e}") from None
+
+
+def _no_duplicate_keys(node: yaml.Node | None, loc: tuple[Any, ...], filename: str) -> None:
+    """Raise :class:`MixError` at the second occurrence of a key in any mapping (YAML would keep the last)."""
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node | None, tuple[Any, ...]]] = [(node, loc)]
+    while todo:
+        node, loc = todo.pop()
+        if node is None or id(node) in seen:  # an alias repeats a node: check it once
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else None
+                if key is not None and key in first:
+                    raise MixError(
+                        f"{filename}:{k.start_mark.line + 1}: {_dotted((*loc, key))}: duplicate key {key!r} (first on "
+                        f"line {first[key]}); expected each field once"
+                    )
+                if key is not None:
+                    first[key] = k.start_mark.line + 1
+                todo.append((v, (*loc, key)))
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(v, (*loc, i)) for i, v in enumerate(node.value)]
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

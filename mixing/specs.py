@@ -15,6 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 __all__ = [
+    "MAX_STEPS",
+    "MAX_TOKENS",
+    "MAX_TOKENS_PER_STEP",
     "NAME_PATTERN",
     "Balance",
     "Cost",
@@ -27,6 +30,11 @@ __all__ = [
 ]
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"  # also a valid Dagster name
+# Upper bounds that keep a valid mix buildable (the plan and the packer hold per-step arrays): far above any
+# real training run (Llama 3 405B: about 1M steps of 16M tokens, 15T tokens) and far below a MemoryError.
+MAX_STEPS = 10_000_000  # optimizer steps of the whole run
+MAX_TOKENS_PER_STEP = 1 << 28  # sequence.length × sequence.global_batch
+MAX_TOKENS = 10**16  # a phase's ``tokens``
 
 
 class FrozenModel(BaseModel):
@@ -48,7 +56,7 @@ class TokenizerSpec(FrozenModel):
     name: str | None = None
     eos_token: str | None = None
     vocab_size: Annotated[int, Field(ge=260, le=1 << 20)] = 8192
-    sample_bytes: Annotated[int, Field(gt=0)] = 4_000_000
+    sample_bytes: Annotated[int, Field(gt=0, le=1 << 40)] = 4_000_000
     # Document boundaries: EOS is appended to every document unless ``eos: false``; ``bos: true`` also
     # prepends ``bos_token`` (default: the EOS token, as GPT-style models do).
     bos: bool = False
@@ -69,6 +77,15 @@ class SequenceSpec(FrozenModel):
 
     length: Annotated[int, Field(ge=8, le=1 << 24)]
     global_batch: Annotated[int, Field(ge=1, le=1 << 20)]
+
+    @model_validator(mode="after")
+    def _step_fits(self) -> SequenceSpec:
+        if self.length * self.global_batch > MAX_TOKENS_PER_STEP:
+            raise ValueError(
+                f"length × global_batch = {self.length * self.global_batch:,} tokens per step; expected at most "
+                f"{MAX_TOKENS_PER_STEP:,} (2^28)"
+            )
+        return self
 
 
 class SourceSpec(FrozenModel):
@@ -119,22 +136,39 @@ _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 def _steps_value(v: object) -> int | str | None:
     """A phase's ``steps``: a positive int or a percentage string like ``'15%'`` (no union: one message)."""
-    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_STEPS):
         return v
     if isinstance(v, str) and (m := _PERCENT.match(v)) and 0 < float(m.group(1)) < 100:
         return v
     if isinstance(v, int) and not isinstance(v, bool):
+        if v > MAX_STEPS:
+            raise ValueError(f"{_big(v)} steps is more than the limit of {MAX_STEPS:,} steps per run")
         raise ValueError(f"steps must be greater than 0, got {v}")
-    raise ValueError(f"steps {v!r}: expected a positive integer or a percentage like '15%' (0–100)")
+    raise ValueError(f"steps {_short(v)}: expected a positive integer or a percentage like '15%' (0–100)")
 
 
 def _tokens_value(v: object) -> int | str | None:
     """A phase's ``tokens``: a positive int or a count string like ``'50M'`` or ``'1.5B'``."""
-    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_TOKENS):
         return v
-    if isinstance(v, str) and (m := _TOKENS.match(v)) and float(m.group(1)) > 0:
-        return v
-    raise ValueError(f"tokens {v!r}: expected a positive integer or a count like '50M', '1.5B'")
+    if isinstance(v, str) and (m := _TOKENS.match(v)) and (n := float(m.group(1)) * _SUFFIX[m.group(2).upper()]) > 0:
+        if n <= MAX_TOKENS:
+            return v
+        raise ValueError(f"tokens {_short(v)} is more than the limit of {MAX_TOKENS:.0e} tokens per phase")
+    if isinstance(v, int) and not isinstance(v, bool) and v > MAX_TOKENS:
+        raise ValueError(f"tokens {_big(v)} is more than the limit of {MAX_TOKENS:.0e} tokens per phase")
+    raise ValueError(f"tokens {_short(v)}: expected a positive integer or a count like '50M', '1.5B'")
+
+
+def _big(n: int) -> str:
+    """A huge int for a message: its digits up to 20, else its order of magnitude."""
+    return f"{n:,}" if n < 10**20 else f"about 10^{len(str(n)) - 1}"
+
+
+def _short(v: object) -> str:
+    """``repr(v)`` cut to 60 characters (a message stays one short line whatever the file holds)."""
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 class Transition(FrozenModel):
@@ -146,7 +180,7 @@ class Transition(FrozenModel):
     """
 
     shape: Literal["step", "linear", "cosine"] = "linear"
-    steps: Annotated[int, Field(ge=0)] = 0
+    steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
 
     @model_validator(mode="after")
     def _steps_match_shape(self) -> Transition:
@@ -170,9 +204,9 @@ class Phase(FrozenModel):
     phase: Annotated[str, Field(pattern=NAME_PATTERN)]
     steps: Annotated[int | str | None, PlainValidator(_steps_value)] = None
     tokens: Annotated[int | str | None, PlainValidator(_tokens_value)] = None
-    mixture: dict[str, Annotated[float, Field(ge=0)]]
+    mixture: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]]
     transition: Transition | None = None
-    max_doc_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_doc_tokens: Annotated[int, Field(ge=1, le=1 << 40)] | None = None
     normalize: bool | None = None
 
     @field_validator("mixture")
@@ -213,8 +247,8 @@ class Phase(FrozenModel):
 class Cost(FrozenModel):
     """Cost of one document of ``l`` tokens: ``attention·l² + linear·l`` (arbitrary units)."""
 
-    attention: Annotated[float, Field(ge=0)] = 1.0
-    linear: Annotated[float, Field(ge=0)] = 8192.0
+    attention: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    linear: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 8192.0
 
     def of(self, length: Any) -> Any:
         """Cost of documents of the given length(s); works on ints and numpy arrays alike."""
@@ -228,9 +262,9 @@ class Regroup(FrozenModel):
     (``loaders.refinement``) so that every ``period``-step window keeps the build's mixture. Each phase's
     length becomes a multiple of ``period`` (a partial block at a phase's end cannot keep the mixture)."""
 
-    window: Annotated[int, Field(ge=2)] = 20
-    period: Annotated[int, Field(ge=1)] = 10
-    slack: Annotated[float, Field(ge=1.0)] = 1.15
+    window: Annotated[int, Field(ge=2, le=100_000)] = 20
+    period: Annotated[int, Field(ge=1, le=100_000)] = 10
+    slack: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.15
 
 
 class Balance(FrozenModel):
@@ -250,7 +284,7 @@ class Balance(FrozenModel):
 
     cost: Cost = Cost()
     micro_batches: Literal["equal", "unequal"] = "equal"
-    max_tokens: Annotated[int, Field(gt=0)] | None = None
+    max_tokens: Annotated[int, Field(gt=0, le=1 << 40)] | None = None
     regroup: Regroup | None = None
 
     @model_validator(mode="after")

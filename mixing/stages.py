@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 
+from mixing import envvars
 from mixing.audit import PlanAudit, audit_plan
 from mixing.documents import TokenizeReport, tokenize_source
 from mixing.layout import BuildLayout, atomic_path
@@ -19,7 +20,7 @@ from mixing.mixfile import Mix
 from mixing.packed import write_packed
 from mixing.packing import pack_plan
 from mixing.plan import Plan, make_plan
-from mixing.sources import index_source, read_records
+from mixing.sources import SourceIndexError, index_source, read_records
 from mixing.stats import LengthStats, compute_length_stats
 from mixing.tokenizer import TextTokenizer, load_tokenizer
 from mixing.tokenizer import prepare_tokenizer as _prepare
@@ -40,8 +41,16 @@ StorageOptions = dict[str, Any] | None  # fsspec options (s3 endpoint, credentia
 
 
 def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOptions = None) -> pl.DataFrame:
-    """List and fingerprint the files of ``source``; write ``sources/<source>/index.parquet``."""
-    df = index_source(mix, source, storage_options)
+    """List and fingerprint the files of ``source``; write ``sources/<source>/index.parquet``.
+
+    Paths (and every other text) are in their shown form: ``{env_NAME}`` values hidden (:mod:`mixing.envvars`).
+    """
+    try:
+        df = index_source(mix, source, storage_options)
+    except SourceIndexError as e:
+        raise SourceIndexError(envvars.redact(str(e))) from None
+    for value, placeholder in envvars.replacements():
+        df = df.with_columns(pl.col(pl.String).str.replace_all(value, placeholder, literal=True))
     with atomic_path(layout.source_dir(source) / "index.parquet") as tmp:
         df.write_parquet(tmp)
     return df

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mixing import MixError, WeirError, load_mix
+from mixing.envvars import redact
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 out = Console()
@@ -73,7 +75,8 @@ def build(
         raise typer.Exit(3) from None
     except (WeirError, dg.DagsterError) as e:
         cause = getattr(e, "user_exception", None) or e
-        err.print(f"[bold red]build failed[/]: {type(cause).__name__}: {cause}", highlight=False, soft_wrap=True)
+        shown = redact(f"{type(cause).__name__}: {cause}")  # no {env_NAME} value, whatever raised it
+        err.print(f"[bold red]build failed[/]: {shown}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     _print_summary(inspect_build(dest))
 
@@ -315,7 +318,71 @@ def ui(
         "-p",
         str(port),
     ]
-    raise typer.Exit(subprocess.call(cmd, env=env, cwd=PROJECT_ROOT))
+    raise typer.Exit(_run_group(cmd, env))
+
+
+def _run_group(cmd: list[str], env: dict[str, str], grace_s: float = 20.0) -> int:
+    """Run ``cmd`` in its own process group until it exits or this process gets SIGINT, SIGTERM or SIGHUP.
+
+    ``dagster dev`` starts a webserver, a daemon and code servers, all in its process group (none starts a
+    session of its own). A signal to this process is passed on to the whole group, so stopping ``weir ui``
+    stops every one of them and frees the port: the group gets ``grace_s`` seconds to shut down cleanly
+    (SIGTERM), then SIGKILL. Returns the command's exit status, or 0 after a stop that was asked for.
+    """
+    import signal
+    import time
+
+    proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, start_new_session=True)
+    asked: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        asked.append(signum)
+        _signal_group(proc.pid, signal.SIGTERM)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = proc.wait()
+    finally:
+        _signal_group(proc.pid, signal.SIGTERM)  # what dagster dev left behind, or all of it on an error here
+        deadline = time.monotonic() + grace_s
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(proc.pid):
+            err.print(f"[yellow]the Dagster processes did not stop within {grace_s:.0f} s; killing them[/]")
+            _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if asked:
+        out.print("stopped the Dagster UI (webserver, daemon and code servers)")
+        return 0
+    return code
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(pgid, signum)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is still alive (its leader, once exited, is a zombie until waited)."""
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    if not os.path.isdir("/proc"):  # no procfs (macOS): ask the kernel whether the group has members
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return False
 
 
 if __name__ == "__main__":

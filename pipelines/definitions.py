@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from assets import mix_assets
-from mixing import Mix, load_mix
+from assets.invalid_mix import invalid_mix_assets, invalid_mix_group
+from mixing import Mix, MixError, WeirError, load_mix
 from pipelines.automation import automated, automation_sensor
 from pipelines.executors import executor_from_env
 from pipelines.resources import storage_resource
@@ -49,24 +50,51 @@ def mix_job(mix: Mix) -> AssetJob:
 def load_definitions(mixes_dir: Path, build_root: Path) -> dg.Definitions:
     """Definitions for every ``*.yaml`` mix file in ``mixes_dir`` (sorted by name).
 
-    An invalid mix file raises :class:`mixing.MixError` naming file, line and field, so the problem shows
-    where the definitions are loaded (the UI's code-location error, ``dg check defs``).
+    A file that does not load (an invalid mix, or a name another file already declares) takes down no other
+    mix: it becomes a group named after the file with one asset, ``mix_file``, whose description and
+    metadata carry the one-line error (file, line, field) and whose check ``mix_file_valid`` fails with it.
     """
-    mixes = [load_mix(p) for p in sorted(mixes_dir.glob("*.yaml"))]
-    names = [m.name for m in mixes]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{mixes_dir}: two mix files declare the same name: {sorted(names)}")
+    mixes: list[Mix] = []
+    broken: list[tuple[Path, str]] = []
+    owner: dict[str, Path] = {}
+    for p in sorted(mixes_dir.glob("*.yaml")):
+        try:
+            m = load_mix(p)
+        except MixError as e:
+            broken.append((p, str(e)))
+            continue
+        if m.name in owner:
+            broken.append((p, f"{p}: name: mix {m.name!r} is already declared by {owner[m.name]}; expected a new name"))
+            continue
+        owner[m.name] = p
+        mixes.append(m)
     automation_on = os.environ.get("WEIR_AUTOMATION", "on") != "off"
-    assets, jobs, schedules, sensors = [], [], [], []
+    assets: list[dg.AssetsDefinition] = []
+    checks: list[dg.AssetChecksDefinition] = []
+    jobs, schedules, sensors = [], [], []
     for m in mixes:
-        group = automated(mix_assets(m))
-        job = mix_job(m)
+        try:
+            group = automated(mix_assets(m))
+            job = mix_job(m)
+            mix_sensors = [source_sensor(m, job), automation_sensor(m, on=automation_on)]
+            schedule = nightly_schedule(m, job)
+        except (WeirError, dg.DagsterError, ValueError) as e:  # a valid mix Dagster refuses: still only this one
+            broken.append((owner[m.name], f"{owner[m.name]}: cannot define mix {m.name!r}: {type(e).__name__}: {e}"))
+            continue
         assets += group
         jobs.append(job)
-        schedules.append(nightly_schedule(m, job))
-        sensors += [source_sensor(m, job), automation_sensor(m, on=automation_on)]
+        schedules.append(schedule)
+        sensors += mix_sensors
+    taken = {m.name for m in mixes}
+    for p, error in broken:
+        name = invalid_mix_group(p, taken)
+        taken.add(name)
+        asset, check = invalid_mix_assets(p, name, error)
+        assets.append(asset)
+        checks.append(check)
     return dg.Definitions(
         assets=assets,
+        asset_checks=checks,
         jobs=jobs,
         schedules=schedules,
         sensors=sensors,

@@ -112,3 +112,36 @@ def test_a_token_budget_needs_unequal_micro_batches_and_room_for_a_sequence() ->
         parse_mix(GOOD + "balance: {max_tokens: 512}\n", "m.yaml")
     with pytest.raises(MixError, match=r"m.yaml:15: balance.max_tokens: 100 tokens is less than one sequence"):
         parse_mix(GOOD + "balance: {micro_batches: unequal, max_tokens: 100}\n", "m.yaml")
+
+
+# --- issue 15: no mix file gets past validation into a crash, and every problem is one line -------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "field", "words"),
+    [
+        # duplicate keys: YAML keeps the last silently; weir names the second one
+        (
+            ("  - phase: two\n    steps: 5", "  - phase: two\n    steps: 5\n    steps: 6"),
+            12,
+            "curriculum[1].steps",
+            "duplicate key",
+        ),
+        (("  b: {uri", "  a: {uri: z}\n  b: {uri"), 5, "sources.a", "first on line 4"),
+        (("name: m\n", "name: m\nname: n\n"), 2, "name", "duplicate key 'name'"),
+        # a run that cannot fit in memory: MemoryError at build time before
+        (("steps: 10\n", "steps: 10000000000000\n"), 8, "curriculum[0].steps", "limit of 10,000,000 steps"),
+        (("steps: 10\n", "steps: 1" + "0" * 400 + "\n"), 8, "curriculum[0].steps", "about 10^400 steps"),
+        (("steps: 10\n", "tokens: 1000000000000000\n"), 8, "curriculum[0].tokens", "expected at most 10,000,000"),
+        (("steps: 10\n", "tokens: '" + "9" * 400 + "T'\n"), 8, "curriculum[0].tokens", "limit of 1e+16 tokens"),
+        (("{length: 128, global_batch: 2}", "{length: 65536, global_batch: 8192}"), 2, "sequence", "tokens per step"),
+        # weights that are not numbers: before, NaN read "greater than or equal to 0"
+        (("mixture: {a: 0.5, b: 0.5}", "mixture: {a: .nan, b: 0.5}"), 9, "curriculum[0].mixture.a", "not a finite"),
+        (("mixture: {a: 0.5, b: 0.5}", "mixture: {a: .inf, b: 0.5}"), 9, "curriculum[0].mixture.a", "not a finite"),
+        (("name: m\n", "name: m\nseed: -1\n"), 2, "seed", "greater than or equal to 0"),
+    ],
+)
+def test_mix_faults_are_one_line_naming_file_line_and_field(
+    edit: tuple[str, str], line: int, field: str, words: str
+) -> None:
+    test_invalid_mix_names_line_and_field(edit, line, field, words)

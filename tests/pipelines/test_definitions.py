@@ -168,3 +168,69 @@ def test_automation_can_be_turned_off_by_configuration(tiny_mix_path: Path) -> N
     mix = load_mix(tiny_mix_path)
     assert automation_sensor(mix).default_status == dg.DefaultSensorStatus.RUNNING
     assert automation_sensor(mix, on=False).default_status == dg.DefaultSensorStatus.STOPPED
+
+
+# --- issue 15: one broken mix file takes down no other mix -------------------------------------------------
+
+
+def _one_good_one_broken(tmp_path: Path, tiny_mix_path: Path) -> Path:
+    mixes = tmp_path / "mixes"
+    mixes.mkdir(exist_ok=True)
+    shutil.copy(tiny_mix_path, mixes / "tiny.yaml")
+    broken = tiny_mix_path.read_text().replace("name: tiny", "name: broken").replace("notes: 0.75", "notes: .nan")
+    (mixes / "broken.yaml").write_text(broken)
+    twin = tiny_mix_path.read_text()  # a second file declaring the name tiny: the later file is the broken one
+    (mixes / "z_twin.yaml").write_text(twin)
+    return mixes
+
+
+def test_a_broken_mix_file_is_a_group_showing_its_error_and_the_others_load(
+    tmp_path: Path, tiny_mix_path: Path
+) -> None:
+    mixes = _one_good_one_broken(tmp_path, tiny_mix_path)
+    d = load_definitions(mixes, tmp_path / "build")
+    dg.Definitions.validate_loadable(d)
+    graph = d.resolve_asset_graph()
+    groups = {k.to_user_string(): graph.get(k).group_name for k in graph.get_all_asset_keys()}
+    assert {f"tiny/{s}" for s in STAGES} <= set(groups)  # the good mix is whole
+    assert groups["broken/mix_file"] == "broken" and groups["z_twin/mix_file"] == "z_twin"
+    assert d.resolve_job_def("build_tiny") is not None
+    node = graph.get(dg.AssetKey(["broken", "mix_file"]))
+    error = node.metadata["error"]
+    assert error.startswith(f"{mixes / 'broken.yaml'}:9: curriculum[0].mixture.notes: nan is not a finite"), error
+    assert error in (node.description or "") and "\n" not in error
+    twin = graph.get(dg.AssetKey(["z_twin", "mix_file"])).metadata["error"]
+    assert "already declared by" in twin and "tiny.yaml" in twin
+    # Materializing the placeholder fails with the error; its check fails with it too.
+    instance = dg.DagsterInstance.ephemeral()
+    key = dg.AssetKey(["broken", "mix_file"])
+    job = d.resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(instance=instance, asset_selection=[key], raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    error_info = failure.step_failure_data.error
+    assert error_info.cause is not None and "nan is not a finite" in error_info.cause.message
+    checked = dg.materialize(
+        [d.resolve_assets_def(key), *(d.asset_checks or [])],
+        selection=dg.AssetSelection.checks_for_assets(key),
+        instance=instance,
+        raise_on_error=False,
+    )
+    [evaluation] = checked.get_asset_check_evaluations()
+    assert not evaluation.passed and evaluation.description == error
+
+
+def test_the_code_location_loads_with_a_broken_mix_in_weir_mixes(tmp_path: Path, tiny_mix_path: Path) -> None:
+    """As ``dagster dev -m pipelines.definitions`` loads it: the module imports, every good mix is there."""
+    import subprocess
+    import sys
+
+    mixes = _one_good_one_broken(tmp_path, tiny_mix_path)
+    code = (
+        "from pipelines.definitions import defs; g = defs.resolve_asset_graph(); "
+        "print(sorted({g.get(k).group_name for k in g.get_all_asset_keys()}))"
+    )
+    env = {**__import__("os").environ, "WEIR_MIXES": str(mixes), "WEIR_BUILD_ROOT": str(tmp_path / "build")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "['broken', 'tiny', 'z_twin']"

@@ -1,0 +1,68 @@
+"""Environment variables in source URIs: ``{env_NAME}`` is expanded only where a file is listed or opened,
+and its value is never shown.
+
+A mix file may write ``uri: "{env_DATA_ROOT}/web/*.jsonl"``. The value of ``DATA_ROOT`` reaches fsspec and
+nothing else: the source index, the documents' ``file`` column, quarantine records, messages, Dagster
+metadata and the event log hold ``{env_DATA_ROOT}/web/x.jsonl`` (the *shown* form of a path), and
+:func:`expand` turns that back into the real path at the moment a file is opened.
+
+Which variables: any whose name does not look like a credential (:func:`refusal`). Keys, tokens and
+passwords go to the storage resource (``AWS_*`` variables bound as Dagster ``EnvVar``), never into a path.
+
+The names come from every mix file validated in this process (:func:`register`); :func:`redact` replaces
+their current values, longest first, in any text. A path that holds a value in another spelling than the
+variable's (fsspec normalizing ``a//b``) is covered for the normalized spelling of a local path too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["PLACEHOLDER", "expand", "redact", "refusal", "register", "replacements"]
+
+PLACEHOLDER = re.compile(r"\{env_([A-Za-z_][A-Za-z0-9_]*)\}")
+_CREDENTIAL = re.compile(r"SECRET|PASSW|TOKEN|CREDENTIAL|PRIVATE|SESSION|AUTH|(^|_)(API_?|ACCESS_?)?KEY($|_)", re.I)
+_NAMES: set[str] = set()  # every variable a validated mix file refers to (process-wide, only grows)
+
+
+def refusal(name: str) -> str | None:
+    """Why ``{env_<name>}`` may not be used in a URI, or None when it may."""
+    if _CREDENTIAL.search(name):
+        return (
+            f"{{env_{name}}} looks like a credential; expected a variable naming a place (credentials go to the "
+            "storage resource's AWS_* variables, never into a path)"
+        )
+    return None
+
+
+def register(names: set[str]) -> None:
+    """Record variables a mix file expands, so that :func:`redact` hides their values from now on."""
+    _NAMES.update(names)
+
+
+def replacements() -> list[tuple[str, str]]:
+    """``(value spelling, placeholder)`` of every registered variable that is set, longest spelling first."""
+    out: dict[str, str] = {}
+    for name in sorted(_NAMES):
+        value = os.environ.get(name)
+        if not value:
+            continue
+        for v in {value, value.rstrip("/"), os.path.normpath(value) if value.startswith("/") else value}:
+            if v:
+                out.setdefault(v, f"{{env_{name}}}")
+    return sorted(out.items(), key=lambda kv: (-len(kv[0]), kv[0]))
+
+
+def redact(text: str) -> str:
+    """``text`` with every registered variable's value replaced by its ``{env_NAME}`` placeholder."""
+    for value, placeholder in replacements():
+        text = text.replace(value, placeholder)
+    return text
+
+
+def expand(text: str) -> str:
+    """The real path of a shown one: registered placeholders replaced by their values (others kept)."""
+    if "{env_" not in text:
+        return text
+    return PLACEHOLDER.sub(lambda m: os.environ.get(m[1], m[0]) if m[1] in _NAMES else m[0], text)
