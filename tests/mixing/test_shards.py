@@ -194,7 +194,8 @@ def test_format_1_builds_still_read(tmp_path: Path) -> None:
         old = {k: z[k] for k in ("step", "seg_offsets", "segments")}  # what format 1 wrote
     with meta.open("wb") as f:
         np.savez(f, **old)
-    (tmp_path / "manifest.json").write_text(json.dumps({**m, "format_version": 1}))
+    old_manifest = {k: v for k, v in m.items() if k != "manifest_sha256"}  # format 1 carried no checksum
+    (tmp_path / "manifest.json").write_text(json.dumps({**old_manifest, "format_version": 1}))
     s = ShardSet(tmp_path)
     length = segs[:, 3].astype(float)
     per_seq = np.split(length, offs[1:-1])
