@@ -10,16 +10,22 @@ import duckdb
 import numpy as np
 
 from mixing.documents import DocumentSet, open_documents
+from mixing.errors import WeirError
 from mixing.layout import BuildLayout
+from mixing.manifest import MANIFEST, ShardError, _first_line
 from mixing.mixfile import Mix
 from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, WINDOW, MixtureError, shards_mixture_error
 from mixing.packing import Packing
 from mixing.shards import ShardSet, token_dtype, write_shards
 
-__all__ = ["build_mixture_error", "gather_tokens", "inspect_build", "write_packed"]
+__all__ = ["BuildError", "build_mixture_error", "gather_tokens", "inspect_build", "write_packed"]
 
 _SHARD_TOKENS = 1 << 24  # ~32-64 MB of tokens per shard
 _SLICE_TOKENS = 256  # segments this long are copied as slices; shorter ones in one vectorized gather
+
+
+class BuildError(WeirError, RuntimeError):
+    """A build's DuckDB file is missing, unreadable, or does not match its shards."""
 
 
 def gather_tokens(
@@ -138,13 +144,31 @@ def write_packed(
     )
 
 
-def build_mixture_error(root: Path) -> MixtureError:
+def build_mixture_error(root: Path, shards: ShardSet | None = None) -> MixtureError:
     """``mixture_error`` of a finished build: its shards' tokens per step and source (what the trainer
-    gets) against the plan's quotas in the build's DuckDB file."""
+    gets) against the plan's quotas in the build's DuckDB file (``shards`` default: the build's)."""
     layout = BuildLayout(root)
-    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
-        quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
-    return shards_mixture_error(ShardSet(layout.shards_dir), quotas)
+    shards = ShardSet(layout.shards_dir) if shards is None else shards
+    quotas = _query(layout, lambda con: con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl())
+    planned = set(quotas["source"].to_list())
+    steps = int(quotas["step"].max()) + 1 if len(quotas) else 0
+    if not set(shards.manifest["sources"]) <= planned or (len(shards) and int(shards.steps.max()) >= steps):
+        raise BuildError(
+            f"{layout.duckdb}: its plan ({steps} steps of sources {sorted(planned)}) does not match "
+            f"{shards.url}/{MANIFEST} ({shards.manifest.get('steps')} steps of sources {shards.manifest['sources']})"
+        )
+    return shards_mixture_error(shards, quotas)
+
+
+def _query(layout: BuildLayout, read: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+    """``read(connection)`` on the build's DuckDB file, opened read-only; its failures as one BuildError line."""
+    if not layout.duckdb.is_file():
+        raise BuildError(f"{layout.duckdb}: missing; the build is incomplete, rebuild it")
+    try:
+        with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+            return read(con)
+    except duckdb.Error as e:
+        raise BuildError(f"{layout.duckdb}: cannot read it ({_first_line(e)}); rebuild") from None
 
 
 def _mixture_report(me: MixtureError) -> dict[str, Any]:
@@ -161,6 +185,9 @@ def _mixture_report(me: MixtureError) -> dict[str, Any]:
     }
 
 
+_INSPECTED = ("mix", "steps", "global_batch", "sources", "per_source", "phases")  # fields weir build writes
+
+
 def inspect_build(root: Path) -> dict[str, Any]:
     """Figures of a finished build, recomputed from its shards (not copied from the manifest).
 
@@ -170,22 +197,40 @@ def inspect_build(root: Path) -> dict[str, Any]:
     ``sequence_cost`` (spread of Σ cost per sequence: mean, max/mean, p95/mean, cv), ``segments_per_sequence``
     (mean, max), ``mixture_error`` (realized vs planned shares: ``window``, ``phase``, their goals, ``ok``,
     where the worst is, ``per_phase``), ``format_version``, ``dtype``, ``shards``, ``corrupt_files`` (shard
-    files whose size or checksum does not match the manifest).
+    files whose size or checksum does not match the manifest), ``file_problems`` (each of those → what is
+    wrong), ``manifest_sealed`` (False for a manifest written before manifests carried their own checksum).
+
+    Raises :class:`~mixing.shards.ShardError` or :class:`BuildError`, one line naming the file, when the
+    manifest, a shard file or the DuckDB file cannot be read or does not fit; when a shard file also differs
+    from its checksum, the error names that difference (the cause) rather than what it broke.
     """
     layout = BuildLayout(root)
     shards = ShardSet(layout.shards_dir)
+    absent = [f for f in _INSPECTED if shards.manifest.get(f) is None]
+    if absent:
+        raise ShardError(f"{shards.url}/{MANIFEST}: lacks {absent}, which weir build writes; not a weir build")
+    problems = shards.file_problems()
+    try:
+        report = _figures(layout, shards)
+    except WeirError:
+        if problems:
+            raise ShardError("; ".join(f"{shards.url}/{n}: {why}" for n, why in problems.items())) from None
+        raise
+    return {**report, "corrupt_files": list(problems), "file_problems": problems, "manifest_sealed": shards.sealed}
+
+
+def _figures(layout: BuildLayout, shards: ShardSet) -> dict[str, Any]:
     m = shards.manifest
     offs, allseg = shards.segments
     tokens = int(allseg[:, 3].sum())
     seq_len = int(m["seq_len"])
-    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
-        docs_df = con.sql("SELECT source, doc_id, n_tokens FROM documents").fetchnumpy()
-        indexed = {
-            s: (d, t)
-            for s, d, t in con.sql(
-                "SELECT source, count(*), sum(n_tokens)::BIGINT FROM documents GROUP BY 1"
-            ).fetchall()
-        }
+
+    def read(con: duckdb.DuckDBPyConnection) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, int]]]:
+        docs = con.sql("SELECT source, doc_id, n_tokens FROM documents").fetchnumpy()
+        per = "SELECT source, count(*), sum(n_tokens)::BIGINT FROM documents GROUP BY 1"
+        return docs, {s: (d, t) for s, d, t in con.sql(per).fetchall()}
+
+    docs_df, indexed = _query(layout, read)
     n_docs_total = split_total = 0
     per_source = {}
     for k, name in enumerate(m["sources"]):
@@ -193,6 +238,8 @@ def inspect_build(root: Path) -> dict[str, Any]:
         sel = docs_df["source"] == name
         lengths = np.zeros(int(docs_df["doc_id"][sel].max()) + 1 if sel.any() else 0, np.int64)
         lengths[np.asarray(docs_df["doc_id"][sel], np.int64)] = np.asarray(docs_df["n_tokens"][sel], np.int64)
+        if len(mine) and int(mine[:, 1].max()) >= len(lengths):
+            raise BuildError(f"{layout.duckdb}: documents of {name!r} do not match the shards; rebuild")
         doc_len = lengths[mine[:, 1]] if len(mine) else np.zeros(0, np.int64)
         split = np.unique(mine[(doc_len <= seq_len) & (mine[:, 3] < doc_len), 1])
         packed_docs = len(np.unique(mine[:, 1]))
@@ -235,7 +282,6 @@ def inspect_build(root: Path) -> dict[str, Any]:
             "max": int(counts.max()) if n else 0,
         },
         "per_source": per_source,
-        "mixture_error": _mixture_report(build_mixture_error(root)),
+        "mixture_error": _mixture_report(build_mixture_error(layout.root, shards)),
         "phases": m["phases"],
-        "corrupt_files": shards.verify(),
     }

@@ -9,18 +9,22 @@ A shard folder (a local path or any fsspec URL, e.g. ``s3://bucket/prefix``) hol
   ``seg_cost`` float64 [m] (cost model of the manifest); ``seq_tokens`` int64 [n]; ``seq_cost`` float64 [n].
   ``cu_seqlens`` of sequence j = [0, cumsum(segments[seg_offsets[j]:seg_offsets[j+1], 3])].
 - ``manifest.json``, written **last**: ``format_version``, ``seq_len``, ``dtype``, ``sequences``,
-  ``sequences_per_step``, the caller's fields (mix and tokenizer fingerprints, steps, sources, cost, ...)
-  and ``shards``: per shard ``first_sequence``, ``sequences`` and its files with ``bytes`` and ``sha256``.
+  ``sequences_per_step``, the caller's fields (mix and tokenizer fingerprints, steps, sources, cost, ...),
+  ``shards``: per shard ``first_sequence``, ``sequences`` and its files with ``bytes`` and ``sha256``, and
+  ``manifest_sha256``, the checksum of the manifest itself (``mixing.manifest``).
 
 Every file is written under a temporary name and renamed (local: ``os.replace``; object stores: the object
 appears whole on upload, then is moved). The old manifest is removed before the first shard is written,
 so a folder whose build was interrupted has no manifest and no reader trusts it; rerunning completes it.
+
+Every reader validates what it opens and raises one :class:`ShardError` line naming the file: the manifest
+through :func:`mixing.manifest.parse_manifest`, each shard file when first used (unreadable, truncated or
+missing; arrays of the wrong shape, dtype or range). ``verify`` compares every file with its checksum.
 """
 
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -29,7 +33,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mixing.errors import WeirError
+from mixing.manifest import FORMAT_VERSION, MANIFEST, ShardError, _first_line, parse_manifest, write_manifest
 from mixing.store import Store, sha256_file
 
 __all__ = [
@@ -42,14 +46,7 @@ __all__ = [
     "write_shards",
 ]
 
-FORMAT_VERSION = 2
-_READABLE = (1, 2)  # version 1 lacks the cost and token arrays; they are derived on read
-
 TokenSource = Callable[[int, int], np.ndarray]  # (lo, hi) -> tokens [hi - lo, S] of those sequences
-
-
-class ShardError(WeirError, RuntimeError):
-    """A missing manifest, a checksum mismatch, or a format this reader does not know."""
 
 
 def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
@@ -85,7 +82,7 @@ def write_shards(
     store = Store(out_dir, storage_options)
     if store.local:
         store.path.mkdir(parents=True, exist_ok=True)
-    store.remove("manifest.json")  # the old build is no longer valid from here on
+    store.remove(MANIFEST)  # the old build is no longer valid from here on
     for name in store.names():
         if name.startswith(".") and name.endswith(".tmp"):
             store.remove(name)  # left by a writer that was killed
@@ -130,9 +127,8 @@ def write_shards(
         "dtype": str(np.dtype(dtype)) if dtype is not None else manifest.get("dtype", "uint16"),
         "shards": shards,
     }
-    text = json.dumps(full, indent=2, sort_keys=True) + "\n"
-    store.put("manifest.json", partial(_write_bytes, text.encode()))
-    keep = {f["name"] for s in shards for f in s["files"].values()} | {"manifest.json"}
+    full = write_manifest(out_dir, full, storage_options)
+    keep = {f["name"] for s in shards for f in s["files"].values()} | {MANIFEST}
     for name in store.names():
         if _ours(name) and name not in keep:
             store.remove(name)
@@ -176,7 +172,9 @@ class ShardSet:
     """Read-only access to a build's shards by global sequence index (local folder or fsspec URL).
 
     Local shards are memory-mapped lazily; remote ones are fetched whole on first use.
-    ``dir`` is the folder as a ``Path`` (for URLs, ``url`` is the authority).
+    ``dir`` is the folder as a ``Path`` (for URLs, ``url`` is the authority). Opening validates the
+    manifest (:func:`mixing.manifest.parse_manifest`); ``sealed`` is False for a manifest written before
+    manifests carried their own checksum (format < 3). Each shard is validated when first used.
     """
 
     def __init__(self, shards_dir: Path | str, storage_options: dict[str, Any] | None = None) -> None:
@@ -184,15 +182,12 @@ class ShardSet:
         self.url = self._store.url
         self.dir = self._store.path
         try:
-            self.manifest_bytes = self._store.read("manifest.json")
+            self.manifest_bytes = self._store.read(MANIFEST)
         except FileNotFoundError:
-            raise ShardError(f"{self.url}: no manifest.json; the build is missing or did not finish") from None
-        self.manifest: dict[str, Any] = json.loads(self.manifest_bytes)
-        if self.manifest.get("format_version") not in _READABLE:
-            raise ShardError(
-                f"{self.url}/manifest.json: format_version {self.manifest.get('format_version')}; "
-                f"this reader knows {list(_READABLE)}"
-            )
+            raise ShardError(f"{self.url}: no {MANIFEST}; the build is missing or did not finish") from None
+        except OSError as e:
+            raise ShardError(f"{self.url}/{MANIFEST}: cannot read it ({_first_line(e)})") from None
+        self.manifest, self.sealed = parse_manifest(self.manifest_bytes, f"{self.url}/{MANIFEST}")
         self._starts = np.array([s["first_sequence"] for s in self.manifest["shards"]], dtype=np.int64)
         self._open: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
 
@@ -231,13 +226,9 @@ class ShardSet:
 
     def _shard(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         if k not in self._open:
-            files = self.manifest["shards"][k]["files"]
-            if self._store.local:
-                tokens = np.load(self.dir / files["tokens"]["name"], mmap_mode="r")
-            else:
-                tokens = np.load(io.BytesIO(self._store.read(files["tokens"]["name"])))
-            with np.load(io.BytesIO(self._store.read(files["meta"]["name"]))) as z:
-                meta = {key: z[key] for key in z.files}
+            shard = self.manifest["shards"][k]
+            tokens = self._load_tokens(shard["files"]["tokens"]["name"], int(shard["sequences"]))
+            meta = self._load_meta(shard["files"]["meta"]["name"], int(shard["sequences"]))
             if "seg_cost" not in meta:  # format 1
                 c = self.manifest.get("cost", {})
                 length = meta["segments"][:, 3].astype(np.float64)
@@ -249,6 +240,40 @@ class ShardSet:
                 meta["seq_cost"] = cum_c[off[1:]] - cum_c[off[:-1]]
             self._open[k] = (tokens, meta)
         return self._open[k]
+
+    def _bad(self, name: str, what: str) -> ShardError:
+        return ShardError(f"{self.url}/{name}: {what}")
+
+    def _load_tokens(self, name: str, n: int) -> np.ndarray:
+        try:
+            if self._store.local:
+                tokens = np.load(self.dir / name, mmap_mode="r", allow_pickle=False)
+            else:
+                tokens = np.load(io.BytesIO(self._store.read(name)), allow_pickle=False)
+        except FileNotFoundError:
+            raise self._bad(name, f"missing ({MANIFEST} lists it)") from None
+        except Exception as e:  # whatever numpy trips on, the file is damaged: name it
+            raise self._bad(name, f"not a readable .npy file ({_numpy_says(e)})") from None
+        want, dtype = (n, int(self.manifest["seq_len"])), np.dtype(self.manifest["dtype"])
+        if not isinstance(tokens, np.ndarray) or tokens.shape != want or tokens.dtype != dtype:
+            got = f"{tokens.dtype} {tokens.shape}" if isinstance(tokens, np.ndarray) else type(tokens).__name__
+            raise self._bad(name, f"holds {got}, {MANIFEST} says {dtype} {want}")
+        return tokens
+
+    def _load_meta(self, name: str, n: int) -> dict[str, np.ndarray]:
+        try:
+            with np.load(io.BytesIO(self._store.read(name)), allow_pickle=False) as z:
+                meta = {key: z[key] for key in z.files}
+        except FileNotFoundError:
+            raise self._bad(name, f"missing ({MANIFEST} lists it)") from None
+        except Exception as e:  # whatever numpy or zipfile trips on, the file is damaged
+            raise self._bad(name, f"not a readable .npz file ({_numpy_says(e)})") from None
+        m, sources = self.manifest, self.manifest.get("sources")
+        n_sources = len(sources) if sources is not None else None
+        problem = _meta_problem(meta, n, int(m["format_version"]), int(m["seq_len"]), n_sources)
+        if problem:
+            raise self._bad(name, problem)
+        return meta
 
     def shard_tokens(self, k: int) -> np.ndarray:
         """Tokens of shard ``k``, [its sequences, S] (memory-mapped when local)."""
@@ -263,11 +288,67 @@ class ShardSet:
         a, b = meta["seg_offsets"][j], meta["seg_offsets"][j + 1]
         return SequenceView(i, int(meta["step"][j]), tokens[j], meta["segments"][a:b], meta["seg_cost"][a:b])
 
-    def verify(self) -> list[str]:
-        """Names of shard files whose size or sha256 differs from the manifest (empty when all are sound)."""
-        bad = []
+    def file_problems(self) -> dict[str, str]:
+        """Shard files that differ from the manifest, name → what is wrong (missing, size, sha256)."""
+        bad = {}
         for shard in self.manifest["shards"]:
             for f in shard["files"].values():
-                if self._store.digest(f["name"]) != (f["bytes"], f["sha256"]):
-                    bad.append(f["name"])
+                try:
+                    got = self._store.digest(f["name"])
+                except OSError as e:
+                    bad[f["name"]] = f"cannot read it ({_first_line(e)})"
+                    continue
+                if got is None:
+                    bad[f["name"]] = f"missing ({MANIFEST} lists it)"
+                elif got[0] != f["bytes"]:
+                    bad[f["name"]] = f"{got[0]} bytes, {MANIFEST} says {f['bytes']}"
+                elif got[1] != f["sha256"]:
+                    bad[f["name"]] = f"sha256 differs from {MANIFEST}'s"
         return bad
+
+    def verify(self) -> list[str]:
+        """Names of shard files whose size or sha256 differs from the manifest (empty when all are sound)."""
+        return list(self.file_problems())
+
+
+_META_V1 = {"step": 1, "seg_offsets": 1, "segments": 2}  # array → ndim
+_META = {**_META_V1, "seg_cost": 1, "seq_tokens": 1, "seq_cost": 1}
+
+
+def _meta_problem(meta: dict[str, np.ndarray], n: int, version: int, seq_len: int, sources: int | None) -> str:
+    """What is wrong with a shard's metadata arrays for ``n`` sequences, or "" when they are sound."""
+    need = _META_V1 if version == 1 else _META
+    missing = sorted(set(need) - set(meta))
+    if missing:
+        return f"lacks the arrays {missing}"
+    for key, ndim in need.items():
+        if meta[key].ndim != ndim or not np.issubdtype(meta[key].dtype, np.number):
+            return f"{key} is {meta[key].dtype} with {meta[key].ndim} dimensions, expected {ndim} of numbers"
+    off, segs, m = meta["seg_offsets"], meta["segments"], len(meta["segments"])
+    shapes = {"step": (n,), "seg_offsets": (n + 1,), "segments": (m, 4)}
+    shapes |= {} if version == 1 else {"seg_cost": (m,), "seq_tokens": (n,), "seq_cost": (n,)}
+    for key, shape in shapes.items():
+        if meta[key].shape != shape:
+            return f"{key} has shape {meta[key].shape}, expected {shape} for {n} sequences"
+    if off[0] != 0 or off[-1] != m or (np.diff(off) < 0).any():
+        return f"seg_offsets are not non-decreasing from 0 to {m}"
+    step = meta["step"]
+    if n and (step[0] < 0 or (np.diff(step) < 0).any()):
+        return "step is negative or decreasing"
+    if m and (segs[:, 1:] < 0).any():
+        return "segments hold a negative doc_id, start or length"
+    if m and sources is not None and ((segs[:, 0] < 0) | (segs[:, 0] >= sources)).any():
+        return f"segments name a source index outside [0, {sources}) of the manifest's sources"
+    cum = np.concatenate([[0], np.cumsum(segs[:, 3])])
+    real = cum[off[1:]] - cum[off[:-1]]
+    if (real > seq_len).any():
+        return f"a sequence's segments hold more than seq_len {seq_len} tokens"
+    if version > 1 and not np.array_equal(real, meta["seq_tokens"]):
+        return "seq_tokens differ from the segments' lengths"
+    return ""
+
+
+def _numpy_says(e: Exception) -> str:
+    """numpy's complaint about a damaged file, without its advice to unpickle a file it does not recognize."""
+    text = _first_line(e)
+    return "its first bytes are not those of a NumPy file" if "pickle" in text else text

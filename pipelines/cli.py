@@ -88,25 +88,35 @@ def inspect(
 ) -> None:
     """Print a build's figures: sequences, tokens, steps, tokens per source, packing metrics.
 
-    Exits 1 when a shard's checksum does not match the manifest (the file is named).
+    Exits 1 with one line naming the file when the build cannot be read (a missing, damaged or edited
+    manifest, shard file or DuckDB file) or a shard's checksum does not match the manifest.
     """
     from mixing.packed import inspect_build
-    from mixing.shards import ShardError
 
     root = build_dir
     if root.name == "shards":
         root = root.parent
     try:
         report = inspect_build(root)
-    except ShardError as e:
-        err.print(f"[bold red]not a build[/]: {e}", highlight=False)
+    except WeirError as e:
+        err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         _print_summary(report)
+    if not report["manifest_sealed"]:
+        err.print(
+            f"[yellow]note[/]: {root / 'shards' / 'manifest.json'} (format {report['format_version']}) was written "
+            "before manifests carried their own checksum (manifest_sha256): edits to it cannot be detected; "
+            "rebuild to add one",
+            highlight=False,
+            soft_wrap=True,
+        )
     if report["corrupt_files"]:
-        err.print(f"[bold red]corrupt shard files[/]: {', '.join(report['corrupt_files'])}")
+        where = root / "shards"
+        bad = "; ".join(f"{where / name}: {why}" for name, why in report["file_problems"].items())
+        err.print(f"[bold red]corrupt shard files[/]: {bad}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 

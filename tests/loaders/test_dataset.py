@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from loaders import IGNORE_INDEX, PackedDataset, PackedLoader, StateError, World
+from mixing.manifest import write_manifest
 from mixing.shards import ShardSet
 
 
@@ -161,7 +162,7 @@ def test_refuses_states_it_cannot_resume(tiny_build: Path, tmp_path: Path) -> No
     other = tmp_path / "other"
     shutil.copytree(tiny_build / "shards", other)
     manifest = json.loads((other / "manifest.json").read_text())
-    (other / "manifest.json").write_text(json.dumps({**manifest, "mix_fingerprint": "another mix"}))
+    write_manifest(other, {**manifest, "mix_fingerprint": "another mix"})
     ds = PackedDataset(tiny_build, 0, 2)
     items(ds, 1)  # inside step 0
     state = ds.state_dict()

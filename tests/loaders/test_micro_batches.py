@@ -19,6 +19,7 @@ from loaders import PackedDataset, varlen
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance
 from loaders.state import StateError
 from mixing import MixError
+from mixing.manifest import write_manifest
 from mixing.mixfile import parse_mix
 from mixing.shards import ShardSet
 
@@ -90,7 +91,7 @@ def test_the_mix_files_option_reaches_the_loader(tiny_build: Path, tmp_path: Pat
     manifest = json.loads((copy / "shards" / "manifest.json").read_text())
     assert manifest["micro_batches"] == "equal"  # the default, recorded by the build
     manifest["micro_batches"] = "unequal"
-    (copy / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(copy / "shards", manifest)
     assert PackedDataset(copy, 0, 3).micro_batches == "unequal"
     assert PackedDataset(copy, 0, 2, micro_batches="equal").micro_batches == "equal"
 
@@ -108,7 +109,7 @@ def budget_build(tiny_build: Path, tmp_path: Path, max_tokens: int) -> Path:
     shutil.copytree(tiny_build / "shards", copy / "shards")
     manifest = json.loads((copy / "shards" / "manifest.json").read_text())
     manifest.update(micro_batches="unequal", max_tokens=max_tokens)
-    (copy / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(copy / "shards", manifest)
     return copy
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from loaders import PackedDataset, PackedLoader, StateError
 from loaders.balance import regroup_window
 from loaders.refinement import refine_steps
+from mixing.manifest import write_manifest
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 
@@ -138,7 +139,7 @@ def test_the_mix_files_regroup_is_the_loaders_default(tiny_build: Path, tmp_path
     assert manifest["regroup"] is None  # the tiny mix has none: steps exactly as built
     assert (PackedDataset(tiny_build, 0, 2).window, PackedDataset(tiny_build, 0, 2).period) == (1, 0)
     manifest["regroup"] = {"window": 2, "period": 2, "slack": 1.2}
-    (copy / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(copy / "shards", manifest)
     ds = PackedDataset(copy, 0, 2)
     assert (ds.window, ds.period, ds.schedule.slack) == (2, 2, 1.2)
     assert PackedDataset(copy, 0, 2, window=1).schedule.slack == 0  # arguments override it

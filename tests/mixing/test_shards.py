@@ -153,6 +153,13 @@ def test_s3_write_read_and_verify(s3_endpoint: str, tmp_path: Path) -> None:
     data[10] ^= 0xFF
     fs.pipe_file(f"weir-test/b/shards/{name}", bytes(data))
     assert ShardSet("s3://weir-test/b/shards", storage_options=opts).verify() == [name]
+    tok = remote["shards"][0]["files"]["tokens"]["name"]
+    fs.pipe_file(f"weir-test/b/shards/{tok}", fs.cat_file(f"weir-test/b/shards/{tok}")[:40])  # cut in its header
+    with pytest.raises(ShardError, match=rf"^s3://weir-test/b/shards/{tok}: not a readable \.npy file"):
+        ShardSet("s3://weir-test/b/shards", storage_options=opts).shard_tokens(0)
+    fs.pipe_file("weir-test/b/shards/manifest.json", fs.cat_file("weir-test/b/shards/manifest.json")[:-30])
+    with pytest.raises(ShardError, match=r"^s3://weir-test/b/shards/manifest\.json: not valid JSON"):
+        ShardSet("s3://weir-test/b/shards", storage_options=opts)
     with pytest.raises(ShardError, match="no manifest"):
         ShardSet("s3://weir-test/nothing", storage_options=opts)
 
@@ -194,9 +201,32 @@ def test_format_1_builds_still_read(tmp_path: Path) -> None:
         old = {k: z[k] for k in ("step", "seg_offsets", "segments")}  # what format 1 wrote
     with meta.open("wb") as f:
         np.savez(f, **old)
-    (tmp_path / "manifest.json").write_text(json.dumps({**m, "format_version": 1}))
+    old_manifest = {k: v for k, v in m.items() if k != "manifest_sha256"}  # format 1 carried no checksum
+    (tmp_path / "manifest.json").write_text(json.dumps({**old_manifest, "format_version": 1}))
     s = ShardSet(tmp_path)
     length = segs[:, 3].astype(float)
     per_seq = np.split(length, offs[1:-1])
     assert np.allclose(s.seq_cost, [float((x**2).sum()) for x in per_seq])
     assert np.array_equal(s.seq_tokens, [x.sum() for x in per_seq])
+
+
+def test_the_manifest_carries_its_own_checksum(tmp_path: Path) -> None:
+    import json
+
+    from mixing.manifest import CHECKSUM_FIELD, manifest_digest, write_manifest
+
+    tokens, step, offs, segs = _toy()
+    m = write_shards(tmp_path, tokens, step, offs, segs, 2, {"cost": {"attention": 1.0, "linear": 0.0}, "pad_id": 3})
+    p = tmp_path / "manifest.json"
+    assert m[CHECKSUM_FIELD] == manifest_digest(m) == manifest_digest(json.loads(p.read_text()))
+    assert ShardSet(tmp_path).sealed
+    p.write_text(json.dumps(json.loads(p.read_text()), indent=None))  # other whitespace, same content: still reads
+    assert ShardSet(tmp_path).manifest == m
+    for edit in ({"pad_id": 4}, {"cost": {"attention": 1.0, "linear": 1.0}}, {"note": "hand-written"}):
+        p.write_text(json.dumps({**m, **edit}))
+        with pytest.raises(
+            ShardError, match=rf"^{tmp_path}/manifest\.json: content does not match its manifest_sha256"
+        ):
+            ShardSet(tmp_path)
+        write_manifest(tmp_path, {**m, **edit})  # a change made on purpose is written with a new checksum
+        assert ShardSet(tmp_path).manifest == {**m, **edit, CHECKSUM_FIELD: manifest_digest({**m, **edit})}
