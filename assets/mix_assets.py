@@ -72,7 +72,16 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
     )
     def source_index(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         df = stages.index(mix, storage.layout(mix), context.partition_key, _s3(mix, storage))
-        return dg.MaterializeResult(metadata={"files": len(df), "bytes": int(df["size"].sum())})
+        skipped = df.filter(pl.col("skipped").is_not_null())  # matched, not read: quarantined by documents
+        listed = [{"path": p, "reason": r} for p, r in skipped.head(100).select("path", "skipped").iter_rows()]
+        return dg.MaterializeResult(
+            metadata={
+                "files": len(df) - len(skipped),
+                "bytes": int(df["size"].sum()),
+                "skipped": len(skipped),
+                "skipped_paths": dg.MetadataValue.json(listed),  # the first 100 (all are in quarantine.jsonl)
+            }
+        )
 
     @dg.asset(
         key=key("tokenizer"),
@@ -124,6 +133,8 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "tokenizer_fingerprint": r.tokenizer,
                 "chunks": r.chunks,
                 "chunks_reused": r.chunks_reused,
+                "chunks_damaged": len(r.chunks_damaged),
+                "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in r.warnings) or "none"),
                 "mb_per_s": round(r.bytes_in / 1e6 / max(r.seconds, 1e-9), 2),
             },
             check_results=[

@@ -13,6 +13,12 @@ source's rendering spec; a chunk whose key is already there is reused, so a rebu
 re-tokenizes only that file's chunk. The final files are the chunks concatenated in order, so the result
 equals a clean build byte for byte.
 
+Integrity: a chunk's ``report.json`` (written last) holds the sha256 of its three files and a checksum of
+itself. Every chunk is verified while it is concatenated; a damaged one (a flipped bit in a reused
+chunk, a truncated file) is deleted, tokenized again, and named in :attr:`TokenizeReport.warnings`, so
+no damaged byte reaches the outputs. Paths the index skipped (dangling symlinks, symlink loops,
+directories) are quarantined with their reason, so ``docs_seen`` accounts for every matched path.
+
 Throughput and memory: one thread reads and parses (:func:`mixing.sources.read_ahead`, at most four
 256 KB hand-overs queued), one runs the tokenizer on the next ~1 MB batch (it releases the GIL), and the
 caller's thread writes the previous batch; memory is bounded by those batches, not by the source.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import logging
 import os
@@ -37,19 +44,34 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
+from mixing.errors import WeirError
 from mixing.formats import READER_VERSION
 from mixing.layout import atomic_path
 from mixing.mixfile import SourceSpec
-from mixing.records import Record
-from mixing.sources import read_ahead
+from mixing.records import Record, has_surrogate
+from mixing.sources import read_ahead, skipped_record
 from mixing.tokenizer import TextTokenizer
 
-__all__ = ["DocumentSet", "TokenizeProgress", "TokenizeReport", "open_documents", "tokenize_source"]
+__all__ = [
+    "DocumentSet",
+    "DocumentsError",
+    "TokenizeProgress",
+    "TokenizeReport",
+    "open_documents",
+    "tokenize_source",
+]
 
 _BATCH_BYTES = 1 << 20  # text per encode call: large enough to keep every tokenizer thread busy
 _GROUP = 32  # files per chunk, on average
 _QUARANTINE_SAMPLE = 20  # bad records per reason listed in the report (all are in quarantine.jsonl)
+_CHUNK_FILES = ("tokens.bin", "docs.parquet", "quarantine.jsonl")  # checksummed in report.json
+_CHUNK_VERSION = 2  # 2: chunks carry checksums
 PROGRESS_LOG = logging.getLogger("weir.progress")  # the CLI shows these events as a progress bar
+LOG = logging.getLogger("weir.documents")
+
+
+class DocumentsError(WeirError, RuntimeError):
+    """A source none of whose records became a document, or a chunk that stays damaged when rewritten."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,9 @@ class TokenizeReport:
 
     ``chunks_reused`` of ``chunks`` came from a previous build. ``quarantine_sample`` holds up to
     :data:`_QUARANTINE_SAMPLE` ``{file, line, reason}`` per reason; ``tokenizer`` is its fingerprint.
+    ``missing_fields`` counts records per field they lack (``"template field 'q'"``); ``chunks_damaged``
+    names each reused chunk that failed its checksum and was tokenized again; ``warnings`` are one-line
+    messages about both.
     """
 
     docs_seen: int
@@ -71,6 +96,9 @@ class TokenizeReport:
     chunks_reused: int = 0
     tokenizer: str = ""
     seconds: float = 0.0
+    missing_fields: dict[str, int] = field(default_factory=dict)
+    chunks_damaged: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -122,7 +150,8 @@ class _Chunk:
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
         self.tokens: IO[bytes] = (self.tmp / "tokens.bin").open("wb")
-        self.quarantine: IO[str] = (self.tmp / "quarantine.jsonl").open("w")
+        self.quarantine: IO[str] = (self.tmp / "quarantine.jsonl").open("w", encoding="utf-8")
+        self.missing: Counter[str] = Counter()
         self.meta: dict[str, list[Any]] = {k: [] for k in _CHUNK_SCHEMA}
         self.pending = 0  # records read but not yet encoded
         self.read_all = False
@@ -133,8 +162,13 @@ class _Chunk:
     def bad(self, rec: Record) -> None:
         self.seen += 1
         self.reasons[rec.reason or "?"] += 1
+        if rec.reason == "missing field" and rec.error and rec.error.endswith(" is missing"):
+            self.missing[rec.error.split(": ", 1)[1].removesuffix(" is missing")] += 1
         row = {"file": rec.file, "line": rec.line, "reason": rec.reason, "detail": rec.error, "sample": rec.sample}
-        self.quarantine.write(json.dumps(row, ensure_ascii=False) + "\n")
+        line = json.dumps(row, ensure_ascii=False)
+        if not line.isascii() and has_surrogate(line):  # a file name that is not UTF-8: escaped instead
+            line = json.dumps(row)
+        self.quarantine.write(line + "\n")
 
     def add(self, recs: list[Record], ids: np.ndarray, lengths: np.ndarray) -> None:
         self.tokens.write(ids.tobytes())
@@ -148,10 +182,43 @@ class _Chunk:
         self.tokens.close()
         self.quarantine.close()
         pl.DataFrame(self.meta, schema=_CHUNK_SCHEMA).write_parquet(self.tmp / "docs.parquet")
-        report = {"seen": self.seen, "bytes_in": self.bytes_in, "reasons": dict(self.reasons)}
-        (self.tmp / "report.json").write_text(json.dumps(report))  # written last: the chunk is complete
+        report = {
+            "seen": self.seen,
+            "bytes_in": self.bytes_in,
+            "reasons": dict(self.reasons),
+            "missing": dict(self.missing),
+            "sha256": {f: _sha256_file(self.tmp / f) for f in _CHUNK_FILES},
+        }
+        body = json.dumps(report, sort_keys=True)
+        text = json.dumps({**report, "check": hashlib.sha256(body.encode()).hexdigest()})
+        (self.tmp / "report.json").write_text(text)  # written last: the chunk is complete
         shutil.rmtree(self.final, ignore_errors=True)
         os.replace(self.tmp, self.final)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _chunk_report(chunk: Path) -> dict[str, Any]:
+    """The chunk's report.json, checked against its own checksum; raises ``_Damaged``."""
+    try:
+        rep = json.loads((chunk / "report.json").read_text())
+        check = rep.pop("check")
+        body = json.dumps(rep, sort_keys=True)
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise _Damaged(f"report.json unreadable: {type(e).__name__}") from None
+    if hashlib.sha256(body.encode()).hexdigest() != check or not isinstance(rep.get("sha256"), dict):
+        raise _Damaged("report.json checksum mismatch")
+    return rep  # type: ignore[no-any-return]
+
+
+class _Damaged(Exception):
+    """A chunk whose files do not match the checksums its report.json recorded."""
 
 
 def _groups(files: pl.DataFrame) -> list[list[dict[str, Any]]]:
@@ -165,7 +232,8 @@ def _groups(files: pl.DataFrame) -> list[list[dict[str, Any]]]:
 
 
 def _key(group: list[dict[str, Any]], tokenizer: TextTokenizer, spec: SourceSpec) -> str:
-    h = hashlib.sha256(f"{tokenizer.fingerprint}|{spec.render_fingerprint()}|r{READER_VERSION}".encode())
+    fps = f"{tokenizer.fingerprint}|{spec.render_fingerprint()}|r{READER_VERSION}|c{_CHUNK_VERSION}"
+    h = hashlib.sha256(fps.encode())
     for row in group:
         fp = row.get("fingerprint") or os.urandom(8).hex()  # no fingerprint: never reuse
         h.update(f"|{row['path']}|{fp}".encode())
@@ -180,11 +248,15 @@ def tokenize_source(
     out_dir: Path,
     progress: Callable[[str], None] = lambda _msg: None,
     storage_options: dict[str, Any] | None = None,
+    require_documents: bool = False,
 ) -> TokenizeReport:
-    """Tokenize every record of ``files`` (an index frame with ``path``, ``fingerprint``; or paths) in order.
+    """Tokenize every record of ``files`` (an index frame with ``path``, ``fingerprint`` and optionally
+    ``skipped``; or paths) in order.
 
-    Malformed records go to the quarantine file and are counted; chunks already in ``out_dir/chunks``
-    with the same key are reused (see the module docstring). ``progress`` gets a line about once a second.
+    Malformed records (and skipped paths) go to the quarantine file and are counted; chunks already in
+    ``out_dir/chunks`` with the same key are reused once their checksums match (see the module docstring).
+    ``progress`` gets a line about once a second, and each warning. With ``require_documents``, a source
+    that read records but kept none raises :class:`DocumentsError` naming why (after writing its files).
     """
     if not isinstance(files, pl.DataFrame):
         files = pl.DataFrame({"path": list(files)}, schema={"path": pl.String})
@@ -193,21 +265,65 @@ def tokenize_source(
     groups = _groups(files)
     keys = [_key(g, tokenizer, spec) for g in groups]
     todo = [(g, k) for g, k in zip(groups, keys, strict=True) if not (chunks_dir / k / "report.json").exists()]
+    tokenized = {k for _g, k in todo}
     started = time.perf_counter()
-    reused_files = len(files) - sum(len(g) for g, _k in todo)
-    _tokenize_chunks(
-        name, spec, todo, tokenizer, chunks_dir, (reused_files, len(files)), progress, storage_options, started
-    )
-    report = _assemble(name, [chunks_dir / k for k in keys], tokenizer.fingerprint, out_dir)
+    warnings: list[str] = []
+    damaged: list[str] = []
+
+    def warn(msg: str) -> None:
+        warnings.append(msg)
+        LOG.warning(msg)
+        progress(msg)
+
+    for attempt in range(2):
+        reused_files = len(files) - sum(len(g) for g, _k in todo)
+        _tokenize_chunks(
+            name, spec, todo, tokenizer, chunks_dir, (reused_files, len(files)), progress, storage_options, started
+        )
+        try:
+            report = _assemble(name, [chunks_dir / k for k in keys], tokenizer.fingerprint, out_dir)
+            break
+        except _DamagedChunks as e:
+            if attempt:  # a chunk just written does not read back: the disk, not the data
+                raise DocumentsError(
+                    f"source {name!r}: chunk(s) {', '.join(e.chunks)} damaged again right after being tokenized "
+                    f"({'; '.join(e.chunks.values())}); check the disk under {chunks_dir}"
+                ) from None
+            for k, why in e.chunks.items():
+                damaged.append(k)
+                warn(f"chunk {k} of source {name!r} was damaged ({why}), re-tokenized")
+                shutil.rmtree(chunks_dir / k, ignore_errors=True)  # unlinks a hard link, never the old build's
+            todo = [(g, k) for g, k in zip(groups, keys, strict=True) if k in e.chunks]
+            tokenized |= set(e.chunks)
     for stale in set(os.listdir(chunks_dir)) - set(keys) if chunks_dir.exists() else ():
         shutil.rmtree(chunks_dir / stale, ignore_errors=True)
-    return TokenizeReport(
+    missing: dict[str, int] = report.pop("missing_fields")
+    for what, n in sorted(missing.items(), key=lambda kv: -kv[1]):
+        warn(f"source {name!r}: {n} of {report['docs_seen']} records lack {what}")
+    result = TokenizeReport(
         **report,
         chunks=len(keys),
-        chunks_reused=len(keys) - len(todo),
+        chunks_reused=len(set(keys) - tokenized),
         tokenizer=tokenizer.fingerprint,
         seconds=time.perf_counter() - started,
+        missing_fields=missing,
+        chunks_damaged=damaged,
+        warnings=warnings,
     )
+    if require_documents and result.docs_seen and not result.docs_kept:
+        raise DocumentsError(_no_documents(name, result))
+    return result
+
+
+def _no_documents(name: str, r: TokenizeReport) -> str:
+    """One line: why no record of source ``name`` became a document."""
+    first = r.quarantine_sample[0] if r.quarantine_sample else None
+    where = f" (first: {first['file']}:{first['line']})" if first else ""
+    if r.missing_fields:
+        what, n = max(r.missing_fields.items(), key=lambda kv: kv[1])
+        return f"source {name!r} has no documents: {n} of {r.docs_seen} records lack {what}{where}"
+    reasons = ", ".join(f"{n} {reason}" for reason, n in Counter(r.quarantine_reasons).most_common(3))
+    return f"source {name!r} has no documents: all {r.docs_seen} records were quarantined ({reasons}){where}"
 
 
 def _tokenize_chunks(
@@ -269,7 +385,8 @@ def _tokenize_chunks(
     chunks: dict[int, _Chunk] = {}
     files_left = [len(group) for group, _key in todo]
     try:
-        for gi, rec in read_ahead([[row["path"] for row in group] for group, _key in todo], spec, storage_options):
+        paths = [[_path_or_skipped(row) for row in group] for group, _key in todo]
+        for gi, rec in read_ahead(paths, spec, storage_options):
             chunk = chunks.get(gi)
             if chunk is None:
                 chunk = chunks[gi] = _Chunk(chunks_dir / todo[gi][1])
@@ -302,38 +419,61 @@ def _tokenize_chunks(
         report()
 
 
+def _path_or_skipped(row: dict[str, Any]) -> str | Record:
+    skipped = row.get("skipped")
+    return skipped_record(row["path"], skipped) if skipped else row["path"]
+
+
+class _DamagedChunks(Exception):
+    """Chunks (key → what is wrong) that failed their checksums while being assembled."""
+
+    def __init__(self, chunks: dict[str, str]) -> None:
+        super().__init__(", ".join(chunks))
+        self.chunks = chunks
+
+
 def _assemble(name: str, chunks: list[Path], tokenizer_fp: str, out_dir: Path) -> dict[str, Any]:
-    """Concatenate the chunks into the source's three files; return the summed counts."""
+    """Concatenate the chunks into the source's three files, verifying each chunk's checksums; return the
+    summed counts. Raises :class:`_DamagedChunks` (writing nothing) naming every chunk that fails them."""
     frames: list[pl.DataFrame] = []
     reasons: Counter[str] = Counter()
+    missing: Counter[str] = Counter()
     sample: list[dict[str, Any]] = []
     per_reason: Counter[str] = Counter()
+    damaged: dict[str, str] = {}
     seen = bytes_in = n_tokens = quarantined = 0
     with (
         atomic_path(out_dir / "tokens.bin") as tok_tmp,
         atomic_path(out_dir / "quarantine.jsonl") as q_tmp,
         tok_tmp.open("wb") as tok_f,
-        q_tmp.open("w") as q_f,
+        q_tmp.open("wb") as q_f,
     ):
         for c in chunks:
-            rep = json.loads((c / "report.json").read_text())
+            try:
+                rep, df, q_raw = _read_chunk(c, tok_f)
+            except _Damaged as e:
+                damaged[c.name] = str(e)
+                continue
+            if damaged:
+                continue  # the outputs are thrown away: only look for further damage
             seen += rep["seen"]
             bytes_in += rep["bytes_in"]
             reasons.update(rep["reasons"])
-            with (c / "tokens.bin").open("rb") as f:
-                shutil.copyfileobj(f, tok_f, 1 << 22)
-            df = pl.read_parquet(c / "docs.parquet")
+            missing.update(rep["missing"])
             offsets = n_tokens + df["n_tokens"].cum_sum() - df["n_tokens"]
             frames.append(df.with_columns(offset=offsets))
             n_tokens += int(df["n_tokens"].sum())
-            if rep["reasons"]:
-                for line in (c / "quarantine.jsonl").open():
-                    q_f.write(line)
-                    quarantined += 1
-                    row = json.loads(line)
-                    if per_reason[row["reason"]] < _QUARANTINE_SAMPLE:
-                        per_reason[row["reason"]] += 1
-                        sample.append({k: row[k] for k in ("file", "line", "reason")})
+            q_f.write(q_raw)
+            for line in q_raw.split(b"\n"):  # not splitlines: U+2028 and friends may be inside a string
+                if not line:
+                    continue
+                quarantined += 1
+                row = json.loads(line)
+                if per_reason[row["reason"]] < _QUARANTINE_SAMPLE:
+                    per_reason[row["reason"]] += 1
+                    sample.append({k: row[k] for k in ("file", "line", "reason")})
+        if damaged:
+            raise _DamagedChunks(damaged)
     empty = pl.DataFrame(schema={**_CHUNK_SCHEMA, "offset": pl.Int64})
     docs = pl.concat(frames) if frames else empty
     kept = len(docs)
@@ -357,4 +497,27 @@ def _assemble(name: str, chunks: list[Path], tokenizer_fp: str, out_dir: Path) -
         "bytes_in": bytes_in,
         "quarantine_reasons": dict(reasons),
         "quarantine_sample": sample,
+        "missing_fields": dict(missing),
     }
+
+
+def _read_chunk(c: Path, tok_f: IO[bytes]) -> tuple[dict[str, Any], pl.DataFrame, bytes]:
+    """Copy chunk ``c``'s tokens to ``tok_f`` and read its report, documents and quarantine lines, checking
+    each file against the report's sha256 (hashing the tokens as they are copied); raises ``_Damaged``."""
+    rep = _chunk_report(c)
+    sums = rep["sha256"]
+    try:
+        h = hashlib.sha256()
+        with (c / "tokens.bin").open("rb") as tokens:
+            while block := tokens.read(1 << 22):
+                h.update(block)
+                tok_f.write(block)
+        if h.hexdigest() != sums.get("tokens.bin"):
+            raise _Damaged("tokens.bin sha256 mismatch")
+        raw = {name: (c / name).read_bytes() for name in _CHUNK_FILES[1:]}
+    except OSError as e:
+        raise _Damaged(f"{type(e).__name__}: {e.strerror}") from None
+    for name, data in raw.items():
+        if hashlib.sha256(data).hexdigest() != sums.get(name):
+            raise _Damaged(f"{name} sha256 mismatch")
+    return rep, pl.read_parquet(io.BytesIO(raw["docs.parquet"])), raw["quarantine.jsonl"]

@@ -7,10 +7,17 @@ file that cannot be read (from where reading stopped), comes out as a :class:`Re
 A csv row that is not UTF-8 is quarantined alone; its neighbours are kept. In text ``separator`` mode every
 piece between two separators is a record (an empty one is quarantined as ``empty document``); a blank tail
 after the last separator is not a piece.
+
+Decoding: ``spec.encoding`` with ``spec.errors`` (strict: the record is quarantined as ``invalid UTF-8``
+or, for another encoding, ``invalid encoding``). A UTF-8 byte-order mark at the start of a file (or tar
+member) is skipped. Text holding a lone surrogate (a JSON ``"\\ud800"`` escape) is quarantined as
+``invalid Unicode``; any other error one record's content causes (JSON nested too deeply, ...) is that
+record's quarantine reason, never the file's or the build's.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -23,14 +30,16 @@ import fsspec
 
 from mixing import envvars
 from mixing.mixfile import SourceSpec
-from mixing.records import Malformed, Record, bad, needed_fields, render
+from mixing.records import Malformed, Record, bad, has_surrogate, needed_fields, render
 
 __all__ = ["LANGUAGES", "READER_VERSION", "TAR_SUFFIXES", "is_code_file", "read_file"]
 
 # Bumped whenever the records a reader yields for the same bytes change (part of every chunk key, so a
 # rebuild never reuses chunks read the old way). 2: csv quarantines invalid UTF-8 per row; empty pieces
-# between separators are counted as "empty document"; blank csv lines are rows.
-READER_VERSION = 2
+# between separators are counted as "empty document"; blank csv lines are rows. 3: a leading UTF-8 BOM
+# is skipped; lone surrogates and content errors are quarantined; sources have an encoding.
+READER_VERSION = 3
+_BOM = codecs.BOM_UTF8
 
 LANGUAGES = {
     ".py": "python", ".pyi": "python", ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".hpp": "cpp",
@@ -82,11 +91,23 @@ def _record(path: str, line: int, rec: Any, spec: SourceSpec) -> Record:
     try:
         text, meta = render(rec, spec)
     except Malformed as e:
-        return bad(path, line, e.reason, str(e).split(": ", 1)[1], json.dumps(rec, default=str)[:400])
+        return bad(path, line, e.reason, str(e).split(": ", 1)[1], _sample(rec))
+    except Exception as e:  # anything else this record's content caused is its own reason, not the build's
+        return bad(path, line, "invalid record", f"{type(e).__name__}: {e}", _sample(rec))
     return _checked(path, line, text, spec, meta)
 
 
+def _sample(rec: Any) -> str:
+    try:
+        return json.dumps(rec, default=str)[:400]
+    except (ValueError, TypeError, RecursionError):  # too deep, or a circular value
+        return repr(rec)[:400] if not isinstance(rec, dict | list) else f"<{type(rec).__name__}>"
+
+
 def _checked(path: str, line: int, text: str, spec: SourceSpec, meta: str | None = None) -> Record:
+    if not text.isascii() and has_surrogate(text):  # no UTF-8 for it: every tokenizer would fail on it
+        at = next(i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff")
+        return bad(path, line, "invalid Unicode", f"lone surrogate U+{ord(text[at]):04X} at character {at}", text)
     if not text.strip():
         return bad(path, line, "empty document", "the text is empty or only whitespace", text)
     if len(text) > spec.max_record_bytes // 4 and len(text.encode("utf-8")) > spec.max_record_bytes:
@@ -94,11 +115,22 @@ def _checked(path: str, line: int, text: str, spec: SourceSpec, meta: str | None
     return Record(path, line, text, meta=meta)
 
 
-def _decode(path: str, line: int, raw: bytes) -> str | Record:
+def _is_utf8(spec: SourceSpec) -> bool:
+    return codecs.lookup(spec.encoding).name in ("utf-8", "utf-8-sig")
+
+
+def _decode(path: str, line: int, raw: bytes, spec: SourceSpec, where: str = "") -> str | Record:
+    """``raw`` decoded as the source says, or the record that quarantines it (``where``: its column)."""
     try:
-        return raw.decode("utf-8")
+        return raw.decode(spec.encoding, spec.errors)
     except UnicodeDecodeError as e:
-        return bad(path, line, "invalid UTF-8", f"byte {e.start}", raw)
+        if _is_utf8(spec):
+            return bad(path, line, "invalid UTF-8", f"{where}byte {e.start}", raw)
+        return bad(path, line, "invalid encoding", f"{where}not {spec.encoding} at byte {e.start}", raw)
+
+
+def _strip_bom(raw: bytes, spec: SourceSpec) -> bytes:
+    return raw[len(_BOM) :] if raw.startswith(_BOM) and _is_utf8(spec) else raw
 
 
 def _jsonl(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
@@ -112,9 +144,11 @@ def _jsonl(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
                 size += len(more)
             yield bad(path, n, "record too large", f"{size + len(more)} bytes > max_record_bytes={limit}", raw)
             continue
+        if n == 1:
+            raw = _strip_bom(raw, spec)
         if not raw.strip():
             continue
-        text = _decode(path, n, raw)
+        text = _decode(path, n, raw, spec)
         if isinstance(text, Record):
             yield text
             continue
@@ -122,6 +156,9 @@ def _jsonl(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
             rec = json.loads(text)
         except json.JSONDecodeError as e:
             yield bad(path, n, "invalid JSON", str(e), raw)
+            continue
+        except RecursionError:
+            yield bad(path, n, "invalid JSON", "nested too deeply to parse", raw)
             continue
         yield _record(path, n, rec, spec)
 
@@ -143,9 +180,12 @@ def _csv(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    header = f.readline()
-    names = next(csv.reader([header.decode("utf-8", "replace")]), [])
+    header = _strip_bom(f.readline(), spec)
+    names = next(csv.reader([header.decode(spec.encoding, "replace")]), [])
     f.seek(0)
+    if not _is_utf8(spec):  # pyarrow reads UTF-8 only: Python's csv module decodes other encodings
+        yield from _csv_rows(path, f, spec, names, skip=(0, 0))
+        return
     invalid: list[Record] = []
 
     def on_invalid(row: Any) -> str:
@@ -191,7 +231,8 @@ def _csv_rows(path: str, f: IO[bytes], spec: SourceSpec, names: list[str], skip:
     pyarrow already yielded. Bytes that are not UTF-8 survive as surrogates and mark their row."""
     # A field may be as large as a record can be; the limit is process-wide, so it only ever grows.
     csv.field_size_limit(max(csv.field_size_limit(), spec.max_record_bytes + 1))
-    text = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape", newline="")
+    encoding = "utf-8-sig" if _is_utf8(spec) else spec.encoding  # -sig: a leading BOM is skipped
+    text = io.TextIOWrapper(f, encoding=encoding, errors="surrogateescape", newline="")
     reader = csv.reader(text)
     next(reader, None)  # the header
     row, quarantined = 0, 0
@@ -200,31 +241,29 @@ def _csv_rows(path: str, f: IO[bytes], spec: SourceSpec, names: list[str], skip:
         if fields and len(fields) != len(names):
             quarantined += 1
             if quarantined > skip[1]:
-                raw = ",".join(fields).encode("utf-8", "surrogateescape")
+                raw = ",".join(fields).encode(spec.encoding, "surrogateescape")
                 yield bad(path, reader.line_num, "invalid CSV row", raw[:80].decode("utf-8", "replace"), raw)
             continue
         row += 1
         if row > skip[0]:
             rec = dict(zip(names, fields, strict=True)) if fields else dict.fromkeys(names, "")
             # Only the fields the text reads, as on the fast path: bad bytes elsewhere spoil nothing.
-            yield _csv_record(path, row, {k: _surrogate_bytes(rec[k]) for k in wanted}, spec)
+            yield _csv_record(path, row, {k: _surrogate_bytes(rec[k], spec) for k in wanted}, spec)
 
 
-def _surrogate_bytes(v: str) -> str | bytes:
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        return v.encode("utf-8", "surrogateescape")  # decoded again (and quarantined) by _csv_record
-    return v
+def _surrogate_bytes(v: str, spec: SourceSpec) -> str | bytes:
+    if v.isascii() or not has_surrogate(v):
+        return v
+    return v.encode(spec.encoding, "surrogateescape")  # the file's bytes, decoded again by _csv_record
 
 
 def _csv_record(path: str, row: int, rec: dict[str, Any], spec: SourceSpec) -> Record:
     for k, v in rec.items():
-        if isinstance(v, bytes):  # only in a batch that failed to validate as UTF-8
-            try:
-                rec[k] = v.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return bad(path, row, "invalid UTF-8", f"column {k!r}, byte {e.start}", v)
+        if isinstance(v, bytes):  # only in a batch that failed to validate as UTF-8 (or another encoding)
+            text = _decode(path, row, v, spec, f"column {k!r}, ")
+            if isinstance(text, Record):
+                return text
+            rec[k] = text
     return _record(path, row, rec, spec)
 
 
@@ -235,13 +274,13 @@ def _text(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
         if len(raw) > limit:
             yield bad(path, 0, "record too large", f"file over max_record_bytes={limit}", raw)
             return
-        text = _decode(path, 0, raw)
+        text = _decode(path, 0, _strip_bom(raw, spec), spec)
         yield text if isinstance(text, Record) else _checked(path, 0, text, spec)
         return
     sep = spec.separator.encode("utf-8")
     buf, piece, skipping = b"", 0, False
+    chunk = _strip_bom(f.read(1 << 20), spec)
     while True:
-        chunk = f.read(1 << 20)
         parts = (buf + chunk).split(sep)
         buf = parts.pop() if chunk else b""  # at the end of the file the last part is a piece too
         last = len(parts) - 1 if not chunk else -1
@@ -252,7 +291,7 @@ def _text(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
             elif i == last and not raw.strip():
                 piece -= 1  # what follows the last separator is no piece when blank: it ended the file
             else:  # an empty piece between two separators is counted (quarantined), never skipped
-                text = _decode(path, piece, raw)
+                text = _decode(path, piece, raw, spec)
                 yield text if isinstance(text, Record) else _checked(path, piece, text, spec)
         if len(buf) > limit:
             if not skipping:
@@ -260,6 +299,7 @@ def _text(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
             buf, skipping = b"", True
         if not chunk:
             return
+        chunk = f.read(1 << 20)
 
 
 def _code(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
@@ -280,7 +320,7 @@ def _code(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
 def _code_doc(path: str, line: int, name: str, raw: bytes, spec: SourceSpec) -> Record:
     if len(raw) > spec.max_record_bytes:
         return bad(path, line, "record too large", f"{name}: over max_record_bytes", raw)
-    text = _decode(path, line, raw)
+    text = _decode(path, line, _strip_bom(raw, spec), spec)
     if isinstance(text, Record):
         return text
     lang = LANGUAGES.get(PurePosixPath(name.lower()).suffix, "unknown")

@@ -23,6 +23,7 @@ __all__ = [
     "Malformed",
     "Record",
     "bad",
+    "has_surrogate",
     "needed_fields",
     "render",
 ]
@@ -40,6 +41,14 @@ REASONS = (
     "empty document",
     "record too large",
     "unreadable file",
+    "invalid encoding",  # not the source's own ``encoding`` (other than UTF-8)
+    "invalid Unicode",  # a lone surrogate (a "\\ud800" JSON escape): no UTF-8 text, no tokens
+    "invalid record",  # any other error a record's content caused (the detail names it)
+    # Paths the source's URI matched that are not read (see mixing.sources.index_source):
+    "dangling symlink",
+    "symlink loop",
+    "is a directory",
+    "not a regular file",
 )
 
 _SAMPLE_CHARS = 200  # how much of a bad record the quarantine file keeps
@@ -79,8 +88,13 @@ def bad(file: str, line: int, reason: str, detail: str, sample: object = None) -
     assert reason in REASONS, reason
     if isinstance(sample, bytes):
         sample = sample[: _SAMPLE_CHARS * 4].decode("utf-8", "replace")
-    text = None if sample is None else str(sample)[:_SAMPLE_CHARS]
-    return Record(file, line, None, f"{reason}: {detail}", sample=text)
+    text = None if sample is None else _printable(str(sample)[:_SAMPLE_CHARS])
+    return Record(file, line, None, f"{reason}: {_printable(detail)}", sample=text)
+
+
+def _printable(s: str) -> str:
+    """``s`` with lone surrogates escaped (``\\ud800``), so that the quarantine file can be UTF-8."""
+    return s if s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _chatml(msgs: list[tuple[str, str]]) -> str:
@@ -121,12 +135,14 @@ def render(rec: Any, spec: SourceSpec) -> tuple[str, str | None]:
     if spec.messages is not None:
         text = _render_chat(rec, spec.messages, spec.chat_template)
     elif spec.template is not None:
-        try:
+        try:  # the template names fields and indexes them, nothing else (SourceSpec validates it)
             text = spec.template.format_map(rec)
-        except (KeyError, IndexError) as e:
+        except KeyError as e:
             raise Malformed("missing field", f"template field {e} is missing") from None
-        except (ValueError, TypeError, AttributeError) as e:
-            raise Malformed("template error", str(e)) from None
+        except IndexError as e:
+            raise Malformed("missing field", f"template index out of range ({e})") from None
+        except (ValueError, TypeError, AttributeError, OverflowError, RecursionError, MemoryError) as e:
+            raise Malformed("template error", f"{type(e).__name__}: {e}") from None
     else:
         if spec.field not in rec or rec[spec.field] is None:
             raise Malformed("missing field", f"field {spec.field!r} is missing")
@@ -135,8 +151,20 @@ def render(rec: Any, spec: SourceSpec) -> tuple[str, str | None]:
             raise Malformed("not a string", f"field {spec.field!r} is a {type(text).__name__}")
     meta = None
     if spec.metadata:
-        meta = json.dumps({k: rec.get(k) for k in spec.metadata}, default=str, ensure_ascii=False)
+        kept = {k: rec.get(k) for k in spec.metadata}
+        meta = json.dumps(kept, default=str, ensure_ascii=False)
+        if not meta.isascii() and has_surrogate(meta):  # escaped instead: the JSON means the same
+            meta = json.dumps(kept, default=str)
     return text, meta
+
+
+def has_surrogate(s: str) -> bool:
+    """Whether ``s`` holds a lone surrogate (no UTF-8 encoding exists for it)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _render_chat(rec: Mapping[str, Any], field: str, template: str) -> str:

@@ -6,10 +6,12 @@ Frozen pydantic models; unknown fields are errors. :mod:`mixing.mixfile` assembl
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import math
 import re
+import string
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
@@ -99,6 +101,13 @@ class SourceSpec(FrozenModel):
     a text file into several documents; ``metadata`` names record fields kept with each document;
     ``extensions`` filters a code tree (default: known languages). A record whose text exceeds
     ``max_record_bytes`` is quarantined; ``batch_rows`` bounds how many rows are held in memory.
+
+    ``encoding`` (text, code, csv, jsonl; any ASCII-compatible Python codec such as ``latin-1`` or
+    ``cp1252``) decodes the files; ``errors: strict`` (default) quarantines a record that does not
+    decode, ``replace`` keeps it with U+FFFD, ``ignore`` drops the bad bytes. A UTF-8 byte-order mark at
+    the start of a file is skipped. A ``template`` may only name fields and index them (``{a}``,
+    ``{a[b]}``, ``{a[0]}``) with an optional standard format spec (``{score:.2f}``, width and precision
+    at most 3 digits): no attribute access, no ``!r``/``!s``/``!a`` conversion, no nested fields.
     """
 
     uri: str
@@ -114,6 +123,8 @@ class SourceSpec(FrozenModel):
     extensions: tuple[str, ...] = ()
     max_record_bytes: Annotated[int, Field(gt=0)] = 16 << 20
     batch_rows: Annotated[int, Field(gt=0)] = 4096
+    encoding: str = "utf-8"
+    errors: Literal["strict", "replace", "ignore"] = "strict"
 
     @model_validator(mode="after")
     def _one_text(self) -> SourceSpec:
@@ -121,12 +132,71 @@ class SourceSpec(FrozenModel):
             raise ValueError("give either 'template' or 'messages', not both")
         if self.separator == "":
             raise ValueError("separator is empty; expected a non-empty string such as '\\n\\n'")
+        if self.format == "parquet" and (codecs.lookup(self.encoding).name != "utf-8" or self.errors != "strict"):
+            raise ValueError("parquet strings are UTF-8; 'encoding' and 'errors' apply to text, code, csv, jsonl")
         return self
+
+    @field_validator("encoding")
+    @classmethod
+    def _ascii_compatible(cls, v: str) -> str:
+        try:
+            codecs.lookup(v)
+        except LookupError:
+            raise ValueError(f"unknown encoding {v!r}; expected a Python codec such as 'utf-8' or 'latin-1'") from None
+        probe = '\n\r\t ,"{}[]:azAZ09'
+        if codecs.lookup(v).name == "utf-8-sig":  # UTF-8 (a leading BOM is skipped in any case)
+            return v
+        try:
+            ok = probe.encode(v) == probe.encode("ascii") and b"\n".decode(v) == "\n"
+        except (UnicodeError, ValueError):
+            ok = False
+        if not ok:  # records are cut at newline bytes before decoding
+            raise ValueError(
+                f"encoding {v!r} is not ASCII-compatible; expected one such as 'utf-8', 'latin-1', 'cp1252'"
+            )
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _fields_only(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_template(v)
+        return v
 
     def render_fingerprint(self) -> str:
         """sha256 of the fields that decide a file's documents (not ``uri`` nor ``max_epochs``)."""
         keep = self.model_dump(mode="json", exclude={"uri", "max_epochs"})
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
+
+
+# A template's replacement field: a field name, then ``[key]`` indexes; and the standard format spec.
+_FIELD = re.compile(r"^[^.\[\]]+(\[[^\]]+\])*$")
+_FORMAT_SPEC = re.compile(r"^(?:.?[<>=^])?[-+ ]?z?#?0?\d{0,3}[,_]?(?:\.\d{1,3})?[bcdeEfFgGnosxX%]?$")
+
+
+def _check_template(template: str) -> None:
+    """Raise ValueError unless every replacement field of ``template`` is a field with ``[key]`` indexes."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"template {template!r}: {e}; write a literal brace as {{{{ or }}}}") from None
+    for _lit, name, spec, conversion in parts:
+        if name is None:
+            continue
+        shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+        if not name or name.isdigit():
+            raise ValueError(f"template field {shown} has no name; expected a record field such as {{text}}")
+        if not _FIELD.match(name):
+            raise ValueError(
+                f"template field {shown}: only field names and [key] indexes are allowed (no attribute access)"
+            )
+        if conversion:
+            raise ValueError(f"template field {shown}: conversions (!r, !s, !a) are not allowed")
+        if spec and ("{" in spec or not _FORMAT_SPEC.match(spec)):
+            raise ValueError(
+                f"template field {shown}: format spec {spec!r} is not allowed; expected a standard one "
+                "such as '.2f' or '>10' (width and precision of at most 3 digits, no nested fields)"
+            )
 
 
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")

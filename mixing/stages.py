@@ -57,7 +57,10 @@ def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOp
 
 
 def _files(layout: BuildLayout, source: str) -> list[str]:
-    return pl.read_parquet(layout.source_dir(source) / "index.parquet")["path"].to_list()
+    index = pl.read_parquet(layout.source_dir(source) / "index.parquet")
+    if "skipped" in index.columns:  # paths the index skipped (dangling symlinks, ...) are never read
+        index = index.filter(pl.col("skipped").is_null())
+    return index["path"].to_list()
 
 
 def _sample(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> Iterator[str]:
@@ -92,11 +95,20 @@ def tokenize(
     progress: Progress = lambda _m: None,
     storage_options: StorageOptions = None,
 ) -> TokenizeReport:
-    """Tokenize every indexed file of ``source`` into ``sources/<source>/`` (reusing unchanged chunks)."""
+    """Tokenize every indexed file of ``source`` into ``sources/<source>/`` (reusing unchanged chunks).
+
+    Raises :class:`mixing.documents.DocumentsError` when records were read but none was kept."""
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     files = pl.read_parquet(layout.source_dir(source) / "index.parquet")
     return tokenize_source(
-        source, mix.sources[source], files, tok, layout.source_dir(source), progress, storage_options
+        source,
+        mix.sources[source],
+        files,
+        tok,
+        layout.source_dir(source),
+        progress,
+        storage_options,
+        require_documents=True,  # a source none of whose records is kept fails here, saying why
     )
 
 

@@ -7,8 +7,10 @@ lines), and text pieces between separators (empty pieces between two separators 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,8 @@ from hypothesis import strategies as st
 
 from mixing.documents import open_documents, tokenize_source
 from mixing.mixfile import SourceSpec, TokenizerSpec
-from mixing.tokenizer import load_tokenizer
+from mixing.records import REASONS
+from mixing.tokenizer import TextTokenizer, load_tokenizer, train_bpe
 
 # pyarrow reports a malformed row whose text is not UTF-8 as an "ignored" exception (the reader then
 # falls back to Python's csv); that is expected here, not a test problem.
@@ -138,3 +141,77 @@ def test_separator_counts_identity_and_nothing_valid_lost(tmp_path_factory, file
     spec = SourceSpec(uri="unused", format="text", separator=SEP, max_record_bytes=MAX)
     r = tokenize_source("s", spec, paths, TOK, root / "out")
     _check(r, root / "out", [t for k, _r, t in expected if k == "ok"], [k for k, _r, _t in expected if k != "ok"])
+
+
+# Poison records (issue 15, item 4): arbitrary JSON values, strings with lone surrogates and control
+# characters, arbitrary bytes, JSON nested far deeper than Python's recursion limit, a leading BOM. One
+# record's content never fails the build; every non-blank line is one record, kept or quarantined.
+poison_chars = st.one_of(
+    st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),  # lone surrogates ("\ud800" escapes)
+    st.characters(max_codepoint=0x1F),  # control characters, NUL included
+    st.characters(),
+)
+poison_text = st.text(poison_chars, max_size=20)
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | poison_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(poison_text, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _json_line(value: object, ascii_only: bool) -> bytes:
+    # ensure_ascii=False with a surrogate makes bytes that are not UTF-8 (as some tools write them)
+    return json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+
+
+def _kept_text(value: object) -> str | None:
+    """The document a ``{"text": ...}`` record must become, or None when it must be quarantined."""
+    t = value.get("text") if isinstance(value, dict) else None
+    if not isinstance(t, str) or not t.strip() or any("\ud800" <= c <= "\udfff" for c in t):
+        return None
+    return t
+
+
+poison_lines = st.one_of(
+    st.tuples(st.fixed_dictionaries({"text": poison_text}, optional={"x": json_value}), st.booleans()).map(
+        lambda v: (_json_line(*v), _kept_text(v[0]) if v[1] else None)
+    ),
+    st.tuples(json_value, st.booleans()).map(lambda v: (_json_line(*v), _kept_text(v[0]) if v[1] else None)),
+    st.binary(max_size=40).map(lambda b: (b.replace(b"\n", b" "), None)),
+    st.integers(1_000, 100_000).map(lambda d: (b'{"text": ' + b"[" * d + b"]" * d + b"}", None)),
+    st.integers(1_000, 100_000).map(lambda d: (b"[" * d + b"]" * d, None)),
+)
+
+
+@functools.cache
+def _tokenizers() -> dict[str, TextTokenizer]:
+    out = Path(tempfile.mkdtemp(prefix="weir-bpe-"))
+    train_bpe(['poison records never stop the build. 0123456789 {}[]"' * 20], 300, out / "tokenizer.json")
+    return {"bytes": TOK, "bpe": load_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), out)}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.lists(st.lists(poison_lines, max_size=12), min_size=1, max_size=3),
+    bom=st.booleans(),
+    kind=st.sampled_from(["bytes", "bpe"]),
+)
+def test_poison_records_are_quarantined_never_fatal(tmp_path_factory, files, bom, kind) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("poison")
+    paths, lines = [], 0
+    for i, recs in enumerate(files):
+        content = (b"\xef\xbb\xbf" if bom else b"") + b"".join(raw + b"\n" for raw, _t in recs)
+        (root / f"f{i}.jsonl").write_bytes(content)
+        paths.append(str(root / f"f{i}.jsonl"))
+        lines += sum(1 for raw, _t in recs if raw.strip())
+    spec = SourceSpec(uri="unused", format="jsonl", field="text", metadata=("x",))
+    r = tokenize_source("s", spec, paths, _tokenizers()[kind], root / "out")
+
+    assert r.docs_seen == r.docs_kept + r.docs_quarantined == lines
+    q = [x for x in (root / "out" / "quarantine.jsonl").read_bytes().split(b"\n") if x]
+    assert len(q) == r.docs_quarantined and all(json.loads(x)["reason"] for x in q)
+    assert set(r.quarantine_reasons) <= set(REASONS)
+    if kind == "bytes":  # every kept document is valid text, and every well-formed record is among them
+        ds = open_documents(root / "out")
+        got = iter([bytes(ds.document(i)[:-1].astype(np.uint8)).decode("utf-8") for i in range(len(ds.docs))])
+        assert all(t in got for recs in files for _raw, t in recs if t is not None)  # in order
