@@ -57,7 +57,7 @@ def by_step(loader: PackedLoader | PackedDataset) -> Iterator[dict[str, Any]]:
     the next step's start, so a resume from it (in this world or, at that boundary, any other) continues
     with the next micro-batch.
     """
-    ds = getattr(loader, "dataset", loader)
+    ds: Any = getattr(loader, "dataset", loader)
     schedule = getattr(ds, "schedule", None)
     if schedule is None:
         raise TypeError(f"by_step takes a PackedLoader or PackedDataset, not {type(loader).__name__}")
