@@ -98,9 +98,16 @@ class Verifier:
                 self._jobs[str(path)] = self._pool.submit(self.verify, path, f)
 
     def wait(self, path: Path, f: dict[str, Any]) -> None:
-        """Return once ``path`` is verified (submitting it if need be); raise :class:`CorruptShardError` if not."""
-        self.submit(path, f)
-        self._jobs[str(path)].result()
+        """Return once ``path`` is verified, raise :class:`CorruptShardError` if it is not: its background job's
+        verdict when one was submitted, else verified in the calling thread (it needs the file now anyway;
+        no hand-off to a pool thread)."""
+        if self._pid != os.getpid():
+            self._reset()
+        job = self._jobs.get(str(path))
+        if job is None:
+            self.verify(path, f)
+        else:
+            job.result()
 
     def verify(self, path: Path, f: dict[str, Any]) -> None:
         """Verify ``path`` in the calling thread: this process's verdict, else the node's, else hash it."""
@@ -168,9 +175,9 @@ class VerifiedShardSet(ShardSet):
         if k in self._ready or self.verifier is None:
             return
         self._shard(k)  # opens it: sizes and meta checked (and, when streamed, its files fetched)
-        last = len(self.manifest["shards"]) - 1 if not self.streamed else k  # a remote shard may not be here yet
-        for j in range(k, min(last, k + AHEAD) + 1):
-            self.verifier.submit(*self._file(j, "tokens"))
+        if not self.streamed:  # a remote shard's files are fetched (and hashed) when first read, not before
+            for j in range(k + 1, min(len(self.manifest["shards"]), k + 1 + AHEAD)):
+                self.verifier.submit(*self._file(j, "tokens"))
         self.verifier.wait(*self._file(k, "tokens"))
         self._ready.add(k)
 
