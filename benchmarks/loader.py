@@ -1,7 +1,10 @@
 """``loader_tokens_per_s`` per rank from page cache: weir's PackedDataset (full items, the peers' payload,
 cp=2 and cp=4) beside a raw ``np.memmap`` copy (the ceiling) and peers reading the same packed tokens
 (LitData ``StreamingDataset`` + ``TokensLoader``, megatron-core's ``IndexedDataset``), plus the sampler's
-planning time per step against a stated, plausible training step.
+planning time per step against a stated, plausible training step, and what shard verification
+(``loaders.integrity``) costs: steady-state tokens/s verified vs ``verify=False`` side by side, and a fresh
+dataset's time to its first item and first-pass tokens/s, unverified, verified with no verdict on the node
+yet (every file hashed) and verified with the node's verdicts cached. Timings print the load average.
 
 Peers run in a separate venv (``--peer-python``; their pins need not match ours) through
 ``benchmarks/loader_peers.py``; without one they are reported as not measured. Every reader delivers
@@ -29,6 +32,7 @@ if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import argparse
 import functools
+import os
 import subprocess
 import tempfile
 import time
@@ -42,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from loaders import PackedDataset
 from loaders.balance import assign_ranks, regroup_window
 from loaders.refinement import refine_steps
-from mixing.shards import ShardSet
+from mixing.shards import ShardSet, write_shards
 
 
 def timed(fn, repeat: int, min_s: float = 0.5) -> float:
@@ -78,11 +82,20 @@ def raw_memmap(shards: ShardSet) -> int:
 LEAN = ("input_ids", "cu_seqlens")  # the peers' payload (plus the document boundaries they lack)
 
 
-def weir(build: Path, cp_size: int, cp_rank: int, fields: tuple[str, ...] | None = None, planned: bool = True):
+def weir(
+    build: Path,
+    cp_size: int,
+    cp_rank: int,
+    fields: tuple[str, ...] | None = None,
+    planned: bool = True,
+    verify: bool = True,
+    cache: Path | None = None,
+):
     """A reader over one PackedDataset built once. ``planned``: its steps' plans are kept (each reader has
     its own cache: the readers take turns, and the schedule's shared cache holds 64 steps), so passes time
-    reading only, planning being timed apart in main; else every pass plans its steps again."""
-    ds = PackedDataset(build, 0, 1, cp_rank, cp_size, fields=fields)
+    reading only, planning being timed apart in main; else every pass plans its steps again. ``verify``:
+    shard files checked against the manifest (verdicts under ``cache``), as training does by default."""
+    ds = PackedDataset(build, 0, 1, cp_rank, cp_size, fields=fields, verify=verify, cache_dir=cache)
     start = ds.state_dict()
     plan = functools.partial(type(ds.schedule).assignment.__wrapped__, ds.schedule)  # the uncached planner
     kept = functools.lru_cache(maxsize=None)(plan)
@@ -93,6 +106,61 @@ def weir(build: Path, cp_size: int, cp_rank: int, fields: tuple[str, ...] | None
         return sum(int(item["input_ids"].numel()) for item in ds)
 
     return read
+
+
+def load() -> str:
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def first_pass(build: Path, verify: bool, cache: Path) -> tuple[float, float]:
+    """A fresh dataset (lean fields): seconds from opening it to its first item, and tokens/s of its whole
+    first pass, the opening included (files in page cache; ``cache``: where node verdicts are kept)."""
+    t0 = time.perf_counter()
+    it = iter(PackedDataset(build, 0, 1, fields=LEAN, verify=verify, cache_dir=cache))
+    n = int(next(it)["input_ids"].numel())
+    first = time.perf_counter() - t0
+    n += sum(int(item["input_ids"].numel()) for item in it)
+    return first, n / (time.perf_counter() - t0)
+
+
+def resharded(build: Path, out: Path, shards: int) -> Path:
+    """A copy of ``build``'s shards cut into about ``shards`` shards (so that hashing can run ahead of reading)."""
+    src = ShardSet(build / "shards")
+    offs, segs = src.segments
+    tokens = np.concatenate([src.shard_tokens(k) for k in range(len(src.manifest["shards"]))])
+    own = ("format_version", "seq_len", "sequences", "sequences_per_step", "dtype", "shards")
+    manifest = {k: v for k, v in src.manifest.items() if k not in own}
+    per = max(1, -(-len(src) // shards))
+    write_shards(out / "shards", tokens, src.steps, offs, segs, per, manifest, seg_cost=None, seq_len=tokens.shape[1])
+    return out
+
+
+def verification(build: Path, repeat: int, n_shards: int = 16) -> None:
+    """Print what verifying shard files costs a fresh dataset: time to first item and first-pass tokens/s."""
+    with tempfile.TemporaryDirectory() as tmp:
+        build = resharded(build, Path(tmp) / "build", n_shards)
+        m = ShardSet(build / "shards").manifest
+        size = sum(f["bytes"] for s in m["shards"] for f in s["files"].values())
+        warm = Path(tmp) / "warm"
+        first_pass(build, True, warm)  # the node's verdicts, kept for the "cached" row
+        modes = {
+            "verify=False": lambda k: first_pass(build, False, warm),
+            "verified, no verdict on the node (all hashed)": lambda k: first_pass(build, True, Path(tmp) / f"c{k}"),
+            "verified, the node's verdicts cached": lambda k: first_pass(build, True, warm),
+        }
+        best = {name: (float("inf"), 0.0) for name in modes}
+        for k in range(repeat):  # the modes take turns (shared machine)
+            for name, fn in modes.items():
+                first, rate = fn(k)
+                best[name] = (min(best[name][0], first), max(best[name][1], rate))
+    print(
+        f"\nshard verification, a fresh dataset (fields=input_ids+cu_seqlens; the build cut into {len(m['shards'])}"
+        f" shards, {size / 2**20:.1f} MiB of files,"
+    )
+    print(f" page cache; best of {repeat}; {load()}):")
+    print(f"  {'':46} {'time to first item':>18} {'first-pass tokens/s':>20}")
+    for name, (first, rate) in best.items():
+        print(f"  {name:46} {first * 1e3:15.1f} ms {rate:20,.0f}")
 
 
 def planning(batch: int, dp: int, window: int, period: int = 0, steps: int = 40) -> float:
@@ -166,11 +234,17 @@ def main() -> None:
         "weir cp=2, full item (per rank)": PAYLOAD_FULL + " of S/2 slots",
         "weir cp=4, full item (per rank)": PAYLOAD_FULL + " of S/4 slots",
     }
+    payload["weir cp=1, full item, verify=False"] = PAYLOAD_FULL
+    payload["weir cp=1, fields=input_ids+cu_seqlens, verify=False"] = PAYLOAD_LEAN
+    verdicts = tempfile.TemporaryDirectory()  # node verdicts of the verified readers (not the user's cache)
+    cache = Path(verdicts.name)
     rows = interleaved(
         {
             "raw np.memmap copy (ceiling)": lambda: raw_memmap(shards),
-            "weir cp=1, full item": weir(build, 1, 0),
-            "weir cp=1, fields=input_ids+cu_seqlens": weir(build, 1, 0, LEAN),
+            "weir cp=1, full item": weir(build, 1, 0, cache=cache),
+            "weir cp=1, full item, verify=False": weir(build, 1, 0, verify=False),
+            "weir cp=1, fields=input_ids+cu_seqlens": weir(build, 1, 0, LEAN, cache=cache),
+            "weir cp=1, fields=input_ids+cu_seqlens, verify=False": weir(build, 1, 0, LEAN, verify=False),
             "weir cp=1, fields=input_ids": weir(build, 1, 0, ("input_ids",)),
             "weir cp=1, input_ids+cu_seqlens, planning included": weir(build, 1, 0, LEAN, planned=False),
             "weir cp=2, full item (per rank)": weir(build, 2, 0),
@@ -207,7 +281,16 @@ def main() -> None:
     for name, value in sorted(rows.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0.0):
         print(f"{name:52} {value:20,.0f}  {payload[name]}")
     print("(best of --repeat samples of >= 0.5 s; weir's readers and the ceiling take turns, the peers run next;")
-    print(f" weir's rows reuse their step plans except 'planning included': {m['global_batch']} sequences per step)")
+    print(f" weir's rows reuse their step plans except 'planning included': {m['global_batch']} sequences per step;")
+    print(f" weir's rows verify shard files (the default) unless marked verify=False; {load()})")
+    for name in ("weir cp=1, full item", "weir cp=1, fields=input_ids+cu_seqlens"):
+        ratio = rows[name] / rows[f"{name}, verify=False"]
+        print(
+            f"steady state, {name}: verified {rows[name]:,.0f} vs verify=False {rows[f'{name}, verify=False']:,.0f}"
+            f" tokens/s = {ratio:.3f}x"
+        )
+    verdicts.cleanup()
+    verification(build, args.repeat)
     t0 = time.perf_counter()
     ds = PackedDataset(build, 0, 8 if len(shards) % 8 == 0 and m["global_batch"] % 8 == 0 else 1)
     n_plan = sum(1 for _ in ds.plan())

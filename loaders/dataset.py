@@ -26,11 +26,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loaders.chunk import ChunkBuilder
 from loaders.context_parallel import split
 from loaders.fields import FIELDS, IGNORE_INDEX, check_fields
+from loaders.integrity import VerifiedShardSet, verifier_for
 from loaders.refinement import SLACK
 from loaders.schedule import Schedule
 from loaders.state import LoaderState, StateError
 from loaders.world import World
-from mixing.shards import ShardSet
 
 __all__ = ["FIELDS", "IGNORE_INDEX", "SHARED_CONTEXTS", "PackedDataset"]
 
@@ -59,6 +59,11 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     :data:`loaders.fields.FIELDS`); a trainer that rebuilds labels and positions on its device
     (:mod:`loaders.targets`) asks for ``("input_ids", "cu_seqlens")`` and the loader writes only those.
     With ``cp_size > 1`` ``labels`` must stay (a CP chunk's last label is a token another CP rank holds).
+    ``verify`` (default True): every shard file is checked against the manifest's size and sha256 before
+    any of its data is used, raising :class:`loaders.integrity.CorruptShardError` naming a damaged one;
+    hashed in the background ahead of the reader, once per node (verdicts cached under ``cache_dir``,
+    default ``~/.cache/weir``), see :mod:`loaders.integrity`. ``verify=False`` trusts the files as they are
+    (files fetched from object storage are checked on download either way).
 
     Items (torch tensors, ``n`` slots for this CP rank; ``n = S`` when ``cp_size == 1``):
 
@@ -99,6 +104,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         cache_dir: str | Path | None = None,
         cache_bytes: int = 8 << 30,
         storage_options: dict[str, Any] | None = None,
+        verify: bool = True,
     ) -> None:
         super().__init__()
         if dp_rank is None or dp_size is None:
@@ -108,7 +114,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             cp_rank = detected.cp_rank if cp_rank is None else cp_rank
         self.world = World(dp_rank, dp_size, cp_rank or 0, cp_size)
         self.fields = check_fields(fields, cp_size)
-        self.shards, manifest_bytes = _open(path, cache_dir, cache_bytes, storage_options)
+        self.shards, manifest_bytes = _open(path, cache_dir, cache_bytes, storage_options, verify)
         m = self.shards.manifest
         self.seq_len, self.global_batch = int(m["seq_len"]), int(m["global_batch"])
         self.pad_id = int(m.get("pad_id", 0))
@@ -165,7 +171,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         mine = itertools.islice(self.plan(), offset, None, stride)  # worker w: items w, w + stride, …
         per_rank, equal = self.per_rank, self.micro_batches == "equal"
         # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
-        whole = type(self.shards) is ShardSet
+        whole = not self.shards.streamed
         share = info is not None and bool(self.schedule.slack)  # see Schedule.shared_contexts
         shared_step = -1  # once per step is enough: the main process keeps what it was given
         while chunk := list(itertools.islice(mine, self.chunk)):
@@ -188,7 +194,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     def item(self, i: int) -> dict[str, Any]:
         """Global sequence ``i`` cut for this CP rank (without ``step``/``slot``)."""
-        view = self.shards.sequence(i)
+        view = self.shards.verified_sequence(i)
         S = self.seq_len
         lens = np.asarray(view.segments[:, 3], dtype=np.int64)
         used = int(lens.sum())
@@ -273,13 +279,18 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
 
 def _open(
-    path: str | Path, cache_dir: str | Path | None, cache_bytes: int, storage_options: dict[str, Any] | None
-) -> tuple[ShardSet, bytes]:
+    path: str | Path,
+    cache_dir: str | Path | None,
+    cache_bytes: int,
+    storage_options: dict[str, Any] | None,
+    verify: bool,
+) -> tuple[VerifiedShardSet, bytes]:
     """The build's shards and the manifest's bytes (the build's identity)."""
+    verifier = verifier_for(verify, cache_dir)
     if isinstance(path, str) and "://" in path and not path.startswith("file://"):
         from loaders.remote import open_remote
 
-        return open_remote(path, cache_dir, cache_bytes, storage_options)
+        return open_remote(path, cache_dir, cache_bytes, storage_options, verifier)
     root = Path(str(path).removeprefix("file://"))
-    shards = ShardSet(root / "shards" if (root / "shards" / "manifest.json").exists() else root)
+    shards = VerifiedShardSet(root / "shards" if (root / "shards" / "manifest.json").exists() else root, verifier)
     return shards, (shards.dir / "manifest.json").read_bytes()

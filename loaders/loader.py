@@ -16,6 +16,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from loaders.dataset import SHARED_CONTEXTS, PackedDataset
+from mixing.errors import WeirError
 
 __all__ = ["PackedLoader"]
 
@@ -41,11 +42,14 @@ class PackedLoader(DataLoader):
             self.dataset.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
             self._last = None
         schedule = self.dataset.schedule  # type: ignore[attr-defined]
-        for item in super().__iter__():
-            for first_step, context in item.pop(SHARED_CONTEXTS, {}).items():
-                schedule.seed_context(first_step, context)  # so that state_dict() refines nothing here
-            self._last = (int(item["step"]), int(item["slot"]))
-            yield item
+        try:
+            for item in super().__iter__():
+                for first_step, context in item.pop(SHARED_CONTEXTS, {}).items():
+                    schedule.seed_context(first_step, context)  # so that state_dict() refines nothing here
+                self._last = (int(item["step"]), int(item["slot"]))
+                yield item
+        except WeirError as e:
+            raise _one_line(e) from None
 
     def state_dict(self) -> dict[str, Any]:
         """Position just after the last item this loader handed to its consumer."""
@@ -56,3 +60,17 @@ class PackedLoader(DataLoader):
         """Resume at ``state`` (see :meth:`PackedDataset.load_state_dict`); takes effect at the next ``iter``."""
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
         self._last = None
+
+
+def _one_line(e: WeirError) -> WeirError:
+    """``e`` as its own one-line message: a worker's error comes back as the text of its whole traceback,
+    whose last line is ``module.Class: message``."""
+    text = str(e).rstrip()
+    if "Original Traceback" not in text:
+        return e
+    last = text.splitlines()[-1]
+    name = f"{type(e).__module__}.{type(e).__qualname__}: "
+    try:
+        return type(e)(last.removeprefix(name))
+    except Exception:
+        return e

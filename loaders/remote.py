@@ -1,7 +1,8 @@
 """Builds on object storage (``s3://…`` or any fsspec URI), streamed through a bounded local cache.
 
 A shard's files are fetched whole (under a temporary name, size and sha256 checked against the manifest,
-then renamed) the first time one of its sequences is read, and memory-mapped like a local build. When
+then renamed) the first time one of its sequences is read, and memory-mapped like a local build; a file
+already in the cache is hashed before use like a local one (:mod:`loaders.integrity`). When
 fetching would push the cache past ``cache_bytes``, the least recently used shards are deleted first (a
 mapping still open stays valid on POSIX; the shard is fetched again if read again). The bound holds per
 process: each DataLoader worker gets its own sub-folder, so no process deletes a file another is opening.
@@ -18,18 +19,22 @@ from typing import Any
 import fsspec
 import numpy as np
 
+from loaders.integrity import CorruptShardError, VerifiedShardSet, Verifier
 from mixing.layout import atomic_path
 from mixing.shards import ShardError, ShardSet, sha256_file
 
 __all__ = ["RemoteShardSet", "open_remote"]
 
 
-class RemoteShardSet(ShardSet):
+class RemoteShardSet(VerifiedShardSet):
     """A :class:`~mixing.shards.ShardSet` whose shard files live at ``remote`` on ``fs`` and are cached in
-    ``local`` (which holds ``manifest.json``), at most ``cache_bytes`` of shard files at a time."""
+    ``local`` (which holds ``manifest.json``), at most ``cache_bytes`` of shard files at a time. Fetched
+    files are always checked; ``verifier`` (None: off) checks those found already in the cache."""
 
-    def __init__(self, local: Path, fs: Any, remote: str, cache_bytes: int) -> None:
-        super().__init__(local)
+    streamed = True
+
+    def __init__(self, local: Path, fs: Any, remote: str, cache_bytes: int, verifier: Verifier | None) -> None:
+        super().__init__(local, verifier)
         self.fs, self.remote, self.cache_bytes = fs, remote.rstrip("/"), cache_bytes
         self._cached: OrderedDict[int, int] = OrderedDict()  # shard → bytes on disk, least recent first
         self._pid = os.getpid()
@@ -60,7 +65,7 @@ class RemoteShardSet(ShardSet):
             mine.mkdir(parents=True, exist_ok=True)
             (mine / "manifest.json").write_bytes(manifest)
             ShardSet.__init__(self, mine)  # re-open every reader state on the new folder
-            self._pid, self._cached = os.getpid(), OrderedDict()
+            self._pid, self._cached, self._ready = os.getpid(), OrderedDict(), set()
             # async filesystems (s3fs) are not fork-safe: a fresh instance, not the parent's cached one
             self.fs = type(self.fs)(**self.fs.storage_options, skip_instance_cache=True)
 
@@ -81,25 +86,41 @@ class RemoteShardSet(ShardSet):
         dest = self.dir / f["name"]
         if dest.exists() and dest.stat().st_size == int(f["bytes"]):
             return
+        url = f"{self.remote}/{f['name']}"
         with atomic_path(dest) as tmp:
-            self.fs.get(f"{self.remote}/{f['name']}", str(tmp))
-            if tmp.stat().st_size != int(f["bytes"]) or sha256_file(tmp) != f["sha256"]:
-                raise ShardError(f"{self.remote}/{f['name']}: size or sha256 differs from the manifest")
+            self.fs.get(url, str(tmp))
+            size, name = tmp.stat().st_size, self.fs.unstrip_protocol(url)  # s3://bucket/…, as the user wrote it
+            if size != int(f["bytes"]):
+                raise CorruptShardError(
+                    f"{name}: {size} bytes, the manifest records {f['bytes']} (truncated or rewritten)"
+                )
+            digest = sha256_file(tmp)
+            if digest != f["sha256"]:
+                raise CorruptShardError(
+                    f"{name}: sha256 {digest}, the manifest records {f['sha256']} (damaged shard file)"
+                )
+        if self.verifier is not None:
+            self.verifier.trust(dest, f)  # just hashed
 
     def _evict(self, k: int) -> None:
         self._cached.pop(k)
+        self._ready.discard(k)
         self._open.pop(k, None)
         for f in self.manifest["shards"][k]["files"].values():
             (self.dir / f["name"]).unlink(missing_ok=True)
 
 
 def open_remote(
-    uri: str, cache_dir: str | Path | None, cache_bytes: int, storage_options: dict[str, Any] | None = None
+    uri: str,
+    cache_dir: str | Path | None,
+    cache_bytes: int,
+    storage_options: dict[str, Any] | None = None,
+    verifier: Verifier | None = None,
 ) -> tuple[RemoteShardSet, bytes]:
     """The shards of the build at ``uri`` (a build folder or its ``shards`` folder) and the manifest's bytes.
 
     The cache lives in ``cache_dir`` (default ``~/.cache/weir``) under the manifest's sha256 and this
-    process's id.
+    process's id; ``verifier`` checks files found there before use (None: trusted by their size).
     """
     fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
     root = root.rstrip("/")
@@ -114,4 +135,4 @@ def open_remote(
     local.mkdir(parents=True, exist_ok=True)
     with atomic_path(local / "manifest.json") as tmp:
         tmp.write_bytes(manifest)
-    return RemoteShardSet(local, fs, base, cache_bytes), manifest
+    return RemoteShardSet(local, fs, base, cache_bytes, verifier), manifest

@@ -8,11 +8,14 @@ With ``balance.micro_batches: unequal`` DP ranks read different numbers of a ste
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from loaders.dataset import PackedDataset
+    from loaders.loader import PackedLoader
 
 __all__ = ["by_step", "concat"]
 
@@ -45,8 +48,25 @@ def concat(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def by_step(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """:func:`concat` of each step's consecutive items (a :class:`~loaders.loader.PackedLoader` yields a rank's
-    items step by step, so its state after a micro-batch is just after that step's last item)."""
-    for _, group in itertools.groupby(items, key=lambda it: int(it["step"])):
-        yield concat(list(group))
+def by_step(loader: PackedLoader | PackedDataset) -> Iterator[dict[str, Any]]:
+    """:func:`concat` of each step's items of ``loader`` (a :class:`~loaders.loader.PackedLoader` or a
+    :class:`~loaders.dataset.PackedDataset` iterated in this process), this rank's share of every step.
+
+    A micro-batch is yielded as soon as its step's last item arrives (the schedule says how many items
+    this rank reads in each step), never after reading ahead: ``loader.state_dict()`` after each one is
+    the next step's start, so a resume from it (in this world or, at that boundary, any other) continues
+    with the next micro-batch.
+    """
+    ds: Any = getattr(loader, "dataset", loader)
+    schedule = getattr(ds, "schedule", None)
+    if schedule is None:
+        raise TypeError(f"by_step takes a PackedLoader or PackedDataset, not {type(loader).__name__}")
+    group: list[dict[str, Any]] = []
+    for item in loader:
+        group.append(item)
+        step = int(item["step"])
+        if int(item["slot"]) + 1 == schedule.count(step, ds.dp_size, ds.dp_rank):
+            yield concat(group)
+            group = []
+    if group:  # cannot happen with a whole stream; kept rather than dropped
+        yield concat(group)

@@ -1,4 +1,5 @@
-"""A tiny build (bytes tokenizer, S=64, 4 sequences per step, 8 steps in two phases), built once per session."""
+"""A tiny build (bytes tokenizer, S=64, 4 sequences per step, 8 steps in two phases), built once per session,
+and the same with 8 sequences per shard."""
 
 from __future__ import annotations
 
@@ -19,6 +20,23 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = base / "build"
     subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "build", str(base / "tiny.yaml"), "--out", str(out)],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def sharded_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny mix built with 8 sequences per shard (so that the cache has something to evict)."""
+    base = tmp_path_factory.mktemp("sharded")
+    write_tiny_sources(base / "data")
+    (base / "tiny.yaml").write_text(TINY_MIX.format(root=base / "data"))
+    code = "import sys, mixing.packed as p; p._SHARD_TOKENS = 8 * 64; from pipelines.cli import app; app(sys.argv[1:])"
+    out = base / "build"
+    subprocess.run(
+        [sys.executable, "-c", code, "build", str(base / "tiny.yaml"), "--out", str(out)],
         check=True,
         cwd=ROOT,
         capture_output=True,

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from loaders import PackedDataset, PackedLoader
-from tests.conftest import ROOT, TINY_MIX, moto_endpoint, write_tiny_sources
+from tests.conftest import moto_endpoint
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +26,6 @@ def s3() -> Iterator[dict]:
             "s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
         ).create_bucket(Bucket="weir-test")
         yield {"fs": s3fs.S3FileSystem(**opts), "opts": opts}
-
-
-@pytest.fixture(scope="module")
-def sharded_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny mix built with 8 sequences per shard (so that the cache has something to evict)."""
-    base = tmp_path_factory.mktemp("sharded")
-    write_tiny_sources(base / "data")
-    (base / "tiny.yaml").write_text(TINY_MIX.format(root=base / "data"))
-    code = "import sys, mixing.packed as p; p._SHARD_TOKENS = 8 * 64; from pipelines.cli import app; app(sys.argv[1:])"
-    out = base / "build"
-    subprocess.run(
-        [sys.executable, "-c", code, "build", str(base / "tiny.yaml"), "--out", str(out)],
-        check=True,
-        cwd=ROOT,
-        capture_output=True,
-    )
-    return out
 
 
 def test_s3_stream_equals_the_local_stream_within_the_cache_bound(
@@ -88,3 +70,29 @@ def test_s3_with_workers_each_in_its_own_cache_folder(s3: dict, sharded_build: P
     got = [i["sequence"] for i in PackedLoader(remote, num_workers=2)]
     assert got == local
     assert len([p for p in next(tmp_path.iterdir()).iterdir() if (p / "manifest.json").exists()]) == 3
+
+
+def test_s3_damaged_object_or_cached_file_is_named_before_its_tokens(
+    s3: dict, sharded_build: Path, tmp_path: Path
+) -> None:
+    from loaders.integrity import CorruptShardError
+    from tests.loaders.test_integrity import DAMAGED, copy_shards, flip_bit, shard_file
+
+    root = copy_shards(sharded_build, tmp_path / "damaged")
+    flip_bit(shard_file(root, DAMAGED, "tokens.npy"))
+    s3["fs"].put(str(root / "shards"), "weir-test/damaged/shards", recursive=True)
+    opts = {"cache_dir": tmp_path / "c1", "storage_options": s3["opts"], "chunk": 4}
+    with pytest.raises(
+        CorruptShardError, match=rf"s3://weir-test/damaged/shards/shard-0000{DAMAGED}\.tokens\.npy: sha256"
+    ):
+        list(PackedLoader(PackedDataset("s3://weir-test/damaged", 0, 1, **opts), num_workers=2))
+    # a sound bucket, but a damaged file of the right size already in this process's cache folder
+    s3["fs"].put(str(sharded_build / "shards"), "weir-test/sound/shards", recursive=True)
+    ds = PackedDataset("s3://weir-test/sound", 0, 1, cache_dir=tmp_path / "c2", storage_options=s3["opts"])
+    stale = ds.shards.dir / shard_file(root, DAMAGED, "tokens.npy").name
+    stale.write_bytes(shard_file(root, DAMAGED, "tokens.npy").read_bytes())
+    seen = []
+    with pytest.raises(CorruptShardError, match=re.escape(str(stale)) + ": sha256"):
+        for item in ds:
+            seen.append(item["sequence"])
+    assert len(seen) == 8 * DAMAGED  # every item before that shard, none of it
