@@ -34,7 +34,10 @@ class PackedLoader(DataLoader):
 
     def __init__(self, dataset: PackedDataset, **kwargs: Any) -> None:
         if kwargs.pop("batch_size", None) is not None:
-            raise ValueError("PackedLoader yields one packed sequence per item; batch_size must stay None")
+            raise ValueError(
+                "PackedLoader yields one packed sequence per item; batch_size must stay None (for a step's "
+                "sequences stacked [B, S] or as one varlen micro-batch, iterate loaders.StepLoader(loader))"
+            )
         if kwargs.get("persistent_workers"):
             # persistent workers keep their own copy of the position, so a resumed pass would not reach them
             raise ValueError("PackedLoader does not support persistent_workers=True (its state lives in the workers)")
