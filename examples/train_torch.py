@@ -72,6 +72,13 @@ def document_mask(cu_seqlens: torch.Tensor, n: int) -> torch.Tensor:
     return causal & (doc[:, None] == doc[None, :])
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP's wrapper (what a checkpoint holds, so that any world loads it)."""
+    inner = getattr(model, "module", model)
+    assert isinstance(inner, nn.Module)
+    return inner
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("build", help="a weir build folder (or its shards folder, or an s3:// URI)")
@@ -111,7 +118,7 @@ def main() -> None:
         path = latest if args.resume == "latest" else Path(args.resume)
         assert path is not None, f"no checkpoint in {run / 'checkpoints'}"
         ckpt = torch.load(path, weights_only=False)
-        (model.module if distributed else model).load_state_dict(ckpt["model"])  # type: ignore[operator]
+        unwrap(model).load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         sched.load_state_dict(ckpt["scheduler"])
         # same world: this rank's own state; another world: any of them (all are step boundaries)
@@ -164,7 +171,7 @@ def save(
         dist.all_gather_object(states, steps.state_dict())
     if rank == 0:
         ckpt = {
-            "model": (model.module if ddp else model).state_dict(),  # type: ignore[operator]
+            "model": unwrap(model).state_dict(),
             "optimizer": opt.state_dict(),
             "scheduler": sched.state_dict(),
             "loader": states,
