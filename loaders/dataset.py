@@ -9,6 +9,9 @@ Training code imports this (and never Dagster)::
     # cp_size 1, labels and positions made on the GPU (loaders.targets): the loader writes 8 bytes per token
     lean = PackedDataset("build/demo", fields=("input_ids", "cu_seqlens"))
     ckpt["loader"] = loader.state_dict()                  # exact, also with workers; elastic across worlds
+    ds.facts.steps, ds.facts.vocab_size, ds.facts.pad_id  # the run's facts (loaders.facts), typed
+
+One optimizer step at a time (stacked or variable-length micro-batches): :mod:`loaders.steps`.
 """
 
 from __future__ import annotations
@@ -25,16 +28,22 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders.chunk import ChunkBuilder
 from loaders.context_parallel import split
+from loaders.facts import RunFacts
 from loaders.fields import FIELDS, IGNORE_INDEX, check_fields
 from loaders.integrity import VerifiedShardSet, verifier_for
 from loaders.refinement import SLACK
 from loaders.schedule import Schedule
 from loaders.state import LoaderState, StateError
 from loaders.world import World
+from mixing.errors import WeirError
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "SHARED_CONTEXTS", "PackedDataset"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "SHARED_CONTEXTS", "ExhaustedError", "PackedDataset"]
 
 SHARED_CONTEXTS = "_schedule_contexts"  # key of what a worker passes to PackedLoader (which removes it)
+
+
+class ExhaustedError(WeirError, RuntimeError):
+    """Iterating a loader whose position is past the build's last step (a second pass, which would be empty)."""
 
 
 class PackedDataset(IterableDataset[dict[str, Any]]):
@@ -68,7 +77,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     Items (torch tensors, ``n`` slots for this CP rank; ``n = S`` when ``cp_size == 1``):
 
     - ``input_ids`` int64 [n] (``pad_id`` in padding slots), ``labels`` int64 [n] (next token inside the
-      same document, else -100), ``position_ids`` int64 [n] (0-based inside the document, 0 in padding),
+      same document, else -100), ``position_ids`` int64 [n] (0-based inside the document; the trailing
+      padding is a segment of its own and counts 0, 1, …; CP padding slots, ``indices == -1``, hold 0),
     - ``indices`` int64 [n]: position of each slot in the full sequence, -1 for CP padding,
     - ``cu_seqlens`` int32 [k+1]: the full sequence's k segments (trailing padding is its own segment),
     - ``cu_seqlens_padded`` int32 [k+1]: the same with each segment padded for the CP split (a multiple of
@@ -79,6 +89,13 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     Treat items as read-only: the tensors are views of arrays shared by a chunk of items (reused once none
     of them is referenced) and ``indices`` may be one tensor shared by all items.
+
+    ``seed`` (default: the mix file's ``seed``, recorded in the manifest; 0 for builds that lack it) permutes
+    which DP rank reads which balanced share of a step and the order of a rank's sequences.
+    ``facts``: the run's facts (:class:`loaders.facts.RunFacts`: steps, vocab_size, eos_id, pad_id, …).
+
+    One pass is the whole training run: iterating again once every step was read raises
+    :class:`ExhaustedError` (it would silently yield nothing); :meth:`rewind` starts another pass on purpose.
 
     Deterministic for the same build, seed, window and world. ``state_dict()`` after n items (iterated in
     this process) and ``load_state_dict()`` on a fresh dataset continue with item n+1; with DataLoader
@@ -92,7 +109,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         dp_size: int | None = None,
         cp_rank: int | None = None,
         cp_size: int = 1,
-        seed: int = 0,
+        seed: int | None = None,
         *,
         window: int | None = None,
         period: int | None = None,
@@ -125,11 +142,13 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         window = int(regroup.get("window", 1)) if window is None else window
         period = int(regroup.get("period", 0)) if period is None else period
         slack = float(regroup.get("slack", SLACK)) if slack is None else slack
+        seed = int(m.get("seed") or 0) if seed is None else seed
         self.seed, self.window, self.cp_split = seed, window, cp_split
         self.period = period
         self.micro_batches = micro_batches or str(m.get("micro_batches", "equal"))
         self.schedule = Schedule(self.shards, window, seed, period, self.micro_batches, slack)
         self.schedule.check_world(dp_size)
+        self.facts = RunFacts.from_manifest(m, self.schedule.steps, int(self.shards.seq_tokens.sum()))
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
         self._step, self._consumed = 0, 0  # position: next item to yield
         # items built together: ~2 MiB per array (cache-sized), at most 64 items
@@ -146,6 +165,28 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def per_rank(self) -> int:
         """Sequences each DP rank reads per step (on average when ``micro_batches == "unequal"``)."""
         return self.global_batch // self.dp_size
+
+    def count(self, step: int) -> int:
+        """Sequences this DP rank reads in training ``step`` (``per_rank`` unless ``micro_batches == "unequal"``)."""
+        return self.schedule.count(step, self.dp_size, self.dp_rank)
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every step was read (the position is past the last step of a non-empty build)."""
+        return 0 < self.schedule.steps <= self._step
+
+    def rewind(self) -> None:
+        """Start another pass over the whole build, from step 0 (a run trained on the build twice)."""
+        self._step, self._consumed = 0, 0
+
+    def check_not_exhausted(self) -> None:
+        """Raise :class:`ExhaustedError` when :attr:`exhausted` (what ``iter`` does first)."""
+        if self.exhausted:
+            raise ExhaustedError(
+                f"{self.shards.url}: all {self.schedule.steps} steps of this build were already read; a build is one "
+                "pass of the training run, so another pass would be empty: call rewind() to read it again from "
+                "step 0, or load_state_dict() a saved state"
+            )
 
     def __len__(self) -> int:
         if self.micro_batches == "equal":
@@ -166,6 +207,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         return np.array([s for _, _, s in self.plan()], dtype=np.int64)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.check_not_exhausted()
         info = get_worker_info()
         stride, offset = (1, 0) if info is None else (info.num_workers, info.id)
         mine = itertools.islice(self.plan(), offset, None, stride)  # worker w: items w, w + stride, …
@@ -237,7 +279,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self._step, self._consumed = (step + 1, 0) if last else (step, slot + 1)
 
     def state_at(self, step: int, slot: int) -> dict[str, Any]:
-        """The state just after item ``(step, slot)`` was delivered (what :class:`PackedLoader` saves)."""
+        """The state just after item ``(step, slot)`` was delivered (what :class:`PackedLoader` saves); with
+        ``slot == -1``, the state at the start of ``step`` (a step boundary: it resumes on any world)."""
         saved = (self._step, self._consumed)
         try:
             self._advance(step, slot)

@@ -25,12 +25,19 @@ class PackedLoader(DataLoader):
     """``DataLoader(dataset, batch_size=None, ...)`` with exact ``state_dict()``/``load_state_dict()``.
 
     Items are single sequences (``batch_size=None``: varlen sequences are not stacked); other keyword
-    arguments (``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers`` …) pass through.
+    arguments (``num_workers``, ``pin_memory``, ``prefetch_factor`` …) pass through. For one optimizer step
+    at a time (stacked or variable-length), wrap it in :class:`loaders.steps.StepLoader`.
+
+    A new ``iter`` continues where the consumer stopped; once the whole build was read it raises
+    :class:`loaders.dataset.ExhaustedError` (call :meth:`rewind` for another pass).
     """
 
     def __init__(self, dataset: PackedDataset, **kwargs: Any) -> None:
         if kwargs.pop("batch_size", None) is not None:
-            raise ValueError("PackedLoader yields one packed sequence per item; batch_size must stay None")
+            raise ValueError(
+                "PackedLoader yields one packed sequence per item; batch_size must stay None (for a step's "
+                "sequences stacked [B, S] or as one varlen micro-batch, iterate loaders.StepLoader(loader))"
+            )
         if kwargs.get("persistent_workers"):
             # persistent workers keep their own copy of the position, so a resumed pass would not reach them
             raise ValueError("PackedLoader does not support persistent_workers=True (its state lives in the workers)")
@@ -41,6 +48,7 @@ class PackedLoader(DataLoader):
         if self._last is not None:  # a new pass continues where the consumer stopped, with workers or without
             self.dataset.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
             self._last = None
+        self.dataset.check_not_exhausted()  # type: ignore[attr-defined]
         schedule = self.dataset.schedule  # type: ignore[attr-defined]
         try:
             for item in super().__iter__():
@@ -55,6 +63,11 @@ class PackedLoader(DataLoader):
         """Position just after the last item this loader handed to its consumer."""
         ds: PackedDataset = self.dataset  # type: ignore[assignment]
         return ds.state_dict() if self._last is None else ds.state_at(*self._last)
+
+    def rewind(self) -> None:
+        """Start another pass over the whole build, from step 0 (see :meth:`PackedDataset.rewind`)."""
+        self.dataset.rewind()  # type: ignore[attr-defined]
+        self._last = None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state`` (see :meth:`PackedDataset.load_state_dict`); takes effect at the next ``iter``."""

@@ -132,6 +132,8 @@ class _Manifest(BaseModel):
     mix: str | None = None
     global_batch: _Pos | None = None
     pad_id: _NonNeg | None = None
+    eos_id: _NonNeg | None = None
+    seed: _NonNeg | None = None  # the mix file's seed (the loader's default seed)
     vocab_size: _Pos | None = None
     cost: _Cost | None = None
     steps: _NonNeg | None = None
@@ -151,8 +153,10 @@ class _Manifest(BaseModel):
             at += s.sequences
         if at != self.sequences:
             raise ValueError(f"sequences is {self.sequences} but the shards hold {at}")
-        if self.pad_id is not None and self.vocab_size is not None and self.pad_id >= self.vocab_size:
-            raise ValueError(f"pad_id {self.pad_id} is not below vocab_size {self.vocab_size}")
+        for name in ("pad_id", "eos_id"):
+            value = getattr(self, name)
+            if value is not None and self.vocab_size is not None and value >= self.vocab_size:
+                raise ValueError(f"{name} {value} is not below vocab_size {self.vocab_size}")
         per_step = self.sequences_per_step
         if per_step is not None and self.global_batch is not None and per_step != self.global_batch:
             raise ValueError(f"global_batch {self.global_batch} but the shards hold {per_step} sequences per step")

@@ -78,6 +78,7 @@ def write_packed(
     vocab_size: int,
     pad_id: int,
     *,
+    eos_id: int | None = None,
     on_shard: Callable[[int], None] = lambda _k: None,
     out: str | Path | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -115,6 +116,8 @@ def write_packed(
         "tokenizer_fingerprint": tokenizer_fingerprint,
         "vocab_size": vocab_size,
         "pad_id": pad_id,
+        "eos_id": eos_id,  # documents end with it (unless the mix says eos: false); pad_id differs when it can
+        "seed": mix.seed,  # the mix's seed: the loader's default, so that one seed fixes the whole run
         "global_batch": mix.sequence.global_batch,
         "cost": mix.balance.cost.model_dump(),
         "micro_batches": mix.balance.micro_batches,

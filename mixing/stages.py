@@ -148,7 +148,8 @@ def pack(mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     cost = (mix.balance.cost.attention, mix.balance.cost.linear)
     packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost)
-    return write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, tok.eos_id, on_shard=on_shard)
+    pad, eos = tok.pad_id, tok.eos_id
+    return write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, pad, eos_id=eos, on_shard=on_shard)
 
 
 def fingerprints(mix: Mix, layout: BuildLayout) -> dict[str, str]:

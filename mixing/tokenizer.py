@@ -5,6 +5,12 @@ prepends a BOS id when it says ``bos: true``, and has a ``fingerprint`` (sha256 
 output, BOS/EOS included), which is part of every downstream fingerprint (chunk keys, ``docs.parquet``'s
 ``tokenizer`` column, the shard manifest). ``encode_flat`` is the pipeline's fast path: one uint32 array
 and the lengths, no per-document Python lists kept.
+
+``pad_id`` fills the slots of a packed sequence after its last document. It is the tokenizer's own pad
+token when it has one (a Hugging Face ``tokenizer.json``'s ``padding.pad_id``, else its special token named
+"pad" in any dressing: ``<pad>``, ``[PAD]``, ``<|pad|>``, ``<｜▁pad▁｜>``), so that ``input_ids == pad_id``
+never hits a document's EOS. A tokenizer without one (the trained BPE, ``bytes``, tiktoken's encodings) pads
+with its EOS id: mask padding with ``labels == -100`` (the loader's labels) or ``num_tokens``, never by id.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +39,11 @@ class TextTokenizer(Protocol):
     vocab_size: int
     eos_id: int
     fingerprint: str
+
+    @property
+    def pad_id(self) -> int:
+        """The id that fills a packed sequence's slots after its last document (see the module's docstring)."""
+        ...
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, BOS/EOS added as the spec says; deterministic."""
@@ -61,6 +73,12 @@ class _Bounded:
     add_eos: bool = True
     vocab_size: int
     _base_fp: str
+    _pad: int | None = None  # the tokenizer's own pad token, if it has one
+
+    @property
+    def pad_id(self) -> int:
+        """The id padding slots hold: the tokenizer's pad token, else its EOS id (see the module's docstring)."""
+        return self.eos_id if self._pad is None else self._pad
 
     def _bounds(self, spec: TokenizerSpec, token_id: Callable[[str], int | None]) -> None:
         self.add_eos = spec.eos
@@ -70,7 +88,10 @@ class _Bounded:
             if bos is None:
                 raise TokenizerError(f"tokenizer has no BOS token {name!r}; set tokenizer.bos_token to one it has")
             self.bos_id = bos
-        self.fingerprint = _sha(f"{self._base_fp}|bos={self.bos_id}|eos={self.eos_id if spec.eos else None}".encode())
+        pad = "" if self._pad is None else f"|pad={self._pad}"  # absent without a pad token: fingerprints as before
+        self.fingerprint = _sha(
+            f"{self._base_fp}|bos={self.bos_id}|eos={self.eos_id if spec.eos else None}{pad}".encode()
+        )
 
     def _raw(self, texts: Sequence[str]) -> Iterable[list[int]]:
         raise NotImplementedError
@@ -144,7 +165,9 @@ class _HFTokenizer(_Bounded):
             raise TokenizerError(f"{path}: no token {eos_token!r} to end documents with; set tokenizer.eos_token")
         self.eos_id = eos
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self._base_fp = _sha(path.read_bytes())
+        data = path.read_bytes()
+        self._base_fp = _sha(data)
+        self._pad = _pad_token(json.loads(data), eos)
         self._bounds(spec, self._tok.token_to_id)
 
     def _raw(self, texts: Sequence[str]) -> Iterable[list[int]]:
@@ -211,6 +234,19 @@ class _BytesTokenizer(_Bounded):
 
     def _raw(self, texts: Sequence[str]) -> Iterable[list[int]]:
         return (list(t.encode("utf-8")) for t in texts)
+
+
+def _pad_token(config: dict[str, Any], eos: int) -> int | None:
+    """The pad id of a ``tokenizer.json`` (parsed): its ``padding.pad_id``, else the first special added token
+    whose name, without brackets, bars and "▁", is "pad"; None when it has neither or it is the EOS."""
+    padding = config.get("padding")
+    found = padding.get("pad_id") if isinstance(padding, dict) else None
+    if not isinstance(found, int):
+        for tok in config.get("added_tokens") or []:
+            if tok.get("special") and re.sub(r"[\W_▁]", "", str(tok.get("content", ""))).lower() == "pad":
+                found = int(tok["id"])
+                break
+    return found if isinstance(found, int) and found != eos else None
 
 
 def _sha(b: bytes) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loaders import PackedDataset, PackedLoader, varlen
+from loaders import ExhaustedError, PackedDataset, PackedLoader, varlen
 from tests.loaders.test_micro_batches import budget_build
 
 
@@ -36,9 +36,11 @@ def test_state_after_every_micro_batch_is_a_step_boundary_that_resumes_the_rest(
         states.append(first.state_dict())
     steps = first.dataset.schedule.steps if isinstance(first, PackedLoader) else first.schedule.steps
     assert [s for s, *_ in whole] == list(range(steps))
-    for k, state in enumerate(states):
+    for k, state in enumerate(states[:-1]):
         assert (state["step"], state["consumed"]) == (whole[k][0] + 1, 0)  # the boundary, not one item past
         assert [summary(b) for b in varlen.by_step(loader(state))] == whole[k + 1 :]
+    with pytest.raises(ExhaustedError, match="all 8 steps"):  # the last one: nothing left, said so
+        list(varlen.by_step(loader(states[-1])))
     # a step boundary resumes on another world (refused inside a step): dp 3 → 2, every sequence once
     k = 2
     rest = [summary(b) for r in range(2) for b in varlen.by_step(loader(states[k], r, 2))]

@@ -1,0 +1,154 @@
+"""``StepLoader``: each optimizer step is exactly this rank's items of the step, stacked or concatenated with
+flattened ``cu_seqlens`` and ``max_seqlen``; the state after every step resumes the rest (also on another
+world), ``state_at`` agrees with it, and a second pass is refused."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from loaders import IGNORE_INDEX, ExhaustedError, PackedDataset, PackedLoader, Step, StepLoader
+from tests.loaders.test_micro_batches import budget_build
+
+
+def by_step(ds: PackedDataset) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for it in ds:
+        out[it["step"]].append({k: v.clone() if torch.is_tensor(v) else v for k, v in it.items()})
+    return out
+
+
+def rows(mb: dict[str, Any], layout: str) -> list[tuple[list[int], list[int], list[int]]]:
+    """Per sequence of a micro-batch: its real tokens, labels and positions, cut back out by cu_seqlens."""
+    cu = mb["cu_seqlens"].tolist()
+    assert mb["max_seqlen"] == max(b - a for a, b in itertools.pairwise(cu))
+    flat = {k: mb[k].reshape(-1).tolist() for k in ("input_ids", "labels", "position_ids")}
+    assert all(p == b - a - 1 for a, b in itertools.pairwise(cu) for p in [flat["position_ids"][b - 1]])
+    if layout == "stacked":
+        S = mb["input_ids"].shape[1]
+        assert cu[-1] == mb["input_ids"].numel() and all(r * S in cu for r in range(len(mb["sequences"])))
+        starts = [r * S for r in range(len(mb["sequences"]))]
+    else:
+        assert mb["input_ids"].shape == (1, mb["num_tokens"]) and cu[-1] == mb["num_tokens"]
+        starts, at = [], 0
+        for n in mb["_counts"]:
+            starts.append(at)
+            at += n
+    out = []
+    for start, n in zip(starts, mb["_counts"], strict=True):
+        out.append(tuple(flat[k][start : start + n] for k in ("input_ids", "labels", "position_ids")))
+    return out  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("budget", "layout", "micro_batch"), [(None, None, None), (None, "varlen", 1), (128, None, 2)])
+def test_a_step_is_the_ranks_items_of_the_step(
+    tiny_build: Path, tmp_path: Path, budget: int | None, layout: str | None, micro_batch: int | None
+) -> None:
+    build = tiny_build if budget is None else budget_build(tiny_build, tmp_path, budget)  # equal / unequal
+    dp = 2 if budget is None else 3
+    for rank in range(dp):
+        steps = StepLoader(PackedDataset(build, rank, dp), layout, micro_batch)
+        want = by_step(PackedDataset(build, rank, dp))
+        expected_layout = layout or ("stacked" if budget is None else "varlen")
+        seen = []
+        for step in steps:
+            assert isinstance(step, Step)
+            items = want[step.step]
+            seen.append(step.step)
+            assert list(step.sequences) == [it["sequence"] for it in items]
+            assert step.num_tokens == sum(it["num_tokens"] for it in items)
+            labels = torch.cat([it["labels"] for it in items])
+            assert step.num_targets == int((labels != IGNORE_INDEX).sum())  # the loss's terms, counted on the host
+            k = micro_batch or len(items)
+            assert [mb["sequences"] for mb in step.micro_batches] == [
+                list(step.sequences[i : i + k]) for i in range(0, len(items), k)
+            ]
+            got = []
+            parts = [items[i : i + k] for i in range(0, len(items), k)]
+            for mb, part in zip(step.micro_batches, parts, strict=True):
+                assert mb["step"] == step.step and mb["num_targets"] == sum(
+                    int((it["labels"] != IGNORE_INDEX).sum()) for it in part
+                )
+                got += rows({**mb, "_counts": [it["num_tokens"] for it in part]}, expected_layout)
+            assert got == [
+                tuple(it[f][: it["num_tokens"]].tolist() for f in ("input_ids", "labels", "position_ids"))
+                for it in items
+            ]
+            if expected_layout == "stacked":  # whole rows, padding included
+                mb = step.micro_batches[0]
+                assert torch.equal(
+                    mb["input_ids"], torch.stack([it["input_ids"] for it in items[: len(mb["sequences"])]])
+                )
+        assert seen == list(range(steps.dataset.schedule.steps))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_after_every_step_resumes_the_rest_here_and_on_another_world(tiny_build: Path, workers: int) -> None:
+    def make(rank: int = 1, dp: int = 2, state: dict[str, Any] | None = None) -> StepLoader:
+        ds = PackedDataset(tiny_build, rank, dp)
+        steps = StepLoader(PackedLoader(ds, num_workers=workers) if workers else ds)
+        if state is not None:
+            steps.load_state_dict(state)
+        return steps
+
+    def key(step: Step) -> tuple[int, list[int], list[list[int]]]:
+        return step.step, list(step.sequences), step.micro_batches[0]["input_ids"].tolist()
+
+    first = make()
+    whole, states = [], []
+    for step in first:
+        whole.append(key(step))
+        states.append(first.state_dict())
+        assert states[-1] == first.state_at(step.step + 1)  # what a trainer reading ahead saves
+        assert len(first) == first.facts.steps - step.step - 1
+    assert [s for s, *_ in whole] == list(range(first.facts.steps))
+    for k in (0, 3, 6):  # resume here: exactly the rest
+        assert [key(s) for s in make(state=states[k])] == whole[k + 1 :]
+
+    # elastic: dp 2 → 1 and 2 → 4 at a step boundary: each remaining step's sequences, every one once
+    def steps_of(dp: int, state: dict[str, Any] | None = None) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = defaultdict(list)
+        for r in range(dp):
+            for s in make(r, dp, state):
+                out[s.step] += s.sequences
+        return {t: sorted(v) for t, v in out.items()}
+
+    uninterrupted = steps_of(2)
+    for dp in (1, 4):
+        assert steps_of(dp, states[2]) == {t: v for t, v in uninterrupted.items() if t > 2}
+
+
+def test_a_second_pass_is_refused_and_rewind_repeats_the_first(tiny_build: Path) -> None:
+    for make in (
+        lambda: PackedDataset(tiny_build, 0, 2),
+        lambda: PackedLoader(PackedDataset(tiny_build, 0, 2), num_workers=2),
+        lambda: StepLoader(PackedDataset(tiny_build, 0, 2)),
+    ):
+        loader: Any = make()
+        first = [it["sequence"] if isinstance(it, dict) else it.sequences for it in loader]
+        assert first
+        with pytest.raises(ExhaustedError, match=r"all 8 steps of this build were already read.*rewind"):
+            next(iter(loader))
+        loader.rewind()
+        assert [it["sequence"] if isinstance(it, dict) else it.sequences for it in loader] == first
+
+
+def test_what_step_loader_cannot_group_is_refused_up_front(tiny_build: Path) -> None:
+    with pytest.raises(ValueError, match="cp_size"):
+        StepLoader(PackedDataset(tiny_build, 0, 1, cp_rank=0, cp_size=2))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        StepLoader(PackedDataset(tiny_build, 0, 1, fields=("input_ids",)))
+    with pytest.raises(ValueError, match="layout"):
+        StepLoader(PackedDataset(tiny_build, 0, 1), layout="padded")
+    assert np.array_equal(  # a lean item is enough: input_ids and cu_seqlens
+        next(iter(StepLoader(PackedDataset(tiny_build, 0, 1, fields=("input_ids", "cu_seqlens"))))).micro_batches[0][
+            "input_ids"
+        ],
+        next(iter(StepLoader(PackedDataset(tiny_build, 0, 1)))).micro_batches[0]["input_ids"],
+    )
