@@ -233,13 +233,6 @@ class _Lookahead:
             pass
 
 
-def _rows_of(step_values: np.ndarray, step: np.ndarray) -> np.ndarray:
-    rows = np.searchsorted(step_values, step)
-    bad = (rows >= len(step_values)) | (step_values[np.minimum(rows, len(step_values) - 1)] != step)
-    if len(step) and (not len(step_values) or bad.any()):
-        raise ValueError(f"a unit is planned at step {int(step[bad][0])}, which is not in the plan's steps")
-    return rows
-
 
 def _by_step(blocks: Iterable[np.ndarray], step_values: np.ndarray, seq_len: int) -> Iterator[tuple[int, np.ndarray]]:
     """(row, that step's units sorted by (source, ord, doc_id, start)) from blocks of whole steps, sorted
