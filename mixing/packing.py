@@ -35,6 +35,7 @@ length, due tokens, source, step, draw order, then bin index).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from mixing.packing_pool import default_engine, make_pool
 
 __all__ = ["Packing", "pack_plan", "pack_units"]
 
-_CHUNK_UNITS = 1 << 20  # units read from DuckDB per block of steps (~50 MB as int64 rows)
+_CHUNK_UNITS = 1 << 18  # units read from DuckDB per block of steps (12 MB as int64 rows; two in flight)
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,10 @@ def pack_plan(
         quotas[rows, [src_idx[s] for s in q["source"]]] = np.asarray(q["quota"], np.float64)
         n_units = int(con.sql("SELECT count(*) FROM plan_units").fetchall()[0][0])
         per = max(1, chunk_units * len(steps) // max(n_units, 1))  # steps per block, ~chunk_units units
-        blocks = (_read_block(con, sources, int(step_values[lo]), int(step_values[min(lo + per, len(steps)) - 1]))
-                  for lo in range(0, len(steps), per))  # fmt: skip
+        ranges = [
+            (int(step_values[lo]), int(step_values[min(lo + per, len(steps)) - 1])) for lo in range(0, len(steps), per)
+        ]
+        blocks = _prefetched(con.cursor(), sources, ranges)
         step_list = [(int(s), str(p)) for s, p in steps]
         return _pack(
             _by_step(blocks, step_values, seq_len),
@@ -233,7 +236,6 @@ class _Lookahead:
             pass
 
 
-
 def _by_step(blocks: Iterable[np.ndarray], step_values: np.ndarray, seq_len: int) -> Iterator[tuple[int, np.ndarray]]:
     """(row, that step's units sorted by (source, ord, doc_id, start)) from blocks of whole steps, sorted
     or not inside a block (sorted ones skip the sort); the blocks' step ranges increase and do not overlap."""
@@ -273,6 +275,21 @@ def _rows_of(step_values: np.ndarray, step: np.ndarray) -> np.ndarray:
     if len(step) and bad.any():
         raise ValueError(f"a unit is planned at step {int(step[bad][0])}, which is not in the plan's steps")
     return rows
+
+
+def _prefetched(
+    con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], ranges: list[tuple[int, int]]
+) -> Iterator[np.ndarray]:
+    """The blocks of ``ranges`` in order, each read by a helper thread (on ``con``, its own cursor) while the
+    caller packs the one before: DuckDB and the compiled kernel both run without the GIL. Holds at most two
+    blocks."""
+    with ThreadPoolExecutor(1, thread_name_prefix="weir-pack-read") as pool:
+        ahead = pool.submit(_read_block, con, sources, *ranges[0]) if ranges else None
+        for k in range(len(ranges)):
+            assert ahead is not None
+            block = ahead.result()
+            ahead = pool.submit(_read_block, con, sources, *ranges[k + 1]) if k + 1 < len(ranges) else None
+            yield block
 
 
 def _read_block(con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], lo: int, hi: int) -> np.ndarray:

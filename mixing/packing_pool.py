@@ -106,6 +106,7 @@ class CompiledPool:
         self.tail = np.full(n_src * self.n, -1, np.int64)
         self.fen = np.zeros(n_src * (self.n + 1), np.int64)
         self.cnt = np.zeros(n_src, np.int64)
+        self.top_len = np.full(n_src, -1, np.int64)  # per source: its longest unit's length, -1 if none
         self.units = np.zeros((0, 6), np.int64)  # slot → (length, source, doc_id, start, step, ord)
         self.nxt = np.zeros(0, np.int64)  # slot → next slot of its FIFO, -1 at the end
         self.live = np.zeros(0, np.bool_)
@@ -152,6 +153,7 @@ class CompiledPool:
         self.tail.fill(-1)
         self.fen.fill(0)
         self.cnt.fill(0)
+        self.top_len.fill(-1)
         self.live.fill(False)
         self.nxt.fill(-1)
         cap = len(self.units)
@@ -161,8 +163,8 @@ class CompiledPool:
 
     def _state(self) -> tuple[Any, ...]:
         return (
-            self.head, self.tail, self.fen, self.cnt, self.units, self.nxt, self.live, self.free, self.meta,
-            self.n, self.top,
+            self.head, self.tail, self.fen, self.cnt, self.top_len, self.units, self.nxt, self.live, self.free,
+            self.meta, self.n, self.top,
         )  # fmt: skip
 
 
@@ -195,8 +197,8 @@ def _longest_below(fen: Any, base: int, n: int, top: int, bound: int) -> int:
 
 
 def _add_kernel(
-    units: Any, head: Any, tail: Any, fen: Any, cnt: Any, slots: Any, nxt: Any, live: Any, free: Any,
-    meta: Any, n: int, top: int,
+    units: Any, head: Any, tail: Any, fen: Any, cnt: Any, top_len: Any, slots: Any, nxt: Any, live: Any,
+    free: Any, meta: Any, n: int, top: int,
 ) -> None:  # fmt: skip
     nf = meta[0]
     for r in range(units.shape[0]):
@@ -215,13 +217,15 @@ def _add_kernel(
         tail[key] = slot
         _fen_add(fen, s * (n + 1), n, length + 1, 1)
         cnt[s] += 1
+        if length > top_len[s]:
+            top_len[s] = length
     meta[0] = nf
 
 
 def _fill_kernel(
     due: Any, seq_len: int, att: float, lin: float, segs: Any, counts: Any, placed: Any, order: Any, link: Any,
-    head: Any, tail: Any, fen: Any, cnt: Any, slots: Any, nxt: Any, live: Any, free: Any, meta: Any, n: int,
-    top: int,
+    head: Any, tail: Any, fen: Any, cnt: Any, top_len: Any, slots: Any, nxt: Any, live: Any, free: Any,
+    meta: Any, n: int, top: int,
 ) -> int:  # fmt: skip
     """``mixing._packing_v1._Pool.fill`` and ``_choose`` on arrays, decision for decision."""
     k = due.shape[0]
@@ -237,18 +241,18 @@ def _fill_kernel(
         best, best_len, best_due = -1, 0, 0.0
         for s in range(k):  # the longest unit that fits among sources behind, bringing them closer
             d = due[s]
-            if d <= 0 or cnt[s] == 0:
+            if d <= 0 or top_len[s] < best_len:  # empty, or cannot beat the best so far
                 continue
             two = 2 * d
             bound = fit if fit < two else math.ceil(two)  # an integer l < 2d ⇔ l < ceil(2d)
-            ln = _longest_below(fen, s * (n + 1), n, top, bound)
+            ln = top_len[s] if top_len[s] < bound else _longest_below(fen, s * (n + 1), n, top, bound)
             if ln >= 0 and (ln > best_len or (ln == best_len and d > best_due)):
                 best, best_len, best_due = s, ln, d
         if best < 0:  # none: the longest that fits from any source, so that padding does not grow
             for s in range(k):
-                if cnt[s] == 0:
+                if top_len[s] < best_len:
                     continue
-                ln = _longest_below(fen, s * (n + 1), n, top, fit)
+                ln = top_len[s] if top_len[s] < fit else _longest_below(fen, s * (n + 1), n, top, fit)
                 if ln >= 0 and (ln > best_len or (ln == best_len and due[s] > best_due)):
                     best, best_len, best_due = s, ln, due[s]
         if best < 0:
@@ -260,6 +264,8 @@ def _fill_kernel(
             tail[key] = -1
         _fen_add(fen, best * (n + 1), n, best_len + 1, -1)
         cnt[best] -= 1
+        if best_len == top_len[best] and head[key] < 0:  # its longest are gone: find the next longest
+            top_len[best] = _longest_below(fen, best * (n + 1), n, top, n)
         live[slot] = False
         free[meta[0]] = slot  # not reused before the next add: its row stays readable below
         meta[0] += 1
