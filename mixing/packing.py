@@ -102,31 +102,25 @@ def pack_plan(
     in Arrow batches. ``engine``: ``"compiled"`` or ``"python"`` (default: compiled where numba is installed).
     """
     with duckdb.connect(str(db_path), read_only=True) as con:
-        sources = tuple(r[0] for r in con.sql("SELECT DISTINCT source FROM plan_quotas ORDER BY 1").fetchall())
-        steps = con.sql("SELECT step, any_value(phase) FROM plan_quotas GROUP BY 1 ORDER BY 1").fetchall()
-        q = con.sql("SELECT step, source, quota FROM plan_quotas").fetchnumpy()
+        q = con.sql("SELECT step, phase, source, quota FROM plan_quotas ORDER BY step, source").fetchnumpy()
+        per_step = con.sql("SELECT step, count(*) AS n FROM plan_units GROUP BY 1 ORDER BY 1").fetchnumpy()
+        sources = tuple(sorted(set(q["source"].tolist())))
+        q_step = np.asarray(q["step"], np.int64)
+        step_values, first = np.unique(q_step, return_index=True)
+        steps = [(int(s), str(q["phase"][i])) for s, i in zip(step_values.tolist(), first.tolist(), strict=True)]
         src_idx = {s: i for i, s in enumerate(sources)}
-        step_values = np.array([s for s, _p in steps], dtype=np.int64)
         quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
-        rows = np.searchsorted(step_values, np.asarray(q["step"], np.int64))
-        quotas[rows, [src_idx[s] for s in q["source"]]] = np.asarray(q["quota"], np.float64)
-        n_units = int(con.sql("SELECT count(*) FROM plan_units").fetchall()[0][0])
-        per = max(1, chunk_units * len(steps) // max(n_units, 1))  # steps per block, ~chunk_units units
-        ranges = [
-            (int(step_values[lo]), int(step_values[min(lo + per, len(steps)) - 1])) for lo in range(0, len(steps), per)
-        ]
-        blocks = _prefetched(con.cursor(), sources, ranges)
-        step_list = [(int(s), str(p)) for s, p in steps]
+        quotas[np.searchsorted(step_values, q_step), [src_idx[s] for s in q["source"]]] = q["quota"]
+        unit_steps = np.asarray(per_step["step"], np.int64)
+        if not np.isin(unit_steps, step_values).all():
+            lost = unit_steps[~np.isin(unit_steps, step_values)]
+            raise ValueError(f"{db_path}: plan_units has units at step {int(lost[0])}, which plan_quotas lacks")
+        counts = np.zeros(len(steps), np.int64)  # units per step, to cut blocks of about chunk_units
+        counts[np.searchsorted(step_values, unit_steps)] = per_step["n"]
+        blocks = _prefetched(con.cursor(), sources, _step_ranges(step_values, counts, chunk_units))
+        n_units = int(np.asarray(per_step["n"], np.int64).sum())
         return _pack(
-            _by_step(blocks, step_values, seq_len),
-            step_list,
-            sources,
-            seq_len,
-            global_batch,
-            cost,
-            quotas,
-            engine,
-            n_units,
+            _by_step(blocks, step_values, seq_len), steps, sources, seq_len, global_batch, cost, quotas, engine, n_units
         )
 
 
@@ -275,6 +269,18 @@ def _rows_of(step_values: np.ndarray, step: np.ndarray) -> np.ndarray:
     if len(step) and bad.any():
         raise ValueError(f"a unit is planned at step {int(step[bad][0])}, which is not in the plan's steps")
     return rows
+
+
+def _step_ranges(step_values: np.ndarray, counts: np.ndarray, chunk_units: int) -> list[tuple[int, int]]:
+    """Consecutive (first step, last step) ranges covering ``step_values`` (sorted), each of about
+    ``chunk_units`` units by ``counts`` (units per step), at least one step each."""
+    ranges, lo, held = [], 0, 0
+    for i, c in enumerate(counts.tolist()):
+        held += c
+        if held >= chunk_units or i + 1 == len(counts):
+            ranges.append((int(step_values[lo]), int(step_values[i])))
+            lo, held = i + 1, 0
+    return ranges
 
 
 def _prefetched(

@@ -206,3 +206,17 @@ def test_a_unit_at_a_step_the_plan_lacks_is_refused() -> None:
     units = np.array([(5, 0, 0, 0, 3, 0)], dtype=np.int64)
     with pytest.raises(ValueError, match="step 3"):
         pack_units(units, [(0, "a"), (1, "a")], ("x",), 16, 1)
+
+
+def test_pack_plan_refuses_units_the_quotas_do_not_cover(tmp_path: Path) -> None:
+    units, steps, quotas = random_plan(5, 4, 2, 64, 2, 1.0)
+    units[-1, 4] = 4  # a step past the plan's last
+    write_plan(tmp_path / "plan.duckdb", units[:-1], steps, quotas)
+    with duckdb.connect(str(tmp_path / "plan.duckdb")) as con:
+        con.execute("INSERT INTO plan_units VALUES (4, 'p0', 's0', 999, 0, 5, 999)")
+    with pytest.raises(ValueError, match="step 4, which plan_quotas lacks"):
+        pack_plan(tmp_path / "plan.duckdb", 64, 2)
+    with duckdb.connect(str(tmp_path / "plan.duckdb")) as con:
+        con.execute("UPDATE plan_units SET step = 0, source = 'nowhere' WHERE doc_id = 999")
+    with pytest.raises(ValueError, match="a source that plan_quotas lacks"):
+        pack_plan(tmp_path / "plan.duckdb", 64, 2)
