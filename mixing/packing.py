@@ -271,20 +271,20 @@ def _rows_of(step_values: np.ndarray, step: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _step_ranges(step_values: np.ndarray, counts: np.ndarray, chunk_units: int) -> list[tuple[int, int]]:
-    """Consecutive (first step, last step) ranges covering ``step_values`` (sorted), each of about
+def _step_ranges(step_values: np.ndarray, counts: np.ndarray, chunk_units: int) -> list[tuple[int, int, int]]:
+    """Consecutive (first step, last step, units) ranges covering ``step_values`` (sorted), each of about
     ``chunk_units`` units by ``counts`` (units per step), at least one step each."""
     ranges, lo, held = [], 0, 0
     for i, c in enumerate(counts.tolist()):
         held += c
         if held >= chunk_units or i + 1 == len(counts):
-            ranges.append((int(step_values[lo]), int(step_values[i])))
+            ranges.append((int(step_values[lo]), int(step_values[i]), held))
             lo, held = i + 1, 0
     return ranges
 
 
 def _prefetched(
-    con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], ranges: list[tuple[int, int]]
+    con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], ranges: list[tuple[int, int, int]]
 ) -> Iterator[np.ndarray]:
     """The blocks of ``ranges`` in order, each read by a helper thread (on ``con``, its own cursor) while the
     caller packs the one before: DuckDB and the compiled kernel both run without the GIL. Holds at most two
@@ -298,20 +298,21 @@ def _prefetched(
             yield block
 
 
-def _read_block(con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], lo: int, hi: int) -> np.ndarray:
-    """``plan_units`` of steps ``lo..hi`` as int64 [n, 6] (length, source index, doc_id, start, step, ord),
-    sorted by (step, source, ord, doc_id, start), fetched in Arrow batches."""
+def _read_block(con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], lo: int, hi: int, n: int) -> np.ndarray:
+    """The ``n`` rows of ``plan_units`` of steps ``lo..hi`` as int64 [n, 6] (length, source index, doc_id,
+    start, step, ord), sorted by (step, source, ord, doc_id, start), fetched in Arrow batches."""
     rel = con.sql(
         "SELECT length, list_position($names, source) - 1 AS src, doc_id, start, step, ord FROM plan_units "
         "WHERE step BETWEEN $lo AND $hi ORDER BY step, src, ord, doc_id, start",
         params={"names": list(sources), "lo": lo, "hi": hi},
     )
-    parts = []
-    for batch in rel.to_arrow_reader(1 << 17):
+    out, at = np.empty((n, 6), np.int64), 0
+    for batch in rel.to_arrow_reader(1 << 16):
         if batch.column(1).null_count:
             raise ValueError("plan_units has a source that plan_quotas lacks")
-        part = np.empty((batch.num_rows, 6), np.int64)
+        if at + batch.num_rows > len(out):  # more rows than counted: grow (never, for a read-only file)
+            out = np.concatenate([out, np.empty((at + batch.num_rows - len(out), 6), np.int64)])
         for c in range(6):
-            part[:, c] = batch.column(c).to_numpy()
-        parts.append(part)
-    return np.concatenate(parts) if parts else np.zeros((0, 6), np.int64)
+            out[at : at + batch.num_rows, c] = batch.column(c).to_numpy()
+        at += batch.num_rows
+    return out[:at]
