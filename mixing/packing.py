@@ -22,11 +22,14 @@ and reported per source. Because every step is steered by the cumulative deficit
 place is made up by the next, and what is dropped at a phase end is what the plan drew beyond the phase's
 share of each source (and the padding), spread over the sources instead of falling on the shortest units.
 
-The packer streams: ``pack_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (Arrow
-batches), and the pool holds only a phase's carry plus two steps of units, so its memory is bounded by the
-largest steps, not the plan; what grows with the plan is the result (32 bytes per segment). The inner loop
-(:mod:`mixing.packing_pool`) is compiled with numba where it is installed — about 30× the pure-Python
-reference (:mod:`mixing._packing_v1`) — and gives the same packing, unit for unit, either way.
+The packer streams: ``pack_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (about
+``chunk_units`` units, in Arrow batches; a helper thread reads the next block while the current one is
+packed), and the pool holds only a phase's carry (what earlier steps of the phase could not place) plus two
+steps of units. Its memory is therefore bounded by the block size and the largest steps, not the plan; what
+grows with the plan is the result, 32 bytes per segment, allocated once. The inner loop
+(:mod:`mixing.packing_pool`) is compiled with numba where it is installed (about 20× the pure-Python
+reference :mod:`mixing._packing_v1` on ``benchmarks/packing.py``; see docs/scale-packing.md) and gives
+the same packing, unit for unit, either way.
 
 Deterministic for the same plan, whatever the engine and however the units are read (ties broken by
 length, due tokens, source, step, draw order, then bin index).

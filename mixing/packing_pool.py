@@ -5,9 +5,12 @@ Two engines with one interface and the same results, unit for unit (the tests ho
 - ``"compiled"`` (:class:`CompiledPool`, needs numba): the pool as flat arrays — per source and length a
   FIFO of units (in plan order) and a Fenwick tree of counts over lengths, so "the longest unit of source
   s shorter than x" costs O(log S) and taking it O(1); the bins as arrays kept sorted by
-  (free, cost, bin). About 0.3 µs per unit in one thread.
+  (free, cost, bin). About 0.3 µs per unit in one thread, without the GIL.
 - ``"python"`` (:class:`PythonPool`): the reference implementation's own ``_Pool`` and ``_Bins``
   (:mod:`mixing._packing_v1`), about 10 µs per unit: the fallback where numba is not installed.
+
+The compiled kernels are cached by numba (``__pycache__``, or its user-wide cache where that is read-only):
+the first call in a process loads them (about a second), or compiles them once (a few seconds).
 
 Both hold only the units handed to them (a phase's carry plus two steps), never the whole plan.
 """
@@ -21,7 +24,7 @@ import numpy as np
 
 from mixing import _packing_v1 as v1
 
-try:  # numba is optional: without it the pure-Python engine packs the same sequences, ~30× slower
+try:  # numba is optional: without it the pure-Python engine packs the same sequences, ~15× slower
     from numba import njit
 except ImportError:  # pragma: no cover - depends on the environment
     njit = None
