@@ -37,7 +37,7 @@ length, due tokens, source, step, draw order, then bin index).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,11 +120,22 @@ def pack_plan(
             raise ValueError(f"{db_path}: plan_units has units at step {int(lost[0])}, which plan_quotas lacks")
         counts = np.zeros(len(steps), np.int64)  # units per step, to cut blocks of about chunk_units
         counts[np.searchsorted(step_values, unit_steps)] = per_step["n"]
-        blocks = _prefetched(con.cursor(), sources, _step_ranges(step_values, counts, chunk_units))
+        blocks = _prefetched(con, sources, _step_ranges(step_values, counts, chunk_units))
         n_units = int(np.asarray(per_step["n"], np.int64).sum())
-        return _pack(
-            _by_step(blocks, step_values, seq_len), steps, sources, seq_len, global_batch, cost, quotas, engine, n_units
-        )
+        try:
+            return _pack(
+                _by_step(blocks, step_values, seq_len),
+                steps,
+                sources,
+                seq_len,
+                global_batch,
+                cost,
+                quotas,
+                engine,
+                n_units,
+            )
+        finally:
+            blocks.close()  # on an error: wait for a read in flight before the connection closes
 
 
 def pack_units(
@@ -288,16 +299,16 @@ def _step_ranges(step_values: np.ndarray, counts: np.ndarray, chunk_units: int) 
 
 def _prefetched(
     con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], ranges: list[tuple[int, int, int]]
-) -> Iterator[np.ndarray]:
-    """The blocks of ``ranges`` in order, each read by a helper thread (on ``con``, its own cursor) while the
+) -> Generator[np.ndarray, None, None]:
+    """The blocks of ``ranges`` in order, each read by a helper thread (on a cursor of ``con``) while the
     caller packs the one before: DuckDB and the compiled kernel both run without the GIL. Holds at most two
     blocks."""
-    with ThreadPoolExecutor(1, thread_name_prefix="weir-pack-read") as pool:
-        ahead = pool.submit(_read_block, con, sources, *ranges[0]) if ranges else None
+    with con.cursor() as cur, ThreadPoolExecutor(1, thread_name_prefix="weir-pack-read") as pool:
+        ahead = pool.submit(_read_block, cur, sources, *ranges[0]) if ranges else None
         for k in range(len(ranges)):
             assert ahead is not None
             block = ahead.result()
-            ahead = pool.submit(_read_block, con, sources, *ranges[k + 1]) if k + 1 < len(ranges) else None
+            ahead = pool.submit(_read_block, cur, sources, *ranges[k + 1]) if k + 1 < len(ranges) else None
             yield block
 
 

@@ -220,3 +220,12 @@ def test_pack_plan_refuses_units_the_quotas_do_not_cover(tmp_path: Path) -> None
         con.execute("UPDATE plan_units SET step = 0, source = 'nowhere' WHERE doc_id = 999")
     with pytest.raises(ValueError, match="a source that plan_quotas lacks"):
         pack_plan(tmp_path / "plan.duckdb", 64, 2)
+
+
+def test_pack_plan_stops_cleanly_on_a_unit_longer_than_s_in_a_later_block(tmp_path: Path) -> None:
+    units, steps, quotas = random_plan(6, 8, 2, 64, 2, 1.0)
+    units[units[:, 4] == 7, 0] = 65  # the last step's units: longer than S, in the last of many blocks
+    write_plan(tmp_path / "plan.duckdb", units, steps, quotas)
+    for engine in ("python", None):
+        with pytest.raises(ValueError, match="longer than S=64"):
+            pack_plan(tmp_path / "plan.duckdb", 64, 2, engine=engine, chunk_units=1)
