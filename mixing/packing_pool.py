@@ -9,6 +9,9 @@ Two engines with one interface and the same results, unit for unit (the tests ho
 - ``"python"`` (:class:`PythonPool`): the reference implementation's own ``_Pool`` and ``_Bins``
   (:mod:`mixing._packing_v1`), about 10 µs per unit: the fallback where numba is not installed.
 
+A third engine, ``"interpreted"``, runs the compiled engine's kernels in the Python interpreter (about
+100× slower than compiled): the tests check the kernels with it where numba is not installed.
+
 The compiled kernels are cached by numba (``__pycache__``, or its user-wide cache where that is read-only):
 the first call in a process loads them (about a second), or compiles them once (a few seconds).
 
@@ -68,7 +71,9 @@ def make_pool(engine: str, n_src: int, seq_len: int, cost: tuple[float, float]) 
         return CompiledPool(n_src, seq_len, cost)
     if engine == "python":
         return PythonPool(n_src, seq_len, cost)
-    raise ValueError(f"unknown packing engine {engine!r}; one of {ENGINES}")
+    if engine == "interpreted":
+        return CompiledPool(n_src, seq_len, cost, interpreted=True)
+    raise ValueError(f"unknown packing engine {engine!r}; one of {ENGINES} (or 'interpreted', for tests)")
 
 
 class PythonPool:
@@ -100,7 +105,9 @@ class PythonPool:
 class CompiledPool:
     """The pool as arrays for the numba kernels below (see the module docstring)."""
 
-    def __init__(self, n_src: int, seq_len: int, cost: tuple[float, float]) -> None:
+    def __init__(self, n_src: int, seq_len: int, cost: tuple[float, float], *, interpreted: bool = False) -> None:
+        self.add_kernel: Any = _add_kernel if interpreted else _add
+        self.fill_kernel: Any = _fill_kernel if interpreted else _fill
         self.k, self.seq_len = n_src, seq_len
         self.att, self.lin = float(cost[0]), float(cost[1])
         self.n = seq_len + 1  # Fenwick positions 1..S+1 hold lengths 0..S
@@ -136,7 +143,7 @@ class CompiledPool:
             return
         if self.meta[0] < len(units):
             self._grow(len(units) - int(self.meta[0]))
-        _add(np.ascontiguousarray(units, np.int64), *self._state())
+        self.add_kernel(np.ascontiguousarray(units, np.int64), *self._state())
 
     def __len__(self) -> int:
         return len(self.units) - int(self.meta[0])
@@ -144,7 +151,9 @@ class CompiledPool:
     def fill(self, want: np.ndarray, segs: np.ndarray, counts: np.ndarray) -> tuple[int, np.ndarray]:
         placed = np.zeros(self.k, np.float64)
         due = np.array(want, dtype=np.float64)
-        m = _fill(due, self.seq_len, self.att, self.lin, segs, counts, placed, self.order, self.link, *self._state())
+        m = self.fill_kernel(
+            due, self.seq_len, self.att, self.lin, segs, counts, placed, self.order, self.link, *self._state()
+        )
         return int(m), placed
 
     def drain(self) -> np.ndarray:

@@ -24,6 +24,7 @@ from mixing.packing import Packing, pack_plan, pack_units
 
 ENGINES = [
     "python",
+    "interpreted",  # the compiled engine's kernels, run by the interpreter: checked even without numba
     pytest.param(
         "compiled",
         marks=pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed"),
