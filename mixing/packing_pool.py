@@ -9,8 +9,8 @@ Two engines with one interface and the same results, unit for unit (the tests ho
 - ``"python"`` (:class:`PythonPool`): the reference implementation's own ``_Pool`` and ``_Bins``
   (:mod:`mixing._packing_v1`), about 10 µs per unit: the fallback where numba is not installed.
 
-A third engine, ``"interpreted"``, runs the compiled engine's kernels in the Python interpreter (about
-100× slower than compiled): the tests check the kernels with it where numba is not installed.
+A third engine, ``"interpreted"``, runs the compiled engine's kernels in the Python interpreter (about as
+slow as ``"python"``): the tests check the kernels with it where numba is not installed.
 
 The compiled kernels are cached by numba (``__pycache__``, or its user-wide cache where that is read-only):
 the first call in a process loads them (about a second), or compiles them once (a few seconds).
