@@ -22,27 +22,34 @@ and reported per source. Because every step is steered by the cumulative deficit
 place is made up by the next, and what is dropped at a phase end is what the plan drew beyond the phase's
 share of each source (and the padding), spread over the sources instead of falling on the shortest units.
 
-Cost: O(n log n + n·(k + log B)) per step for n units in the pool, k sources and B bins (bisects over
-sorted lists); deterministic for the same plan (ties broken by length, due tokens, source, step, draw
-order, then bin index).
+The packer streams: ``pack_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (about
+``chunk_units`` units, in Arrow batches; a helper thread reads the next block while the current one is
+packed), and the pool holds only a phase's carry (what earlier steps of the phase could not place) plus two
+steps of units. Its memory is therefore bounded by the block size and the largest steps, not the plan; what
+grows with the plan is the result, 32 bytes per segment, allocated once. The inner loop
+(:mod:`mixing.packing_pool`) is compiled with numba where it is installed (about 20× the pure-Python
+reference :mod:`mixing._packing_v1` on ``benchmarks/packing.py``; see docs/scale-packing.md) and gives
+the same packing, unit for unit, either way.
+
+Deterministic for the same plan, whatever the engine and however the units are read (ties broken by
+length, due tokens, source, step, draw order, then bin index).
 """
 
 from __future__ import annotations
 
-import bisect
-from bisect import bisect_left as _bisect_left
-from bisect import bisect_right as _bisect_right
+from collections.abc import Generator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import numpy as np
 
+from mixing.packing_pool import default_engine, make_pool
+
 __all__ = ["Packing", "pack_plan", "pack_units"]
 
-# A unit inside the packer: (length, planned step, ord, source index, doc_id, start). Tuples keep the hot
-# loop cheap, and their natural order is the candidates' order: by length, then earliest planned.
-Unit = tuple[int, int, int, int, int, int]
+_CHUNK_UNITS = 1 << 18  # units read from DuckDB per block of steps (12 MB as int64 rows; two in flight)
 
 
 @dataclass(frozen=True)
@@ -82,24 +89,53 @@ class Packing:
         return cum[self.seg_offsets[1:]] - cum[self.seg_offsets[:-1]]
 
 
-def pack_plan(db_path: Path, seq_len: int, global_batch: int, cost: tuple[float, float] = (1.0, 0.0)) -> Packing:
-    """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file; deterministic for the same plan."""
+def pack_plan(
+    db_path: Path,
+    seq_len: int,
+    global_batch: int,
+    cost: tuple[float, float] = (1.0, 0.0),
+    *,
+    engine: str | None = None,
+    chunk_units: int = _CHUNK_UNITS,
+) -> Packing:
+    """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file; deterministic for the same plan.
+
+    Reads ``plan_quotas(step, phase, source, quota)`` whole (steps × sources rows) and ``plan_units(step,
+    source, doc_id, start, length, ord)`` a block of about ``chunk_units`` units at a time, by step range,
+    in Arrow batches. ``engine``: ``"compiled"`` or ``"python"`` (default: compiled where numba is installed).
+    """
     with duckdb.connect(str(db_path), read_only=True) as con:
-        sources = tuple(r[0] for r in con.sql("SELECT DISTINCT source FROM plan_quotas ORDER BY 1").fetchall())
-        steps = con.sql("SELECT step, any_value(phase) FROM plan_quotas GROUP BY 1 ORDER BY 1").fetchall()
-        q = con.sql("SELECT step, source, quota FROM plan_quotas").fetchnumpy()
-        rows = con.sql(
-            "SELECT length, source, doc_id, start, step, ord FROM plan_units ORDER BY step, source, ord"
-        ).fetchnumpy()
-    src_idx = {s: i for i, s in enumerate(sources)}
-    src = np.array([src_idx[s] for s in rows["source"]], dtype=np.int64)
-    cols = [rows["length"], src, rows["doc_id"], rows["start"], rows["step"], rows["ord"]]
-    units = np.stack([np.asarray(c, dtype=np.int64).reshape(-1) for c in cols], axis=1)
-    row = {int(s): i for i, (s, _p) in enumerate(steps)}
-    quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
-    quotas[[row[int(s)] for s in q["step"]], [src_idx[s] for s in q["source"]]] = np.asarray(q["quota"], np.float64)
-    step_list = [(int(s), str(p)) for s, p in steps]
-    return pack_units(units, step_list, sources, seq_len, global_batch, cost, quotas=quotas)
+        q = con.sql("SELECT step, phase, source, quota FROM plan_quotas ORDER BY step, source").fetchnumpy()
+        per_step = con.sql("SELECT step, count(*) AS n FROM plan_units GROUP BY 1 ORDER BY 1").fetchnumpy()
+        sources = tuple(sorted(set(q["source"].tolist())))
+        q_step = np.asarray(q["step"], np.int64)
+        step_values, first = np.unique(q_step, return_index=True)
+        steps = [(int(s), str(q["phase"][i])) for s, i in zip(step_values.tolist(), first.tolist(), strict=True)]
+        src_idx = {s: i for i, s in enumerate(sources)}
+        quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
+        quotas[np.searchsorted(step_values, q_step), [src_idx[s] for s in q["source"]]] = q["quota"]
+        unit_steps = np.asarray(per_step["step"], np.int64)
+        if not np.isin(unit_steps, step_values).all():
+            lost = unit_steps[~np.isin(unit_steps, step_values)]
+            raise ValueError(f"{db_path}: plan_units has units at step {int(lost[0])}, which plan_quotas lacks")
+        counts = np.zeros(len(steps), np.int64)  # units per step, to cut blocks of about chunk_units
+        counts[np.searchsorted(step_values, unit_steps)] = per_step["n"]
+        blocks = _prefetched(con, sources, _step_ranges(step_values, counts, chunk_units))
+        n_units = int(np.asarray(per_step["n"], np.int64).sum())
+        try:
+            return _pack(
+                _by_step(blocks, step_values, seq_len),
+                steps,
+                sources,
+                seq_len,
+                global_batch,
+                cost,
+                quotas,
+                engine,
+                n_units,
+            )
+        finally:
+            blocks.close()  # on an error: wait for a read in flight before the connection closes
 
 
 def pack_units(
@@ -110,147 +146,187 @@ def pack_units(
     global_batch: int,
     cost: tuple[float, float] = (1.0, 0.0),
     quotas: np.ndarray | None = None,
+    *,
+    engine: str | None = None,
 ) -> Packing:
     """Pack ``units`` int64 [n, 6] = (length, source index, doc_id, start, step, ord), each length ≤ S.
 
     ``steps`` lists (step, phase) in order; every step gets exactly ``global_batch`` sequences.
     ``quotas`` [len(steps), len(sources)]: planned tokens per step (row i is ``steps[i]``) and source, the
-    shares the realized mixture tracks; by default the units' own lengths per planned step.
+    shares the realized mixture tracks; by default the units' own lengths per planned step. The order of
+    ``units`` does not matter.
     """
-    if len(units) and int(units[:, 0].max()) > seq_len:
-        raise ValueError(f"a unit of {int(units[:, 0].max())} tokens is longer than S={seq_len}")
-    row = {s: i for i, (s, _p) in enumerate(steps)}
-    n_src = len(sources)
-    by_step: dict[int, list[Unit]] = {}
-    for u in units[:, [0, 4, 5, 1, 2, 3]].tolist():
-        by_step.setdefault(row[u[1]], []).append(tuple(u))  # type: ignore[arg-type]
+    units = np.asarray(units, dtype=np.int64).reshape(-1, 6)
+    step_values = np.array([s for s, _p in steps], dtype=np.int64)
     if quotas is None:
-        quotas = np.zeros((len(steps), n_src))
+        quotas = np.zeros((len(steps), len(sources)))
         if len(units):
-            step_rows = np.array([row[s] for s in units[:, 4].tolist()], dtype=np.int64)
-            np.add.at(quotas, (step_rows, units[:, 1]), units[:, 0])
+            np.add.at(quotas, (_rows_of(step_values, units[:, 4]), units[:, 1]), units[:, 0])
+    return _pack(
+        _by_step([units], step_values, seq_len), steps, sources, seq_len, global_batch, cost, quotas, engine, len(units)
+    )
+
+
+def _pack(
+    step_units: Iterator[tuple[int, np.ndarray]],
+    steps: list[tuple[int, str]],
+    sources: tuple[str, ...],
+    seq_len: int,
+    global_batch: int,
+    cost: tuple[float, float],
+    quotas: np.ndarray,
+    engine: str | None,
+    n_units: int,
+) -> Packing:
+    """The step loop: ``step_units`` yields (row in ``steps``, that step's units) in increasing row order,
+    each step's units sorted by (source, ord, doc_id, start); steps without units may be skipped.
+    ``n_units``: how many units there are in all (room for the segments, allocated once)."""
+    n_src = len(sources)
     quotas = np.asarray(quotas, dtype=np.float64).reshape(len(steps), n_src)
     cap = float(seq_len * global_batch)
-    seq_step: list[int] = []
-    seg_counts: list[int] = []
-    segments: list[tuple[int, int, int, int]] = []
-    dropped: list[tuple[int, int, int, int]] = []
-    pool = _Pool(n_src)
+    counts = np.zeros(len(steps) * global_batch, np.int64)
+    segments = np.zeros((n_units, 4), np.int64)
+    n_seg = 0
+    dropped: list[np.ndarray] = []
+    pool = make_pool(engine or default_engine(), n_src, seq_len, cost)
+    pending = _Lookahead(step_units)
     q_cum = np.zeros(n_src)
     r_cum = np.zeros(n_src)
-    for i, (step, phase) in enumerate(steps):
+    for i, (_step, phase) in enumerate(steps):
         if i == 0 or steps[i - 1][1] != phase:  # a phase starts: its own pool and its own shares
             q_cum[:], r_cum[:] = 0.0, 0.0
-            pool.add(by_step.get(i, []))
+            pool.add(pending.take(i))
         last_of_phase = i + 1 == len(steps) or steps[i + 1][1] != phase
         if not last_of_phase:
-            pool.add(by_step.get(i + 1, []))  # lookahead: the next step's units may fill gaps
+            pool.add(pending.take(i + 1))  # lookahead: the next step's units may fill gaps
         q_cum += quotas[i]
         total = q_cum.sum()
         want = q_cum * ((r_cum.sum() + cap) / total) - r_cum if total > 0 else np.full(n_src, cap / max(n_src, 1))
-        bins = _Bins(global_batch, seq_len, cost)
-        r_cum += pool.fill(bins, want.tolist())
-        for b in bins.items:
-            seq_step.append(step)
-            seg_counts.append(len(b))
-            segments.extend((u[3], u[4], u[5], u[0]) for u in b)
+        if len(segments) < n_seg + len(pool):  # more units than announced: make room
+            segments = np.concatenate([segments, np.zeros((n_seg + len(pool) - len(segments), 4), np.int64)])
+        n, placed = pool.fill(want, segments[n_seg:], counts[i * global_batch : (i + 1) * global_batch])
+        n_seg += n
+        r_cum += placed
         if last_of_phase:
-            dropped.extend((u[3], u[4], u[5], u[0]) for u in sorted(pool.drain(), key=lambda u: (u[3], u[1], u[2])))
+            dropped.append(pool.drain())
+    pending.finish()
     return Packing(
         sources=sources,
         seq_len=seq_len,
-        seq_step=np.asarray(seq_step, dtype=np.int64),
-        seg_offsets=np.concatenate([[0], np.cumsum(seg_counts, dtype=np.int64)]).astype(np.int64),
-        segments=np.asarray(segments, dtype=np.int64).reshape(-1, 4),
-        dropped=np.asarray(dropped, dtype=np.int64).reshape(-1, 4),
+        seq_step=np.repeat(np.array([s for s, _p in steps], dtype=np.int64), global_batch),
+        seg_offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
+        segments=segments[:n_seg],  # a view: the room left is what was dropped
+        dropped=np.concatenate(dropped).astype(np.int64).reshape(-1, 4) if dropped else np.zeros((0, 4), np.int64),
         cost=(float(cost[0]), float(cost[1])),
     )
 
 
-class _Bins:
-    """``n`` bins of ``seq_len`` slots; ``slots`` is sorted by (free, cost, bin) for best-fit bisects."""
+class _Lookahead:
+    """Hands out each step's units by row, pulling blocks from the iterator only as far as needed."""
 
-    def __init__(self, n: int, seq_len: int, cost: tuple[float, float]) -> None:
-        self.slots: list[tuple[int, float, int]] = [(seq_len, 0.0, b) for b in range(n)]
-        self.items: list[list[Unit]] = [[] for _ in range(n)]
-        self.att, self.lin = cost
+    def __init__(self, step_units: Iterator[tuple[int, np.ndarray]]) -> None:
+        self.it, self.held = step_units, dict[int, np.ndarray]()
+        self.seen = -1
 
-    def place(self, u: Unit) -> bool:
-        """Put ``u`` into the tightest bin that holds it (lowest cost among equal fits); False if none."""
-        k = bisect.bisect_left(self.slots, (u[0], -1.0, -1))
-        if k == len(self.slots):
-            return False
-        free, c, b = self.slots.pop(k)
-        self.items[b].append(u)
-        bisect.insort(self.slots, (free - u[0], c + self.att * u[0] * u[0] + self.lin * u[0], b))
-        return True
-
-    @property
-    def max_free(self) -> int:
-        return self.slots[-1][0] if self.slots else 0
-
-
-class _Pool:
-    """A phase's unplaced units, per source, sorted (length, plan order), with their lengths to bisect."""
-
-    def __init__(self, n_src: int) -> None:
-        self.units: list[list[Unit]] = [[] for _ in range(n_src)]
-        self.lens: list[list[int]] = [[] for _ in range(n_src)]
-
-    def add(self, units: list[Unit]) -> None:
-        new: dict[int, list[Unit]] = {}
-        for u in units:
-            new.setdefault(u[3], []).append(u)
-        for s, us in new.items():
-            self.units[s] = sorted(self.units[s] + us)  # two sorted runs: timsort merges them in O(n)
-            self.lens[s] = [u[0] for u in self.units[s]]
-
-    def drain(self) -> list[Unit]:
-        out = [u for us in self.units for u in us]
-        self.units = [[] for _ in self.units]
-        self.lens = [[] for _ in self.lens]
-        return out
-
-    def fill(self, bins: _Bins, want: list[float]) -> np.ndarray:
-        """Fill ``bins`` from the pool given each source's due tokens ``want``; return tokens placed per
-        source (float64 [n_src]). Placed units leave the pool."""
-        due = list(want)
-        placed = np.zeros(len(due))
-        while (free := bins.max_free) > 0:
-            s, j = _choose(self.lens, due, free)
-            if s < 0:
+    def take(self, row: int) -> np.ndarray:
+        while self.seen < row:
+            nxt = next(self.it, None)
+            if nxt is None:
+                self.seen = 1 << 62
                 break
-            u = self.units[s].pop(j)
-            del self.lens[s][j]
-            bins.place(u)
-            placed[s] += u[0]
-            due[s] -= u[0]
-        return placed
+            self.seen = nxt[0]
+            self.held[nxt[0]] = nxt[1]
+        return self.held.pop(row, np.zeros((0, 6), np.int64))
+
+    def finish(self) -> None:
+        """Exhaust the iterator (so that a unit planned at an unknown step raises)."""
+        for _ in self.it:
+            pass
 
 
-def _choose(lens: list[list[int]], due: list[float], free: int) -> tuple[int, int]:
-    """(source, index into its length-sorted candidates) of the next unit to place; (-1, -1) if none fits.
-
-    Best fit decreasing, steered by the mixture: the longest unit that fits (≤ ``free``, the largest free
-    space) among the sources still behind their due tokens, counting only units that bring their source
-    closer to it (length < 2·due). Only when no such unit exists, the longest unit that fits from any
-    source, so that padding does not grow; the next steps' dues make up for it. Ties: the source further
-    behind, then the lower index; among equally long units the earliest planned.
-    """
-    best, best_len, best_due = -1, 0, 0.0
-    fit = free + 1
-    for s, ls in enumerate(lens):
-        d = due[s]
-        if d <= 0 or not ls:
+def _by_step(blocks: Iterable[np.ndarray], step_values: np.ndarray, seq_len: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(row, that step's units sorted by (source, ord, doc_id, start)) from blocks of whole steps, sorted
+    or not inside a block (sorted ones skip the sort); the blocks' step ranges increase and do not overlap."""
+    for u in blocks:
+        if not len(u):
             continue
-        j = _bisect_left(ls, fit if fit < 2 * d else 2 * d) - 1
-        if j >= 0 and (ls[j] > best_len or (ls[j] == best_len and d > best_due)):
-            best, best_len, best_due = s, ls[j], d
-    if best < 0:
-        for s, ls in enumerate(lens):
-            j = _bisect_right(ls, free) - 1
-            if j >= 0 and (ls[j] > best_len or (ls[j] == best_len and due[s] > best_due)):
-                best, best_len, best_due = s, ls[j], due[s]
-    if best < 0:
-        return -1, -1
-    return best, _bisect_left(lens[best], best_len)
+        if int(u[:, 0].max()) > seq_len:
+            raise ValueError(f"a unit of {int(u[:, 0].max())} tokens is longer than S={seq_len}")
+        rows = _rows_of(step_values, u[:, 4])
+        keys = (rows, u[:, 1], u[:, 5], u[:, 2], u[:, 3])
+        if not _is_sorted(keys):
+            order = np.lexsort(keys[::-1])
+            u, rows = u[order], rows[order]
+        cut = np.flatnonzero(rows[1:] != rows[:-1]) + 1
+        for part, r in zip(np.split(u, cut), rows[np.concatenate([[0], cut])].tolist(), strict=True):
+            yield r, part
+
+
+def _is_sorted(keys: tuple[np.ndarray, ...]) -> bool:
+    """Whether rows are in lexicographic order of ``keys`` (most significant first)."""
+    later = np.zeros(len(keys[0]) - 1, np.bool_)  # pairs already ordered by a more significant key
+    for key in keys:
+        a, b = key[:-1], key[1:]
+        if ((a > b) & ~later).any():
+            return False
+        later |= a < b
+    return True
+
+
+def _rows_of(step_values: np.ndarray, step: np.ndarray) -> np.ndarray:
+    if len(step_values) and step_values[0] == 0 and step_values[-1] == len(step_values) - 1:
+        rows = step.copy()  # steps 0..n-1, the plan's: a step is its row
+    else:
+        rows = np.searchsorted(step_values, step)
+    bad = (rows < 0) | (rows >= len(step_values))
+    bad[~bad] = step_values[rows[~bad]] != step[~bad]
+    if len(step) and bad.any():
+        raise ValueError(f"a unit is planned at step {int(step[bad][0])}, which is not in the plan's steps")
+    return rows
+
+
+def _step_ranges(step_values: np.ndarray, counts: np.ndarray, chunk_units: int) -> list[tuple[int, int, int]]:
+    """Consecutive (first step, last step, units) ranges covering ``step_values`` (sorted), each of about
+    ``chunk_units`` units by ``counts`` (units per step), at least one step each."""
+    ranges, lo, held = [], 0, 0
+    for i, c in enumerate(counts.tolist()):
+        held += c
+        if held >= chunk_units or i + 1 == len(counts):
+            ranges.append((int(step_values[lo]), int(step_values[i]), held))
+            lo, held = i + 1, 0
+    return ranges
+
+
+def _prefetched(
+    con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], ranges: list[tuple[int, int, int]]
+) -> Generator[np.ndarray, None, None]:
+    """The blocks of ``ranges`` in order, each read by a helper thread (on a cursor of ``con``) while the
+    caller packs the one before: DuckDB and the compiled kernel both run without the GIL. Holds at most two
+    blocks."""
+    with con.cursor() as cur, ThreadPoolExecutor(1, thread_name_prefix="weir-pack-read") as pool:
+        ahead = pool.submit(_read_block, cur, sources, *ranges[0]) if ranges else None
+        for k in range(len(ranges)):
+            assert ahead is not None
+            block = ahead.result()
+            ahead = pool.submit(_read_block, cur, sources, *ranges[k + 1]) if k + 1 < len(ranges) else None
+            yield block
+
+
+def _read_block(con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], lo: int, hi: int, n: int) -> np.ndarray:
+    """The ``n`` rows of ``plan_units`` of steps ``lo..hi`` as int64 [n, 6] (length, source index, doc_id,
+    start, step, ord), sorted by (step, source, ord, doc_id, start), fetched in Arrow batches."""
+    rel = con.sql(
+        "SELECT length, list_position($names, source) - 1 AS src, doc_id, start, step, ord FROM plan_units "
+        "WHERE step BETWEEN $lo AND $hi ORDER BY step, src, ord, doc_id, start",
+        params={"names": list(sources), "lo": lo, "hi": hi},
+    )
+    out, at = np.empty((n, 6), np.int64), 0
+    for batch in rel.to_arrow_reader(1 << 16):
+        if batch.column(1).null_count:
+            raise ValueError("plan_units has a source that plan_quotas lacks")
+        if at + batch.num_rows > len(out):  # more rows than counted: grow (never, for a read-only file)
+            out = np.concatenate([out, np.empty((at + batch.num_rows - len(out), 6), np.int64)])
+        for c in range(6):
+            out[at : at + batch.num_rows, c] = batch.column(c).to_numpy()
+        at += batch.num_rows
+    return out[:at]
