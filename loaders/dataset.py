@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loaders.chunk import ChunkBuilder
 from loaders.context_parallel import split
 from loaders.fields import FIELDS, IGNORE_INDEX, check_fields
+from loaders.index import open_index
 from loaders.integrity import VerifiedShardSet, verifier_for
 from loaders.refinement import SLACK
 from loaders.schedule import Schedule
@@ -293,4 +294,5 @@ def _open(
         return open_remote(path, cache_dir, cache_bytes, storage_options, verifier)
     root = Path(str(path).removeprefix("file://"))
     shards = VerifiedShardSet(root / "shards" if (root / "shards" / "manifest.json").exists() else root, verifier)
-    return shards, (shards.dir / "manifest.json").read_bytes()
+    open_index(shards, Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "weir")
+    return shards, shards.manifest_bytes

@@ -4,7 +4,8 @@ A damaged shard (one flipped bit) would otherwise be served as plausible tokens,
 :class:`VerifiedShardSet` gates every way to a shard's data:
 
 - sizes are checked when a shard is opened (a truncated or grown file fails before it is mapped);
-- ``meta.npz`` (segments, steps, costs; read whole when a dataset opens, for its schedule) is hashed then;
+- ``meta.npz`` (segments, steps, costs) is hashed before it is read (once per node: what a dataset reads of it
+  is the node's index, :mod:`loaders.index`, made from verified meta files and itself checked the same way);
 - ``tokens.npy`` is hashed in background threads a few shards ahead of the reader (hashlib and file reads
   release the GIL), and the first read of a shard's tokens waits for its verdict: a mismatch raises
   :class:`CorruptShardError` naming the file, with the sizes or digests expected and found.
@@ -87,6 +88,18 @@ class Verifier:
         """Record ``path`` as good (its caller has just hashed it, e.g. while fetching it)."""
         self._good.add(_identity(path, f))
 
+    def vouch(self, path: Path, f: dict[str, Any]) -> None:
+        """:meth:`trust` ``path``, and keep the verdict for the node (its caller has just written and hashed it)."""
+        key = _identity(path, f)
+        marker = self._marker(key)
+        if marker is not None:
+            try:
+                with open(marker, "wb") as m:
+                    m.write(_GOOD)
+            except OSError:  # a read-only cache: the verdict stays in this process
+                pass
+        self._good.add(key)
+
     def submit(self, path: Path, f: dict[str, Any]) -> None:
         """Start verifying ``path`` in the background (once per path and process)."""
         if self._pid != os.getpid():
@@ -167,8 +180,12 @@ class VerifiedShardSet(ShardSet):
     def _shard(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         if self.verifier is not None and k not in self._open:
             self.verifier.check_size(*self._file(k, "tokens"))  # before np.load maps it
-            self.verifier.wait(*self._file(k, "meta"))
         return super()._shard(k)
+
+    def shard_meta(self, k: int) -> dict[str, np.ndarray]:
+        if self.verifier is not None:
+            self.verifier.wait(*self._file(k, "meta"))
+        return super().shard_meta(k)
 
     def tokens_ready(self, k: int) -> None:
         """Wait until shard ``k``'s tokens are verified, hashing the next :data:`AHEAD` shards meanwhile."""
