@@ -28,6 +28,7 @@ from typing import Any
 
 from loaders.integrity import CorruptShardError, VerifiedShardSet
 from mixing.index import ARRAYS, INDEX, INDEX_VERSION, write_index
+from mixing.manifest import _first_line
 from mixing.shards import ShardError
 
 __all__ = ["index_folder", "open_index"]
@@ -56,7 +57,7 @@ def open_index(shards: VerifiedShardSet, cache_dir: Path) -> Path | None:
         problem = _problem(folder, digest, shards)
         if problem is not None:
             if problem:
-                warnings.warn(f"{folder}: {problem}; making the build's index again", stacklevel=3)
+                warnings.warn(f"{problem}; making the build's index again", stacklevel=3)
             _make(folder, digest, shards)
     shards.use_index(folder)
     return folder
@@ -74,9 +75,9 @@ def _problem(folder: Path, digest: str, shards: VerifiedShardSet) -> str | None:
         record = _record(folder)
         files = record["files"]
         if record["index_version"] != INDEX_VERSION or record["manifest_sha256"] != digest or set(files) != set(ARRAYS):
-            return "index.json is of another version or build"
+            return f"{folder / INDEX}: of another index version or build"
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"index.json unreadable ({e})"
+        return f"{folder / INDEX}: unreadable ({_first_line(e)})"
     verifier = shards.verifier
     if verifier is not None and not record.get("meta_verified"):
         return ""  # made by a process that trusted the shards' metadata unverified: make it again, verified
@@ -84,15 +85,15 @@ def _problem(folder: Path, digest: str, shards: VerifiedShardSet) -> str | None:
         for name in ARRAYS:
             path = folder / f"{name}.npy"
             if verifier is None:
-                verifier_size(path, files[name])
+                _check_size(path, files[name])
             else:
-                verifier.verify(path, files[name])
+                verifier.verify(path, files[name], records=INDEX)
     except CorruptShardError as e:
         return str(e)
     return None
 
 
-def verifier_size(path: Path, f: dict[str, Any]) -> None:
+def _check_size(path: Path, f: dict[str, Any]) -> None:
     """Raise :class:`CorruptShardError` unless ``path`` has the size ``index.json`` records."""
     try:
         size = path.stat().st_size

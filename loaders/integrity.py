@@ -122,26 +122,27 @@ class Verifier:
         else:
             job.result()
 
-    def verify(self, path: Path, f: dict[str, Any]) -> None:
-        """Verify ``path`` in the calling thread: this process's verdict, else the node's, else hash it."""
+    def verify(self, path: Path, f: dict[str, Any], records: str = "the manifest") -> None:
+        """Verify ``path`` in the calling thread: this process's verdict, else the node's, else hash it
+        (``records``: what holds ``f``, named in the error)."""
         key = _identity(path, f)
         if key in self._good:
             return
         marker = self._marker(key)
         if marker is None:
-            self._hash(path, f)
+            self._hash(path, f, records)
         else:
             try:
                 fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError:  # a read-only cache: verify in this process only
                 fd = -1
             if fd < 0:
-                self._hash(path, f)
+                self._hash(path, f, records)
             else:
                 with os.fdopen(fd, "r+b") as m:
                     fcntl.lockf(m, fcntl.LOCK_EX)  # released on close; another process may be hashing it
                     if m.read() != _GOOD:
-                        self._hash(path, f)
+                        self._hash(path, f, records)
                         m.seek(0)
                         m.write(_GOOD)
         self._good.add(key)
@@ -156,10 +157,11 @@ class Verifier:
         return self.markers / hashlib.sha256(repr(key).encode()).hexdigest()[:32]
 
     @staticmethod
-    def _hash(path: Path, f: dict[str, Any]) -> None:
+    def _hash(path: Path, f: dict[str, Any], records: str = "the manifest") -> None:
         digest = sha256_file(path)
         if digest != f["sha256"]:
-            raise CorruptShardError(f"{path}: sha256 {digest}, the manifest records {f['sha256']} (damaged shard file)")
+            what = "damaged shard file" if records == "the manifest" else "damaged file"
+            raise CorruptShardError(f"{path}: sha256 {digest}, {records} records {f['sha256']} ({what})")
 
 
 class VerifiedShardSet(ShardSet):
