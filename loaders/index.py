@@ -107,7 +107,7 @@ def _make(folder: Path, digest: str, shards: VerifiedShardSet) -> None:
     """Write the index into a fresh temporary folder, then swap it in for whatever ``folder`` held."""
     tmp = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
     old = folder.parent / f".{folder.name}.{os.getpid()}.old"
-    for path in (tmp, old):
+    for path in folder.parent.glob(f".{folder.name}.*"):  # left by a killed maker (the lock is ours now)
         shutil.rmtree(path, ignore_errors=True)
     tmp.mkdir()
     try:

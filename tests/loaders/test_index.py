@@ -168,9 +168,12 @@ def test_an_interrupted_index_is_made_again_without_a_word(sharded_build: Path, 
     folder = folder_of(PackedDataset(sharded_build, 0, 1, cache_dir=cache), cache)
     (folder / INDEX).unlink()  # what a killed writer leaves, had it written into place (it writes elsewhere)
     (folder / "segments.npy").write_bytes(b"partial")
+    killed = folder.parent / f".{folder.name}.999999.tmp"  # what it leaves where it writes
+    killed.mkdir()
+    (killed / "step.npy").write_bytes(b"partial")
     got = list(PackedDataset(sharded_build, 0, 1, cache_dir=cache))
     assert all(same(a, b) for a, b in zip(want, got, strict=True))
-    assert (folder / INDEX).exists() and not [p for p in folder.parent.iterdir() if p.name.endswith((".tmp", ".old"))]
+    assert (folder / INDEX).exists() and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
 
 
 def open_in_child(build: Path, cache: Path) -> None:
