@@ -176,6 +176,8 @@ class ShardSet:
     ``dir`` is the folder as a ``Path`` (for URLs, ``url`` is the authority). Opening validates the
     manifest (:func:`mixing.manifest.parse_manifest`); ``sealed`` is False for a manifest written before
     manifests carried their own checksum (format < 3). Each shard is validated when first used.
+    The whole-build metadata (``steps``, ``segments``, ...) is read from every shard and concatenated in this
+    process, unless :meth:`use_index` maps a build index (:mod:`mixing.index`) instead.
     """
 
     def __init__(self, shards_dir: Path | str, storage_options: dict[str, Any] | None = None) -> None:
