@@ -253,11 +253,11 @@ def main() -> None:
             archive = subprocess.run(["git", "archive", args.before], capture_output=True, check=True, cwd=ROOT).stdout
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
             rows[f"before ({args.before})"] = run_tree(
-                tree, build, Path(tmp) / "cache-before", args.workers, args.steps_at
+                tree, build, Path(tmp) / "cache-before", args.workers, args.steps_at, args.repeat
             )
         cache = Path(tmp) / "cache"
         rows["after, first open on the node (makes the index)"] = run_tree(
-            ROOT, build, cache, args.workers, args.steps_at
+            ROOT, build, cache, args.workers, args.steps_at, args.repeat
         )
         rows["after, the node's index"] = run_tree(ROOT, build, cache, args.workers, args.steps_at, args.repeat)
         index_bytes = sum(p.stat().st_size for p in (cache / "index").rglob("*.npy"))
