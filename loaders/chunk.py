@@ -24,7 +24,8 @@ __all__ = ["IGNORE_INDEX", "ChunkBuilder"]
 
 
 class ChunkBuilder:
-    """Items of a local :class:`~mixing.shards.ShardSet` (its whole segment index is loaded once), cut for
+    """Items of a local :class:`~mixing.shards.ShardSet` (its whole segment index, memory-mapped when the
+    build's index is in use, else loaded once), cut for
     CP rank ``cp_rank`` of ``cp_size`` by ``cp_split``, carrying ``fields`` (checked by the caller)."""
 
     def __init__(
@@ -49,6 +50,11 @@ class ChunkBuilder:
         self._plain: dict[int, np.ndarray] = {}
         self._first = np.array([int(sh["first_sequence"]) for sh in m["shards"]], dtype=np.int64)
         self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a spawned worker starts with no pooled arrays and maps shards and index itself (not pickled copies)
+        drop = {"_pool", "_plain", "_cu_all"}
+        return {k: v for k, v in self.__dict__.items() if k not in drop} | {"_pool": {}, "_plain": {}}
 
     def build(self, seqs: list[int]) -> list[dict[str, Any]]:
         """Global sequences ``seqs`` as items: the requested fields plus ``step`` (the build's), ``sequence``
@@ -141,8 +147,12 @@ class ChunkBuilder:
 
     @cached_property
     def _cu_all(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every sequence's ``cu_seqlens`` back to back (int32) and where each begins (int64 [n+1]), made
-        once for the lean fields (4 bytes per segment, against the 32 of the segment index)."""
+        """Every sequence's ``cu_seqlens`` back to back (int32) and where each begins (int64 [n+1]), for the
+        lean fields: the build's index maps them (:mod:`loaders.index`), else they are made once here (4 bytes
+        per segment, against the 32 of the segment index)."""
+        index = self.shards.index
+        if index is not None:
+            return index["cu_seqlens"], index["cu_offsets"]
         seg, first, cu, _ = self._layout(np.arange(len(self.shards.seq_tokens)))
         at = np.zeros(len(first), dtype=np.int64)
         np.cumsum(first[1:] - first[:-1] + 1, out=at[1:])

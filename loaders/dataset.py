@@ -30,6 +30,7 @@ from loaders.chunk import ChunkBuilder
 from loaders.context_parallel import split
 from loaders.facts import RunFacts
 from loaders.fields import FIELDS, IGNORE_INDEX, check_fields
+from loaders.index import open_index
 from loaders.integrity import VerifiedShardSet, verifier_for
 from loaders.refinement import SLACK
 from loaders.schedule import Schedule
@@ -336,4 +337,5 @@ def _open(
         return open_remote(path, cache_dir, cache_bytes, storage_options, verifier)
     root = Path(str(path).removeprefix("file://"))
     shards = VerifiedShardSet(root / "shards" if (root / "shards" / "manifest.json").exists() else root, verifier)
-    return shards, (shards.dir / "manifest.json").read_bytes()
+    open_index(shards, Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "weir")
+    return shards, shards.manifest_bytes

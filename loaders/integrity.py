@@ -4,7 +4,8 @@ A damaged shard (one flipped bit) would otherwise be served as plausible tokens,
 :class:`VerifiedShardSet` gates every way to a shard's data:
 
 - sizes are checked when a shard is opened (a truncated or grown file fails before it is mapped);
-- ``meta.npz`` (segments, steps, costs; read whole when a dataset opens, for its schedule) is hashed then;
+- ``meta.npz`` (segments, steps, costs) is hashed before it is read (once per node: what a dataset reads of it
+  is the node's index, :mod:`loaders.index`, made from verified meta files and itself checked the same way);
 - ``tokens.npy`` is hashed in background threads a few shards ahead of the reader (hashlib and file reads
   release the GIL), and the first read of a shard's tokens waits for its verdict: a mismatch raises
   :class:`CorruptShardError` naming the file, with the sizes or digests expected and found.
@@ -87,6 +88,18 @@ class Verifier:
         """Record ``path`` as good (its caller has just hashed it, e.g. while fetching it)."""
         self._good.add(_identity(path, f))
 
+    def vouch(self, path: Path, f: dict[str, Any]) -> None:
+        """:meth:`trust` ``path``, and keep the verdict for the node (its caller has just written and hashed it)."""
+        key = _identity(path, f)
+        marker = self._marker(key)
+        if marker is not None:
+            try:
+                with open(marker, "wb") as m:
+                    m.write(_GOOD)
+            except OSError:  # a read-only cache: the verdict stays in this process
+                pass
+        self._good.add(key)
+
     def submit(self, path: Path, f: dict[str, Any]) -> None:
         """Start verifying ``path`` in the background (once per path and process)."""
         if self._pid != os.getpid():
@@ -109,26 +122,27 @@ class Verifier:
         else:
             job.result()
 
-    def verify(self, path: Path, f: dict[str, Any]) -> None:
-        """Verify ``path`` in the calling thread: this process's verdict, else the node's, else hash it."""
+    def verify(self, path: Path, f: dict[str, Any], records: str = "the manifest") -> None:
+        """Verify ``path`` in the calling thread: this process's verdict, else the node's, else hash it
+        (``records``: what holds ``f``, named in the error)."""
         key = _identity(path, f)
         if key in self._good:
             return
         marker = self._marker(key)
         if marker is None:
-            self._hash(path, f)
+            self._hash(path, f, records)
         else:
             try:
                 fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError:  # a read-only cache: verify in this process only
                 fd = -1
             if fd < 0:
-                self._hash(path, f)
+                self._hash(path, f, records)
             else:
                 with os.fdopen(fd, "r+b") as m:
                     fcntl.lockf(m, fcntl.LOCK_EX)  # released on close; another process may be hashing it
                     if m.read() != _GOOD:
-                        self._hash(path, f)
+                        self._hash(path, f, records)
                         m.seek(0)
                         m.write(_GOOD)
         self._good.add(key)
@@ -143,10 +157,11 @@ class Verifier:
         return self.markers / hashlib.sha256(repr(key).encode()).hexdigest()[:32]
 
     @staticmethod
-    def _hash(path: Path, f: dict[str, Any]) -> None:
+    def _hash(path: Path, f: dict[str, Any], records: str = "the manifest") -> None:
         digest = sha256_file(path)
         if digest != f["sha256"]:
-            raise CorruptShardError(f"{path}: sha256 {digest}, the manifest records {f['sha256']} (damaged shard file)")
+            what = "damaged shard file" if records == "the manifest" else "damaged file"
+            raise CorruptShardError(f"{path}: sha256 {digest}, {records} records {f['sha256']} ({what})")
 
 
 class VerifiedShardSet(ShardSet):
@@ -167,8 +182,12 @@ class VerifiedShardSet(ShardSet):
     def _shard(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         if self.verifier is not None and k not in self._open:
             self.verifier.check_size(*self._file(k, "tokens"))  # before np.load maps it
-            self.verifier.wait(*self._file(k, "meta"))
         return super()._shard(k)
+
+    def shard_meta(self, k: int) -> dict[str, np.ndarray]:
+        if self.verifier is not None:
+            self.verifier.wait(*self._file(k, "meta"))
+        return super().shard_meta(k)
 
     def tokens_ready(self, k: int) -> None:
         """Wait until shard ``k``'s tokens are verified, hashing the next :data:`AHEAD` shards meanwhile."""

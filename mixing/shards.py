@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from mixing.index import map_index
 from mixing.manifest import FORMAT_VERSION, MANIFEST, ShardError, _first_line, parse_manifest, write_manifest
 from mixing.store import Store, sha256_file
 
@@ -175,6 +176,8 @@ class ShardSet:
     ``dir`` is the folder as a ``Path`` (for URLs, ``url`` is the authority). Opening validates the
     manifest (:func:`mixing.manifest.parse_manifest`); ``sealed`` is False for a manifest written before
     manifests carried their own checksum (format < 3). Each shard is validated when first used.
+    The whole-build metadata (``steps``, ``segments``, ...) is read from every shard and concatenated in this
+    process, unless :meth:`use_index` maps a build index (:mod:`mixing.index`) instead.
     """
 
     def __init__(self, shards_dir: Path | str, storage_options: dict[str, Any] | None = None) -> None:
@@ -190,10 +193,40 @@ class ShardSet:
         self.manifest, self.sealed = parse_manifest(self.manifest_bytes, f"{self.url}/{MANIFEST}")
         self._starts = np.array([s["first_sequence"] for s in self.manifest["shards"]], dtype=np.int64)
         self._open: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+        self._index_dir: Path | None = None
+        self._index: dict[str, np.ndarray] | None = None
+
+    def use_index(self, folder: Path) -> None:
+        """Serve :attr:`steps`, :attr:`seq_cost`, :attr:`seq_tokens`, :attr:`segments` and :meth:`sequence`'s
+        metadata from the index in ``folder`` (:mod:`mixing.index`), memory-mapped: no shard's ``meta.npz``
+        is read any more, nothing per sequence is copied into this process. The caller vouches for the files
+        (checksums); their shapes are checked here (``ShardError`` naming the folder)."""
+        try:
+            self._index = map_index(folder, len(self))
+        except ValueError as e:
+            raise ShardError(f"{folder}: index unusable ({_first_line(e)})") from None
+        self._index_dir = folder
+        for name in ("steps", "seq_cost", "seq_tokens", "segments"):
+            self.__dict__.pop(name, None)
+        self._open = {k: (tokens, {}) for k, (tokens, _meta) in self._open.items()}
+
+    @property
+    def index(self) -> dict[str, np.ndarray] | None:
+        """The memory-mapped index arrays (:mod:`mixing.index`) when :meth:`use_index` was called, else None."""
+        if self._index is None and self._index_dir is not None:  # unpickled in a spawned worker: map again
+            self._index = map_index(self._index_dir, len(self))
+        return self._index
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a spawned worker maps the files again: pickling a map (or arrays read from the shards) would copy it
+        drop = {"_open", "_index", "steps", "seq_cost", "seq_tokens", "segments"}
+        return {k: v for k, v in self.__dict__.items() if k not in drop} | {"_open": {}, "_index": None}
 
     def __len__(self) -> int:
         return int(self.manifest["sequences"])
 
+    # With an index (use_index) these are its memory maps; else each is read from every shard and concatenated
+    # in this process (cached), as readers of a whole build that need no index (mixing's tools) do.
     @cached_property
     def steps(self) -> np.ndarray:
         """Step of every sequence, int64 [len(self)], non-decreasing."""
@@ -212,6 +245,8 @@ class ShardSet:
     @cached_property
     def segments(self) -> tuple[np.ndarray, np.ndarray]:
         """All sequences' segments: (seg_offsets int64 [n+1], segments int64 [m, 4])."""
+        if self.index is not None:
+            return self.index["seg_offsets"], self.index["segments"]
         offs, segs, base = [np.zeros(1, np.int64)], [np.zeros((0, 4), np.int64)], 0
         for k in range(len(self._starts)):
             meta = self._shard(k)[1]
@@ -221,25 +256,35 @@ class ShardSet:
         return np.concatenate(offs), np.concatenate(segs)
 
     def _concat(self, key: str, dtype: type) -> np.ndarray:
+        if self.index is not None:
+            return self.index[key]
         parts = [self._shard(k)[1][key] for k in range(len(self._starts))]
         return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
     def _shard(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Shard ``k``'s tokens and, without an index, its metadata (an empty dict with one), kept open."""
         if k not in self._open:
             shard = self.manifest["shards"][k]
             tokens = self._load_tokens(shard["files"]["tokens"]["name"], int(shard["sequences"]))
-            meta = self._load_meta(shard["files"]["meta"]["name"], int(shard["sequences"]))
-            if "seg_cost" not in meta:  # format 1
-                c = self.manifest.get("cost", {})
-                length = meta["segments"][:, 3].astype(np.float64)
-                meta["seg_cost"] = c.get("attention", 1.0) * length**2 + c.get("linear", 0.0) * length
-                off = meta["seg_offsets"]
-                cum_t = np.concatenate([[0], np.cumsum(meta["segments"][:, 3])])
-                cum_c = np.concatenate([[0.0], np.cumsum(meta["seg_cost"])])
-                meta["seq_tokens"] = cum_t[off[1:]] - cum_t[off[:-1]]
-                meta["seq_cost"] = cum_c[off[1:]] - cum_c[off[:-1]]
-            self._open[k] = (tokens, meta)
+            self._open[k] = (tokens, {} if self.index is not None else self.shard_meta(k))
         return self._open[k]
+
+    def shard_meta(self, k: int) -> dict[str, np.ndarray]:
+        """Shard ``k``'s metadata arrays read from its ``meta.npz`` (validated; a format 1 shard's cost and token
+        arrays derived), not kept: ``step``, ``seg_offsets``, ``segments``, ``seg_cost``, ``seq_tokens``,
+        ``seq_cost``."""
+        shard = self.manifest["shards"][k]
+        meta = self._load_meta(shard["files"]["meta"]["name"], int(shard["sequences"]))
+        if "seg_cost" not in meta:  # format 1
+            c = self.manifest.get("cost", {})
+            length = meta["segments"][:, 3].astype(np.float64)
+            meta["seg_cost"] = c.get("attention", 1.0) * length**2 + c.get("linear", 0.0) * length
+            off = meta["seg_offsets"]
+            cum_t = np.concatenate([[0], np.cumsum(meta["segments"][:, 3])])
+            cum_c = np.concatenate([[0.0], np.cumsum(meta["seg_cost"])])
+            meta["seq_tokens"] = cum_t[off[1:]] - cum_t[off[:-1]]
+            meta["seq_cost"] = cum_c[off[1:]] - cum_c[off[:-1]]
+        return meta
 
     def _bad(self, name: str, what: str) -> ShardError:
         return ShardError(f"{self.url}/{name}: {what}")
@@ -284,9 +329,10 @@ class ShardSet:
             raise IndexError(f"sequence {i} out of range [0, {len(self)})")
         k = int(np.searchsorted(self._starts, i, side="right") - 1)
         tokens, meta = self._shard(k)
-        j = i - int(self._starts[k])
+        row = i - int(self._starts[k])
+        meta, j = (meta, row) if self.index is None else (self.index, i)  # the shard's metadata or the build's
         a, b = meta["seg_offsets"][j], meta["seg_offsets"][j + 1]
-        return SequenceView(i, int(meta["step"][j]), tokens[j], meta["segments"][a:b], meta["seg_cost"][a:b])
+        return SequenceView(i, int(meta["step"][j]), tokens[row], meta["segments"][a:b], meta["seg_cost"][a:b])
 
     def file_problems(self) -> dict[str, str]:
         """Shard files that differ from the manifest, name → what is wrong (missing, size, sha256)."""

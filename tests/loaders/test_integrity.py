@@ -15,6 +15,7 @@ import torch
 
 from loaders import PackedDataset, PackedLoader
 from loaders.integrity import CorruptShardError
+from mixing.index import ARRAYS
 
 DAMAGED = 2  # the shard whose file is damaged: two sound shards come before it
 
@@ -87,8 +88,8 @@ def test_sound_files_give_the_items_of_an_unverified_reader(sharded_build: Path,
     for a, b in zip(verified, plain, strict=True):
         assert a.keys() == b.keys()
         assert all(a[k].equal(b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
-    n_files = 2 * len(PackedDataset(sharded_build, verify=False).shards.manifest["shards"])
-    assert len(list((tmp_path / "verified").iterdir())) == n_files  # each file's verdict kept for the node
+    n_files = 2 * len(PackedDataset(sharded_build, verify=False).shards.manifest["shards"]) + len(ARRAYS)
+    assert len(list((tmp_path / "verified").iterdir())) == n_files  # each file's verdict kept (shards, index)
 
 
 def test_a_verdict_kept_on_the_node_does_not_hide_a_later_change(sharded_build: Path, tmp_path: Path) -> None:

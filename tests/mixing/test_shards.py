@@ -230,3 +230,37 @@ def test_the_manifest_carries_its_own_checksum(tmp_path: Path) -> None:
             ShardSet(tmp_path)
         write_manifest(tmp_path, {**m, **edit})  # a change made on purpose is written with a new checksum
         assert ShardSet(tmp_path).manifest == {**m, **edit, CHECKSUM_FIELD: manifest_digest({**m, **edit})}
+
+
+@pytest.mark.parametrize("per_shard", [1, 2, 10])
+def test_the_index_holds_the_shards_metadata_as_mappable_arrays(tmp_path: Path, per_shard: int) -> None:
+    import mmap
+
+    from mixing.index import item_cu_seqlens, map_index, write_index
+
+    tokens, step, offs, segs = _toy(n=7)
+    segs[::3, 3] -= 1  # some sequences end in padding
+    write_shards(tmp_path / "b", tokens, step, offs, segs, per_shard, {"cost": {"attention": 2.0, "linear": 1.0}})
+    plain, indexed = ShardSet(tmp_path / "b"), ShardSet(tmp_path / "b")
+    (tmp_path / "ix").mkdir()
+    record = write_index(plain, tmp_path / "ix", "0" * 64, meta_verified=False)
+    assert all(len(f["sha256"]) == 64 for f in record["files"].values())
+    indexed.use_index(tmp_path / "ix")
+    assert np.array_equal(indexed.steps, plain.steps) and np.array_equal(indexed.seq_tokens, plain.seq_tokens)
+    assert np.array_equal(indexed.seq_cost, plain.seq_cost)
+    assert all(np.array_equal(a, b) for a, b in zip(indexed.segments, plain.segments, strict=True))
+    for i in range(len(plain)):
+        a, b = indexed.sequence(i), plain.sequence(i)
+        assert (a.step, a.tokens.tolist(), a.segments.tolist()) == (b.step, b.tokens.tolist(), b.segments.tolist())
+        assert np.array_equal(a.seg_cost, b.seg_cost)
+    ix = map_index(tmp_path / "ix", len(plain))
+    assert isinstance(ix["segments"].base, np.memmap) and isinstance(ix["segments"].base.base, mmap.mmap)
+    cu, count = item_cu_seqlens(offs, segs[:, 3], plain.seq_tokens, 16)
+    assert np.array_equal(ix["cu_seqlens"], cu) and np.array_equal(np.diff(ix["cu_offsets"]), count)
+    for i in range(len(plain)):  # each sequence's boundaries, its padding (if any) one more segment
+        lens = plain.sequence(i).segments[:, 3].tolist()
+        want = np.cumsum([0, *lens, *([16 - sum(lens)] if sum(lens) < 16 else [])])
+        assert ix["cu_seqlens"][ix["cu_offsets"][i] : ix["cu_offsets"][i + 1]].tolist() == want.tolist()
+    (tmp_path / "ix" / "step.npy").write_bytes((tmp_path / "ix" / "seq_cost.npy").read_bytes())  # float64, not int64
+    with pytest.raises(ShardError, match=r"ix: index unusable .*step\.npy: holds float64"):
+        ShardSet(tmp_path / "b").use_index(tmp_path / "ix")
