@@ -27,7 +27,8 @@ import numpy as np
 
 from mixing import _packing_v1 as v1
 
-try:  # numba is optional: without it the pure-Python engine packs the same sequences, ~15× slower
+njit: Any
+try:  # a dependency, but packing still works without it: the pure-Python engine packs the same sequences, ~15× slower
     from numba import njit
 except ImportError:  # pragma: no cover - depends on the environment
     njit = None
