@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["CHUNK_DOCS", "SegmentQuota", "draw_source"]
 
-CHUNK_DOCS = 1 << 21  # documents of the permutation expanded into units at a time (bounds the chunk memory)
+CHUNK_DOCS = 1 << 19  # documents of the permutation expanded into units at a time (bounds the chunk memory)
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,14 @@ class SegmentQuota:
 Units = dict[str, np.ndarray]  # step, doc_id, piece, start, length, epoch, ord: int64 columns of equal length
 
 
-def _order(ids: np.ndarray, lens: np.ndarray, seed: int, name: str, seq: int, epochs: int) -> Iterator[Units]:
+def _order(ids: np.ndarray | None, lens: np.ndarray, seed: int, name: str, seq: int, epochs: int) -> Iterator[Units]:
     """The source's units in draw order, chunk by chunk: doc_id, piece, start, length, doc_len, epoch, ord."""
     pieces = np.maximum(1, -(-lens // seq))
     base = 0
+    n_docs = len(lens)
     for e in range(epochs):
         rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
-        perm = rng.permutation(len(ids))
+        perm = rng.permutation(n_docs)
         for a in range(0, len(perm), CHUNK_DOCS):
             p = perm[a : a + CHUNK_DOCS]
             n_p = pieces[p]
@@ -58,7 +59,7 @@ def _order(ids: np.ndarray, lens: np.ndarray, seed: int, name: str, seq: int, ep
             start = piece * seq
             doc_len = lens[rep]
             yield {
-                "doc_id": ids[rep],
+                "doc_id": rep if ids is None else ids[rep],
                 "piece": piece,
                 "start": start,
                 "length": np.minimum(seq, doc_len - start),
@@ -71,7 +72,7 @@ def _order(ids: np.ndarray, lens: np.ndarray, seed: int, name: str, seq: int, ep
 
 
 def draw_source(
-    ids: np.ndarray,
+    ids: np.ndarray | None,
     lens: np.ndarray,
     *,
     seed: int,
@@ -82,18 +83,19 @@ def draw_source(
 ) -> Iterator[Units]:
     """The units of source ``name`` each segment takes, with their ``step``, at most ``epochs`` epochs.
 
-    ``ids``/``lens``: the source's documents (doc_id, n_tokens) in doc_id order. A segment that runs out
+    ``ids``/``lens``: the source's documents (doc_id, n_tokens) in doc_id order (``ids`` None: doc_id is
+    the row number, 0..n-1). A segment that runs out
     of units before its last step simply takes fewer tokens (the caller compares them to its demand).
     Deterministic; the result does not depend on :data:`CHUNK_DOCS`.
     """
-    ids, lens = np.asarray(ids, np.int64), np.asarray(lens, np.int64)
+    lens = np.asarray(lens, np.int64)
     taken: list[tuple[int, int]] = []  # per earlier segment: (limit, first ord past what it took)
     for seg in segments:
-        if not len(seg.steps) or not epochs or not len(ids):
+        if not len(seg.steps) or not epochs or not len(lens):
             continue
         limit = seg.limit if seg.limit is not None else 1 << 62
         before, end = 0, 0  # tokens this segment drew before the chunk; first ord past its last unit
-        for u in _order(ids, lens, seed, name, seq, epochs):
+        for u in _order(ids, lens, seed, name, seq, epochs):  # from the start: earlier segments skip units
             ok = u["doc_len"] <= limit
             for lim, past in taken:
                 ok &= ~((u["ord"] < past) & (u["doc_len"] <= lim))

@@ -121,7 +121,7 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
         problems += found  # a source with a problem is not drawn (epochs 0): its problems are named already
 
     _draw(con, mix, quotas, spans, epochs)
-    got = {(r[0], names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
+    got = {(spans[r[0]].name, names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
     # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
     # demand: one short by more than a unit ran out of documents (possible only when max_epochs capped
     # the epochs drawn below the sufficient count of _epochs_needed).
@@ -165,7 +165,7 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
 
 
 _HAVE = "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents GROUP BY 1"
-_TAKEN = "SELECT s.phase, t.src, sum(t.length)::BIGINT FROM _taken t JOIN _steps s USING (step) GROUP BY 1, 2"
+_TAKEN = "SELECT ph, src, sum(length)::BIGINT FROM _taken GROUP BY 1, 2"
 
 
 def _short_tokens(con: duckdb.DuckDBPyConnection, limits: list[int]) -> dict[tuple[int, str], tuple[int, int]]:
@@ -260,7 +260,8 @@ def _draw(
     spans: tuple[PhaseSpan, ...],
     epochs: dict[str, int],
 ) -> None:
-    """Temp table ``_taken(step, src, doc_id, piece, start, length, epoch, ord)``: the units each step draws.
+    """Temp table ``_taken(step, ph, src, doc_id, piece, start, length, epoch, ord)``: the units each step
+    draws, ``ph`` and ``src`` indices into ``spans`` and the sources by name.
 
     One source and one chunk of its draw order at a time (:func:`mixing.draws.draw_source`): Python holds
     one source's documents and one epoch's permutation, never every unit; DuckDB holds ``_taken`` and
@@ -269,9 +270,10 @@ def _draw(
     names = sorted(mix.sources)
     quota = quotas["quota"].to_numpy().reshape(-1, len(names))  # step_quotas: step-major, sources by name
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, src SMALLINT, doc_id BIGINT, piece BIGINT, "
+        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, ph SMALLINT, src SMALLINT, doc_id BIGINT, piece BIGINT, "
         "start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
     )
+    starts = np.array([sp.first_step for sp in spans], np.int64)
     for i, s in enumerate(names):
         if not epochs[s]:
             continue
@@ -283,8 +285,11 @@ def _draw(
         docs = con.sql(
             "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[s]
         ).fetchnumpy()
-        ids, lens = np.asarray(docs["doc_id"], np.int64), np.asarray(docs["n_tokens"], np.int64)
+        ids: np.ndarray | None = np.asarray(docs["doc_id"], np.int64)
+        lens = np.asarray(docs["n_tokens"], np.int64)
         del docs
+        if ids is not None and np.array_equal(ids, np.arange(len(ids))):
+            ids = None  # doc_id is the row number (as tokenize writes it): no array of ids to hold
         draw = draw_source(
             ids, lens, seed=mix.seed, name=s, seq=mix.sequence.length, epochs=epochs[s], segments=segments
         )
@@ -292,25 +297,23 @@ def _draw(
         for u in draw:
             pending.append(u)
             if sum(len(p["step"]) for p in pending) >= _FLUSH_ROWS:
-                _insert(con, pending, i)
-        _insert(con, pending, i)
-    steps = quotas.select("step", "phase").unique("step").sort("step")
-    con.register("_steps_in", steps.to_arrow())
-    con.execute("CREATE OR REPLACE TEMP TABLE _steps AS FROM _steps_in")
-    con.unregister("_steps_in")
-    listed = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
+                _insert(con, pending, i, starts)
+        _insert(con, pending, i, starts)
+    sources = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
+    phases = ", ".join("'" + sp.name.replace("'", "''") + "'" for sp in spans)
     con.execute(
-        f"CREATE OR REPLACE TEMP VIEW _plan_units AS SELECT t.step, s.phase, [{listed}][t.src + 1] AS source, "
-        "t.doc_id, t.piece, t.start, t.length, t.epoch, t.ord FROM _taken t JOIN _steps s USING (step) "
-        "ORDER BY t.step, t.src, t.ord"  # src follows name order: sorting ints is the cheap way to sort names
+        f"CREATE OR REPLACE TEMP VIEW _plan_units AS SELECT step, [{phases}][ph + 1] AS phase, "
+        f"[{sources}][src + 1] AS source, doc_id, piece, start, length, epoch, ord FROM _taken "
+        "ORDER BY step, src, ord"  # src follows name order: sorting ints is the cheap way to sort names
     )
 
 
-_FLUSH_ROWS = 1 << 20  # units buffered before an INSERT: few statements for small plans, bounded for big ones
+_FLUSH_ROWS = 1 << 19  # units buffered before an INSERT: few statements for small plans, bounded for big ones
 
 
-def _insert(con: duckdb.DuckDBPyConnection, pending: list[dict[str, np.ndarray]], src: int) -> None:
-    """Append the ``pending`` chunks of source index ``src`` to ``_taken`` and empty the list."""
+def _insert(con: duckdb.DuckDBPyConnection, pending: list[dict[str, np.ndarray]], src: int, starts: np.ndarray) -> None:
+    """Append the ``pending`` chunks of source index ``src`` to ``_taken`` and empty the list (``starts``:
+    each phase's first step, ascending: a step's phase is the last one starting at or before it)."""
     if not pending:
         return
     u = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
@@ -319,6 +322,7 @@ def _insert(con: duckdb.DuckDBPyConnection, pending: list[dict[str, np.ndarray]]
     chunk = pa.table(
         {
             "step": u["step"],
+            "ph": (np.searchsorted(starts, u["step"], side="right") - 1).astype(np.int16),
             "src": np.full(n, src, np.int16),
             **{k: u[k] for k in ("doc_id", "piece", "start", "length")},
             "epoch": u["epoch"].astype(np.int32),
