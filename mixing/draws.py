@@ -10,8 +10,9 @@ segment's start) exceeds the unit's midpoint in the cumulative draw, so through 
 stay within half a unit of the quota. A segment takes a prefix of what it may draw, so what earlier
 segments took is named by (limit, first ord not taken) pairs, not by a set of units.
 
-Memory: O(documents of the source) for its ids, lengths and the current epoch's permutation, plus one
-chunk of units; never every unit of every epoch. The units come out per source, segment by segment, in
+Memory: O(documents of the source), 12–20 bytes each (lengths as int32 where they fit, ids only where
+doc_id is not the row number, and the current epoch's permutation), plus one chunk of units; never
+every unit of every epoch. The units come out per source, segment by segment, in
 (step, ord) order.
 """
 
@@ -44,7 +45,6 @@ Units = dict[str, np.ndarray]  # step, doc_id, piece, start, length, epoch, ord:
 
 def _order(ids: np.ndarray | None, lens: np.ndarray, seed: int, name: str, seq: int, epochs: int) -> Iterator[Units]:
     """The source's units in draw order, chunk by chunk: doc_id, piece, start, length, doc_len, epoch, ord."""
-    pieces = np.maximum(1, -(-lens // seq))
     base = 0
     n_docs = len(lens)
     for e in range(epochs):
@@ -52,12 +52,12 @@ def _order(ids: np.ndarray | None, lens: np.ndarray, seed: int, name: str, seq: 
         perm = rng.permutation(n_docs)
         for a in range(0, len(perm), CHUNK_DOCS):
             p = perm[a : a + CHUNK_DOCS]
-            n_p = pieces[p]
+            n_p = np.maximum(1, -(-lens[p].astype(np.int64) // seq))  # per chunk: no array of pieces to hold
             rep = np.repeat(p, n_p)
             first = np.repeat(np.cumsum(n_p) - n_p, n_p)
             piece = np.arange(len(rep), dtype=np.int64) - first
             start = piece * seq
-            doc_len = lens[rep]
+            doc_len = lens[rep].astype(np.int64)
             yield {
                 "doc_id": rep if ids is None else ids[rep],
                 "piece": piece,
@@ -88,7 +88,7 @@ def draw_source(
     of units before its last step simply takes fewer tokens (the caller compares them to its demand).
     Deterministic; the result does not depend on :data:`CHUNK_DOCS`.
     """
-    lens = np.asarray(lens, np.int64)
+    lens = np.asarray(lens)
     taken: list[tuple[int, int]] = []  # per earlier segment: (limit, first ord past what it took)
     for seg in segments:
         if not len(seg.steps) or not epochs or not len(lens):
