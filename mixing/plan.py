@@ -18,6 +18,7 @@ Deterministic for the same documents, mix and seed.
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +93,12 @@ def make_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | 
 
 
 def preview_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None) -> Plan:
-    """The same plan as :func:`make_plan`, computed from ``db_path`` opened read-only; writes nothing."""
-    with duckdb.connect(config=dict(config or {})) as con:
+    """The same plan as :func:`make_plan`, computed from ``db_path`` opened read-only; writes nothing
+    (what DuckDB spills goes to a temporary folder removed on return, not ``.tmp`` in the working folder)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="weir-preview-") as tmp,
+        duckdb.connect(config={"temp_directory": tmp, **(config or {})}) as con,
+    ):
         path = str(db_path).replace("'", "''")
         con.execute(f"ATTACH '{path}' AS build (READ_ONLY)")
         tables = {
