@@ -287,16 +287,7 @@ def _draw(
             col = quota[seg[0].first_step : seg[-1].end_step, i]
             pos = np.flatnonzero(col > 0)
             segments.append(SegmentQuota(seg[0].max_doc_tokens, seg[0].first_step + pos, 2 * np.cumsum(col)[pos]))
-        docs = con.sql(
-            "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[s]
-        ).fetchnumpy()
-        ids: np.ndarray | None = np.asarray(docs["doc_id"], np.int64)
-        lens = np.asarray(docs["n_tokens"], np.int64)
-        del docs
-        if len(lens) and int(lens.max()) < 1 << 31:
-            lens = lens.astype(np.int32)  # half the memory per document
-        if ids is not None and np.array_equal(ids, np.arange(len(ids))):
-            ids = None  # doc_id is the row number (as tokenize writes it): no array of ids to hold
+        ids, lens = _source_documents(con, s)
         draw = draw_source(
             ids, lens, seed=mix.seed, name=s, seq=mix.sequence.length, epochs=epochs[s], segments=segments
         )
@@ -313,6 +304,33 @@ def _draw(
         f"[{sources}][src + 1] AS source, doc_id, piece, start, length, epoch, ord FROM _taken "
         "ORDER BY step, src, ord"  # src follows name order: sorting ints is the cheap way to sort names
     )
+
+
+def _source_documents(con: duckdb.DuckDBPyConnection, source: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """``source``'s (doc_id, n_tokens) in doc_id order, read in batches into arrays sized once: lengths as
+    int32 where they fit, and no ids (None) when doc_id is the row number, as tokenize writes it."""
+    n, longest, lo, hi = con.sql(
+        "SELECT count(*), coalesce(max(n_tokens), 0), min(doc_id), max(doc_id) FROM documents WHERE source = ?",
+        params=[source],
+    ).fetchall()[0]
+    lens = np.empty(n, np.int32 if longest < 1 << 31 else np.int64)
+    dense = n == 0 or (lo == 0 and hi == n - 1)  # checked batch by batch below (doc_ids could repeat)
+    ids = None if dense else np.empty(n, np.int64)
+    at = 0
+    reader = con.sql(
+        "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[source]
+    ).fetch_record_batch(_FLUSH_ROWS)
+    for batch in reader:
+        b_ids = batch.column(0).to_numpy()
+        m = len(b_ids)
+        lens[at : at + m] = batch.column(1).to_numpy()
+        if ids is None and not np.array_equal(b_ids, np.arange(at, at + m)):
+            ids = np.empty(n, np.int64)
+            ids[:at] = np.arange(at)
+        if ids is not None:
+            ids[at : at + m] = b_ids
+        at += m
+    return ids, lens
 
 
 _FLUSH_ROWS = 1 << 19  # units buffered before an INSERT: few statements for small plans, bounded for big ones
