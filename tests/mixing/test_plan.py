@@ -243,3 +243,23 @@ def test_infeasible_plan_names_every_phase_and_source_at_once(tmp_path: Path) ->
     assert "phase 'warm' needs 3072 tokens of source 'c', but it has no documents" in body
     assert len(lines) == 6 and all(line.startswith("- ") for line in lines[1:])
     assert tables(db) == before
+
+
+def test_plan_under_a_small_duckdb_memory_limit_spills_and_is_the_same(tmp_path: Path) -> None:
+    """``make_plan(config=...)`` bounds DuckDB; past the limit it spills the drawn units and the final sort,
+    and the plan written is the same as without a limit."""
+    mix = parse_mix(
+        "name: big\nseed: 3\nsequence: {length: 256, global_batch: 64}\nsources:\n  a: {uri: x}\n  b: {uri: y}\n"
+        "curriculum:\n  - {phase: w, steps: 40, mixture: {a: 0.5, b: 0.5}, max_doc_tokens: 64}\n"
+        "  - {phase: m, steps: 1800, mixture: {a: 0.7, b: 0.3}, transition: {shape: cosine, steps: 100}}\n"
+    )
+    rng = np.random.default_rng(1)
+    lengths = {"a": np.clip(rng.lognormal(4, 1.2, 200_000), 1, 2000), "b": rng.integers(1, 300, 100_000)}
+    digests = []
+    for name, config in (("free", {}), ("bounded", {"memory_limit": "16MB", "threads": 1})):
+        db = tmp_path / f"{name}.duckdb"
+        write_documents(db, lengths)
+        plan = make_plan(mix, db, config=config)
+        digests.append(tables(db))
+    assert plan.units > 250_000  # 9 columns of them: ~20 MB uncompressed, more than 16 MB
+    assert digests[0] == digests[1]
