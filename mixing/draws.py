@@ -1,103 +1,116 @@
-"""The draw order: each source's units (whole documents, or S-token pieces of longer ones) in a seeded order.
+"""The draw: each source's units (whole documents, or S-token pieces of longer ones) in a seeded order,
+assigned to steps against the source's cumulative quota, streamed in bounded memory.
 
-A fresh permutation of the source's documents per epoch (numpy PCG64 seeded by the mix seed, crc32 of the
-source name and the epoch: stable across numpy versions and machines). The order is loaded into DuckDB as
-the temp table ``_units`` for the planner; only the prefix the plan can reach is kept.
+The order is a fresh permutation of the source's documents per epoch (numpy PCG64 seeded by the mix seed,
+crc32 of the source name and the epoch: stable across numpy versions and machines), cut into pieces; a
+unit's ``ord`` is its place in that order counted across epochs. Each length segment (consecutive phases
+with the same ``max_doc_tokens``) walks the order from the start: the units whose document fits its limit
+and that no earlier segment took, in order, go to the first step whose cumulative quota (from the
+segment's start) exceeds the unit's midpoint in the cumulative draw, so through any step the tokens drawn
+stay within half a unit of the quota. A segment takes a prefix of what it may draw, so what earlier
+segments took is named by (limit, first ord not taken) pairs, not by a set of units.
+
+Memory: O(documents of the source), 12–20 bytes each (lengths as int32 where they fit, ids only where
+doc_id is not the row number, and the current epoch's permutation), plus one chunk of units; never
+every unit of every epoch. The units come out per source, segment by segment, in
+(step, ord) order.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-import duckdb
 import numpy as np
-import pyarrow as pa
 
-from mixing.curriculum import PhaseSpan, length_segments
-from mixing.mixfile import Mix
+__all__ = ["CHUNK_DOCS", "SegmentQuota", "draw_source"]
 
-__all__ = ["draw_targets", "load_draws"]
+CHUNK_DOCS = 1 << 19  # documents of the permutation expanded into units at a time (bounds the chunk memory)
 
 
-Target = tuple[int | None, int]  # (max_doc_tokens or None, tokens the order must hold that it may draw)
+@dataclass(frozen=True)
+class SegmentQuota:
+    """One length segment as a source sees it: ``limit`` (its ``max_doc_tokens``, or None); ``steps``
+    int64 [k], the segment's steps with a positive quota of the source, ascending; ``cum2`` int64 [k],
+    twice the source's cumulative quota from the segment's start through each of them (strictly rising)."""
+
+    limit: int | None
+    steps: np.ndarray
+    cum2: np.ndarray
 
 
-def draw_targets(spans: tuple[PhaseSpan, ...], need: dict[tuple[str, str], int], source: str, seq: int) -> list[Target]:
-    """Per segment that draws ``source``: (its ``max_doc_tokens`` or None, Σ over it and earlier segments
-    of demand + S). A draw order holding that many tokens the segment may draw is enough for it."""
-    out: list[Target] = []
-    run = 0
-    for seg in length_segments(spans):
-        want = sum(need.get((sp.name, source), 0) for sp in seg)
-        run += want + seq
-        if want:
-            out.append((seg[0].max_doc_tokens, run))
-    return out
+Units = dict[str, np.ndarray]  # step, doc_id, piece, start, length, epoch, ord: int64 columns of equal length
 
 
-def load_draws(
-    con: duckdb.DuckDBPyConnection,
-    mix: Mix,
-    epochs: dict[str, int],
-    targets: dict[str, list[Target]],
-) -> None:
-    """Temp table ``_units``: each source's units in draw order (``ord``), at most ``epochs[source]`` epochs.
-
-    The order is a numpy PCG64 permutation seeded by (seed, crc32(source), epoch): stable across versions.
-    Only the prefix of the order that meets every one of the source's ``targets`` is kept (see
-    :func:`draw_targets`): the draw never reaches past it, so the plan is the same as over the whole order
-    while the work grows with the tokens planned rather than with the corpus.
-    """
-    seq = mix.sequence.length
-    cols: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("src", "epoch", "doc_id", "piece", "start", "length", "doc_len", "ord")
-    }
-    names = sorted(epochs)
-    for k, name in enumerate(names):
-        if not epochs[name]:
-            continue
-        docs = con.sql(
-            "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[name]
-        ).fetchnumpy()
-        ids, lens = docs["doc_id"].astype(np.int64), docs["n_tokens"].astype(np.int64)
-        pieces = np.maximum(1, -(-lens // seq))
-        base = 0
-        got = [0] * len(targets[name])  # tokens each target may draw, in the epochs kept so far
-        for e in range(epochs[name]):
-            rng = np.random.default_rng([mix.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
-            perm = rng.permutation(len(ids))
-            n_p = pieces[perm]
-            rep = np.repeat(perm, n_p)
+def _order(ids: np.ndarray | None, lens: np.ndarray, seed: int, name: str, seq: int, epochs: int) -> Iterator[Units]:
+    """The source's units in draw order, chunk by chunk: doc_id, piece, start, length, doc_len, epoch, ord."""
+    base = 0
+    n_docs = len(lens)
+    for e in range(epochs):
+        rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
+        perm = rng.permutation(n_docs)
+        for a in range(0, len(perm), CHUNK_DOCS):
+            p = perm[a : a + CHUNK_DOCS]
+            n_p = np.maximum(1, -(-lens[p].astype(np.int64) // seq))  # per chunk: no array of pieces to hold
+            rep = np.repeat(p, n_p)
             first = np.repeat(np.cumsum(n_p) - n_p, n_p)
             piece = np.arange(len(rep), dtype=np.int64) - first
             start = piece * seq
-            length = np.minimum(seq, lens[rep] - start)
-            doc_len = lens[rep]
-            cut = 0
-            for t, (limit, want) in enumerate(targets[name]):
-                if got[t] >= want:
-                    continue  # met in an earlier epoch
-                cum = np.cumsum(length if limit is None else np.where(doc_len <= limit, length, 0))
-                if len(cum) and got[t] + int(cum[-1]) >= want:
-                    cut = max(cut, int(np.searchsorted(cum, want - got[t])) + 1)
-                got[t] += int(cum[-1]) if len(cum) else 0
-            done = all(g >= w for g, (_lim, w) in zip(got, targets[name], strict=True))
-            end = cut if done else len(rep)
-            cols["src"].append(np.full(end, k, np.int16))
-            cols["epoch"].append(np.full(end, e, np.int32))
-            cols["doc_id"].append(ids[rep[:end]])
-            cols["piece"].append(piece[:end])
-            cols["start"].append(start[:end])
-            cols["length"].append(length[:end])
-            cols["doc_len"].append(doc_len[:end])
-            cols["ord"].append(np.arange(base, base + end, dtype=np.int64))
-            base += end
-            if done:
+            doc_len = lens[rep].astype(np.int64)
+            yield {
+                "doc_id": rep if ids is None else ids[rep],
+                "piece": piece,
+                "start": start,
+                "length": np.minimum(seq, doc_len - start),
+                "doc_len": doc_len,
+                "epoch": np.full(len(rep), e, np.int64),
+                "ord": np.arange(base, base + len(rep), dtype=np.int64),
+            }
+            base += len(rep)
+        del perm
+
+
+def draw_source(
+    ids: np.ndarray | None,
+    lens: np.ndarray,
+    *,
+    seed: int,
+    name: str,
+    seq: int,
+    epochs: int,
+    segments: list[SegmentQuota],
+) -> Iterator[Units]:
+    """The units of source ``name`` each segment takes, with their ``step``, at most ``epochs`` epochs.
+
+    ``ids``/``lens``: the source's documents (doc_id, n_tokens) in doc_id order (``ids`` None: doc_id is
+    the row number, 0..n-1). A segment that runs out
+    of units before its last step simply takes fewer tokens (the caller compares them to its demand).
+    Deterministic; the result does not depend on :data:`CHUNK_DOCS`.
+    """
+    lens = np.asarray(lens)
+    taken: list[tuple[int, int]] = []  # per earlier segment: (limit, first ord past what it took)
+    for seg in segments:
+        if not len(seg.steps) or not epochs or not len(lens):
+            continue
+        limit = seg.limit if seg.limit is not None else 1 << 62
+        before, end = 0, 0  # tokens this segment drew before the chunk; first ord past its last unit
+        for u in _order(ids, lens, seed, name, seq, epochs):  # from the start: earlier segments skip units
+            ok = u["doc_len"] <= limit
+            for lim, past in taken:
+                ok &= ~((u["ord"] < past) & (u["doc_len"] <= lim))
+            if not ok.all():
+                u = {k: v[ok] for k, v in u.items()}
+            length = u["length"]
+            mid2 = 2 * (before + np.cumsum(length)) - length  # twice each unit's midpoint in the draw
+            at = np.searchsorted(seg.cum2, mid2, side="right")
+            n = int(np.searchsorted(at, len(seg.cum2)))  # mid2 rises: the units that fit are a prefix
+            if n:
+                out = {k: v[:n] for k, v in u.items() if k != "doc_len"}
+                out["step"] = seg.steps[at[:n]]
+                end = int(out["ord"][-1]) + 1
+                yield out
+            if n < len(length):
                 break
-    empty = {"src": np.int16, "epoch": np.int32}
-    table = pa.table({k: np.concatenate(v) if v else np.zeros(0, empty.get(k, np.int64)) for k, v in cols.items()})
-    con.register("_units_in", table)
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE _units AS FROM _units_in",
-    )
-    con.unregister("_units_in")
+            before += int(length.sum())
+        taken.append((limit, end))

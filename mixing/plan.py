@@ -18,15 +18,18 @@ Deterministic for the same documents, mix and seed.
 from __future__ import annotations
 
 import math
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from mixing.curriculum import PhaseSpan, length_segments, phase_spans, schedule
-from mixing.draws import draw_targets, load_draws
+from mixing.draws import SegmentQuota, draw_source
 from mixing.errors import WeirError
 from mixing.mixfile import Mix
 
@@ -77,19 +80,25 @@ def step_quotas(mix: Mix) -> pl.DataFrame:
     )
 
 
-def make_plan(mix: Mix, db_path: Path) -> Plan:
+def make_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None) -> Plan:
     """Plan ``mix`` over the ``documents`` table of ``db_path`` and write the plan tables there.
 
     Raises :class:`PlanError` before writing anything when a source with a positive share has no
-    documents, would need more epochs than its ``max_epochs``, or a length limit leaves too few tokens.
+    documents, would need more epochs than its ``max_epochs``, or a length limit leaves too few tokens;
+    one error names every such phase and source. ``config``: DuckDB settings for the connection (e.g.
+    ``memory_limit``, ``threads``, ``temp_directory``): the draw streams, and DuckDB spills past its limit.
     """
-    with duckdb.connect(str(db_path)) as con:
+    with duckdb.connect(str(db_path), config=dict(config or {})) as con:
         return _plan(con, mix, persist=True)
 
 
-def preview_plan(mix: Mix, db_path: Path) -> Plan:
-    """The same plan as :func:`make_plan`, computed from ``db_path`` opened read-only; writes nothing."""
-    with duckdb.connect() as con:
+def preview_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None) -> Plan:
+    """The same plan as :func:`make_plan`, computed from ``db_path`` opened read-only; writes nothing
+    (what DuckDB spills goes to a temporary folder removed on return, not ``.tmp`` in the working folder)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="weir-preview-") as tmp,
+        duckdb.connect(config={"temp_directory": tmp, **(config or {})}) as con,
+    ):
         path = str(db_path).replace("'", "''")
         con.execute(f"ATTACH '{path}' AS build (READ_ONLY)")
         tables = {
@@ -110,27 +119,37 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
     have = {r[0]: (int(r[1]), int(r[2])) for r in con.sql(_HAVE).fetchall()}
     limits = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
     short = _short_tokens(con, limits)
-    epochs = {s: _epochs_needed(mix, s, spans, need, have, short) for s in names}
+    problems: list[str] = []
+    epochs: dict[str, int] = {}
+    for s in names:
+        epochs[s], found = _epochs_needed(mix, s, spans, need, have, short)
+        problems += found  # a source with a problem is not drawn (epochs 0): its problems are named already
 
-    targets = {s: draw_targets(spans, need, s, mix.sequence.length) for s in names}
-    load_draws(con, mix, epochs, targets)
-    _assign(con, quotas, spans)
-    got = {(r[0], names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
+    _draw(con, mix, quotas, spans, epochs)
+    got = {(spans[r[0]].name, names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
     # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
     # demand: one short by more than a unit ran out of documents (possible only when max_epochs capped
     # the epochs drawn below the sufficient count of _epochs_needed).
     seq = mix.sequence.length
     for seg in length_segments(spans):
         for s in names:
+            if not epochs[s]:
+                continue
             if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg) - seq:
                 sp = seg[-1]
                 limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
-                raise PlanError(
+                problems.append(
                     f"phase {sp.name!r} runs out of source {s!r}{limit}: the phases up to it need "
                     f"{_upto(need, spans, sp, s)} tokens of it, but only {_upto(got, spans, sp, s)} can be drawn "
                     f"in order within max_epochs {mix.sources[s].max_epochs:g} "
                     f"({have.get(s, (0, 0))[0]} tokens per epoch)"
                 )
+    if problems:  # every one at once: a fix for one should not reveal the next on the following run
+        raise PlanError(
+            problems[0]
+            if len(problems) == 1
+            else f"the plan cannot be met ({len(problems)} problems):\n" + "\n".join(f"- {p}" for p in problems)
+        )
     per_source, phases = _summaries(con, mix, spans, quotas, have, epochs)
     n_units = con.sql("SELECT count(*) FROM _taken").fetchall()[0][0]
     if persist:
@@ -151,7 +170,7 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
 
 
 _HAVE = "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents GROUP BY 1"
-_TAKEN = "SELECT s.phase, t.src, sum(t.length)::BIGINT FROM _taken t JOIN _steps s USING (step) GROUP BY 1, 2"
+_TAKEN = "SELECT ph, src, sum(length)::BIGINT FROM _taken GROUP BY 1, 2"
 
 
 def _short_tokens(con: duckdb.DuckDBPyConnection, limits: list[int]) -> dict[tuple[int, str], tuple[int, int]]:
@@ -178,17 +197,18 @@ def _epochs_needed(
     need: dict[tuple[str, str], int],
     have: dict[str, tuple[int, int]],
     short: dict[tuple[int, str], tuple[int, int]],
-) -> int:
-    """Epochs of ``source`` to draw; raises :class:`PlanError` when the caps make the plan infeasible."""
+) -> tuple[int, list[str]]:
+    """Epochs of ``source`` to draw, and every way the caps make it infeasible (then 0 epochs)."""
     total = sum(need.get((sp.name, source), 0) for sp in spans)
     if total == 0:
-        return 0
+        return 0, []
     segments, seq = length_segments(spans), mix.sequence.length
     first = next(sp.name for sp in spans if need.get((sp.name, source), 0) > 0)
     avail = have.get(source, (0, 0))[0]
     cap = mix.sources[source].max_epochs
     if avail == 0:
-        raise PlanError(f"phase {first!r} needs {total} tokens of source {source!r}, but it has no documents")
+        return 0, [f"phase {first!r} needs {total} tokens of source {source!r}, but it has no documents"]
+    problems = []
     if total > cap * avail:
         run, at = 0, first
         for sp in spans:
@@ -196,7 +216,7 @@ def _epochs_needed(
             if run > cap * avail:
                 at = sp.name
                 break
-        raise PlanError(
+        problems.append(
             f"source {source!r} runs out in phase {at!r}: the plan needs {total} tokens of it "
             f"({total / avail:.2f} epochs) but it has {avail} tokens and max_epochs is {cap:g} "
             f"({int(cap * avail)} tokens at most)"
@@ -210,15 +230,17 @@ def _epochs_needed(
         tokens = short.get((lim, source), (0, 0))[0]
         names = ", ".join(repr(sp.name) for sp in phases)
         if tokens == 0:
-            raise PlanError(
+            problems.append(
                 f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
                 f"tokens, but it has no document that short"
             )
-        if want > cap * tokens:
-            raise PlanError(
+        elif want > cap * tokens:
+            problems.append(
                 f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
                 f"tokens, but those hold {tokens} tokens and max_epochs is {cap:g} ({int(cap * tokens)} at most)"
             )
+    if problems:
+        return 0, problems
     # Enough epochs that every segment finds its tokens: segments before g take at most their demand plus
     # half a unit (< S) each, so a stream holding Σ_{h ≤ g} (demand_h + S) tokens that g may draw suffices.
     epochs, run = 1, 0
@@ -228,7 +250,7 @@ def _epochs_needed(
         pool = avail if seg_limit is None else short.get((seg_limit, source), (0, 0))[0]
         if pool and any(need.get((sp.name, source), 0) for sp in seg):
             epochs = max(epochs, -(-run // pool))
-    return min(epochs, _epoch_cap(mix, source))
+    return min(epochs, _epoch_cap(mix, source)), []
 
 
 def _upto(tokens: dict[tuple[str, str], int], spans: tuple[PhaseSpan, ...], last: PhaseSpan, source: str) -> int:
@@ -236,54 +258,105 @@ def _upto(tokens: dict[tuple[str, str], int], spans: tuple[PhaseSpan, ...], last
     return sum(tokens.get((sp.name, source), 0) for sp in spans[: spans.index(last) + 1])
 
 
-def _assign(con: duckdb.DuckDBPyConnection, quotas: pl.DataFrame, spans: tuple[PhaseSpan, ...]) -> None:
-    """Assign units to steps: temp table ``_taken(step, src, doc_id, piece, start, length, epoch, ord)``.
+def _draw(
+    con: duckdb.DuckDBPyConnection,
+    mix: Mix,
+    quotas: pl.DataFrame,
+    spans: tuple[PhaseSpan, ...],
+    epochs: dict[str, int],
+) -> None:
+    """Temp table ``_taken(step, ph, src, doc_id, piece, start, length, epoch, ord)``: the units each step
+    draws, ``ph`` and ``src`` indices into ``spans`` and the sources by name.
 
-    Consecutive phases with the same ``max_doc_tokens`` form one segment drawn in one pass: units whose
-    document fits the limit, in draw order, go to the first step whose cumulative quota (counted from the
-    segment's start) exceeds the unit's midpoint in the cumulative draw (a DuckDB ASOF join): through any
-    step the tokens drawn stay within half a unit of the cumulative quota, so shares track the plan. What a
-    segment skips stays available to the next ones (an anti join on what was taken).
+    One source and one chunk of its draw order at a time (:func:`mixing.draws.draw_source`): Python holds
+    one source's documents and one epoch's permutation, never every unit; DuckDB holds ``_taken`` and
+    spills it past its ``memory_limit``. Also the temp view ``_plan_units``, ``_taken`` as ``plan_units``.
     """
-    names = sorted(set(quotas["source"].to_list()))
-    src = quotas["source"].replace_strict({n: i for i, n in enumerate(names)}, return_dtype=pl.Int16)
-    con.register("_quotas_in", quotas.select("step", "quota").with_columns(src=src).to_arrow())
+    names = sorted(mix.sources)
+    quota = quotas["quota"].to_numpy().reshape(-1, len(names))  # step_quotas: step-major, sources by name
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, src SMALLINT, doc_id BIGINT, piece BIGINT, "
+        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, ph SMALLINT, src SMALLINT, doc_id BIGINT, piece BIGINT, "
         "start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
     )
-    for g, seg in enumerate(length_segments(spans)):
-        lo, hi = seg[0].first_step, seg[-1].end_step
-        limit = seg[0].max_doc_tokens if seg[0].max_doc_tokens is not None else (1 << 62)
-        pool = "_units" if g == 0 else "(FROM _units ANTI JOIN _taken USING (src, ord))"
-        con.execute(
-            f"""
-            INSERT INTO _taken
-            WITH q AS (
-                SELECT step, src, quota, 2 * sum(quota) OVER (PARTITION BY src ORDER BY step) AS cum2
-                FROM _quotas_in WHERE step >= $lo AND step < $hi
-            ), cand AS (
-                -- 2 × (tokens drawn before the unit) + its length: twice its midpoint in the draw
-                SELECT src, doc_id, piece, start, length, epoch, ord,
-                       2 * sum(length) OVER (PARTITION BY src ORDER BY ord) - length AS mid2
-                FROM {pool} WHERE doc_len <= $limit
-            )
-            SELECT q.step, u.src, u.doc_id, u.piece, u.start, u.length, u.epoch, u.ord
-            FROM cand u ASOF JOIN (FROM q WHERE quota > 0) q ON u.src = q.src AND q.cum2 > u.mid2
-            """,
-            {"lo": lo, "hi": hi, "limit": limit},
+    starts = np.array([sp.first_step for sp in spans], np.int64)
+    for i, s in enumerate(names):
+        if not epochs[s]:
+            continue
+        segments = []
+        for seg in length_segments(spans):
+            col = quota[seg[0].first_step : seg[-1].end_step, i]
+            pos = np.flatnonzero(col > 0)
+            segments.append(SegmentQuota(seg[0].max_doc_tokens, seg[0].first_step + pos, 2 * np.cumsum(col)[pos]))
+        ids, lens = _source_documents(con, s)
+        draw = draw_source(
+            ids, lens, seed=mix.seed, name=s, seq=mix.sequence.length, epochs=epochs[s], segments=segments
         )
-    con.unregister("_quotas_in")
-    steps = quotas.select("step", "phase").unique("step").sort("step")
-    con.register("_steps_in", steps.to_arrow())
-    con.execute("CREATE OR REPLACE TEMP TABLE _steps AS FROM _steps_in")
-    con.unregister("_steps_in")
-    listed = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
+        pending: list[dict[str, np.ndarray]] = []
+        for u in draw:
+            pending.append(u)
+            if sum(len(p["step"]) for p in pending) >= _FLUSH_ROWS:
+                _insert(con, pending, i, starts)
+        _insert(con, pending, i, starts)
+    sources = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
+    phases = ", ".join("'" + sp.name.replace("'", "''") + "'" for sp in spans)
     con.execute(
-        f"CREATE OR REPLACE TEMP VIEW _plan_units AS SELECT t.step, s.phase, [{listed}][t.src + 1] AS source, "
-        "t.doc_id, t.piece, t.start, t.length, t.epoch, t.ord FROM _taken t JOIN _steps s USING (step) "
-        "ORDER BY t.step, t.src, t.ord"  # src follows name order: sorting ints is the cheap way to sort names"
+        f"CREATE OR REPLACE TEMP VIEW _plan_units AS SELECT step, [{phases}][ph + 1] AS phase, "
+        f"[{sources}][src + 1] AS source, doc_id, piece, start, length, epoch, ord FROM _taken "
+        "ORDER BY step, src, ord"  # src follows name order: sorting ints is the cheap way to sort names
     )
+
+
+def _source_documents(con: duckdb.DuckDBPyConnection, source: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """``source``'s (doc_id, n_tokens) in doc_id order, read in batches into arrays sized once: lengths as
+    int32 where they fit, and no ids (None) when doc_id is the row number, as tokenize writes it."""
+    n, longest, lo, hi = con.sql(
+        "SELECT count(*), coalesce(max(n_tokens), 0), min(doc_id), max(doc_id) FROM documents WHERE source = ?",
+        params=[source],
+    ).fetchall()[0]
+    lens = np.empty(n, np.int32 if longest < 1 << 31 else np.int64)
+    dense = n == 0 or (lo == 0 and hi == n - 1)  # checked batch by batch below (doc_ids could repeat)
+    ids = None if dense else np.empty(n, np.int64)
+    at = 0
+    reader = con.sql(
+        "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[source]
+    ).fetch_record_batch(_FLUSH_ROWS)
+    for batch in reader:
+        b_ids = batch.column(0).to_numpy()
+        m = len(b_ids)
+        lens[at : at + m] = batch.column(1).to_numpy()
+        if ids is None and not np.array_equal(b_ids, np.arange(at, at + m)):
+            ids = np.empty(n, np.int64)
+            ids[:at] = np.arange(at)
+        if ids is not None:
+            ids[at : at + m] = b_ids
+        at += m
+    return ids, lens
+
+
+_FLUSH_ROWS = 1 << 19  # units buffered before an INSERT: few statements for small plans, bounded for big ones
+
+
+def _insert(con: duckdb.DuckDBPyConnection, pending: list[dict[str, np.ndarray]], src: int, starts: np.ndarray) -> None:
+    """Append the ``pending`` chunks of source index ``src`` to ``_taken`` and empty the list (``starts``:
+    each phase's first step, ascending: a step's phase is the last one starting at or before it)."""
+    if not pending:
+        return
+    u = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+    pending.clear()
+    n = len(u["step"])
+    chunk = pa.table(
+        {
+            "step": u["step"],
+            "ph": (np.searchsorted(starts, u["step"], side="right") - 1).astype(np.int16),
+            "src": np.full(n, src, np.int16),
+            **{k: u[k] for k in ("doc_id", "piece", "start", "length")},
+            "epoch": u["epoch"].astype(np.int32),
+            "ord": u["ord"],
+        }
+    )
+    con.register("_chunk", chunk)
+    con.execute("INSERT INTO _taken SELECT * FROM _chunk")
+    con.unregister("_chunk")
 
 
 def _summaries(

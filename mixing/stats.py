@@ -48,22 +48,33 @@ def length_tables(con: duckdb.DuckDBPyConnection, seq_len: int) -> LengthStats:
     Quantiles are exact (``quantile_disc``: an actual document length). Histogram buckets are powers of
     two, ``[lo, hi)`` with ``hi = 2·lo``, per source and for ``'*'`` (all sources); empty buckets are absent.
     """
+    # From the count of documents per (source, length), not from the documents: a grouped count spills to
+    # disk past DuckDB's memory_limit where quantile_disc over a billion lengths would not; it has as many
+    # rows as distinct lengths. A quantile q is the smallest length with at least q of the documents at or
+    # below it (what quantile_disc gives).
     con.execute(
         """
         CREATE OR REPLACE TABLE length_summary AS
+        WITH h AS (SELECT source, n_tokens, count(*)::BIGINT AS c FROM documents GROUP BY ALL),
+        hh AS (FROM h UNION ALL SELECT NULL, n_tokens, sum(c)::BIGINT FROM h GROUP BY n_tokens),
+        cum AS (
+            SELECT *, sum(c) OVER (PARTITION BY source ORDER BY n_tokens) AS upto,
+                      sum(c) OVER (PARTITION BY source) AS n
+            FROM hh
+        )
         SELECT coalesce(source, '*') AS source,
-               count(*)::BIGINT AS docs,
-               sum(n_tokens)::BIGINT AS tokens,
-               avg(n_tokens)::DOUBLE AS mean,
+               sum(c)::BIGINT AS docs,
+               sum(c * n_tokens)::BIGINT AS tokens,
+               (sum(c * n_tokens)::HUGEINT / sum(c))::DOUBLE AS mean,
                min(n_tokens)::BIGINT AS min,
-               quantile_disc(n_tokens, 0.5)::BIGINT AS p50,
-               quantile_disc(n_tokens, 0.9)::BIGINT AS p90,
-               quantile_disc(n_tokens, 0.99)::BIGINT AS p99,
+               min(n_tokens) FILTER (WHERE upto >= 0.5 * n)::BIGINT AS p50,
+               min(n_tokens) FILTER (WHERE upto >= 0.9 * n)::BIGINT AS p90,
+               min(n_tokens) FILTER (WHERE upto >= 0.99 * n)::BIGINT AS p99,
                max(n_tokens)::BIGINT AS max,
-               avg((n_tokens > $seq)::INT)::DOUBLE AS share_over_seq,
-               (coalesce(sum(n_tokens) FILTER (WHERE n_tokens > $seq), 0) / sum(n_tokens))::DOUBLE
+               (coalesce(sum(c) FILTER (WHERE n_tokens > $seq), 0) / sum(c))::DOUBLE AS share_over_seq,
+               (coalesce(sum(c * n_tokens) FILTER (WHERE n_tokens > $seq), 0) / sum(c * n_tokens))::DOUBLE
                    AS token_share_over_seq
-        FROM documents GROUP BY ROLLUP (source) ORDER BY source
+        FROM cum GROUP BY source ORDER BY source
         """,
         {"seq": seq_len},
     )

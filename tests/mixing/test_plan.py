@@ -193,11 +193,9 @@ def test_infeasible_plan_names_phase_source_tokens_and_writes_nothing(
     assert tables(db) == before
 
 
-def test_prefix_of_the_draw_order_gives_the_plan_of_the_whole_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The planner keeps only the prefix of each source's order it can reach; the plan must not change."""
-    import mixing.plan as plan_mod
+def test_plan_does_not_depend_on_the_draw_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draw streams each source's order in chunks of documents; the plan must not change with the chunk."""
+    import mixing.draws as draws_mod
 
     mix = parse_mix(
         "name: t\nseed: 9\nsequence: {length: 64, global_batch: 16}\nsources:\n  a: {uri: x}\n  b: {uri: y}\n"
@@ -207,12 +205,61 @@ def test_prefix_of_the_draw_order_gives_the_plan_of_the_whole_order(
     )
     rng = np.random.default_rng(3)
     lengths = {"a": rng.integers(1, 200, 400), "b": rng.integers(1, 100, 300)}
-    write_documents(tmp_path / "prefix.duckdb", lengths)
-    make_plan(mix, tmp_path / "prefix.duckdb")
-    whole = plan_mod.draw_targets
-    monkeypatch.setattr(plan_mod, "draw_targets", lambda *a: [(lim, 1 << 60) for lim, _ in whole(*a)])
-    write_documents(tmp_path / "whole.duckdb", lengths)
-    make_plan(mix, tmp_path / "whole.duckdb")
-    assert tables(tmp_path / "prefix.duckdb")["plan_units"] == tables(tmp_path / "whole.duckdb")["plan_units"]
-    with duckdb.connect(str(tmp_path / "prefix.duckdb"), read_only=True) as con:
+    digests = []
+    for chunk in (1 << 21, 7):  # one chunk per epoch; chunks of 7 documents
+        monkeypatch.setattr(draws_mod, "CHUNK_DOCS", chunk)
+        db = tmp_path / f"chunk{chunk}.duckdb"
+        write_documents(db, lengths)
+        make_plan(mix, db)
+        digests.append(tables(db))
+        assert audit_plan(db, 64).duplicate_units == 0
+    assert digests[0] == digests[1]
+    with duckdb.connect(str(tmp_path / "chunk7.duckdb"), read_only=True) as con:
         assert con.sql("SELECT max(epoch) FROM plan_units").fetchall()[0][0] >= 1  # several epochs were needed
+
+
+def test_infeasible_plan_names_every_phase_and_source_at_once(tmp_path: Path) -> None:
+    """Three sources, each infeasible in its own way: one error lists all, with tokens had and needed."""
+    db = tmp_path / "w.duckdb"
+    write_documents(
+        db, {"a": np.full(100, 200), "b": np.full(100, 200), "c": np.array([], np.int64), "d": np.full(9, 9)}
+    )
+    mix = parse_mix(
+        "name: i\nsequence: {length: 128, global_batch: 8}\nsources:\n  a: {uri: x, max_epochs: 1}\n"
+        "  b: {uri: y, max_epochs: 1}\n  c: {uri: z}\n  d: {uri: w}\n"
+        "curriculum:\n  - {phase: warm, steps: 10, mixture: {a: 0.3, b: 0.3, c: 0.3, d: 0.1}, max_doc_tokens: 100}\n"
+        "  - {phase: main, steps: 60, mixture: {a: 0.5, b: 0.5}}\n"
+    )
+    before = tables(db)
+    with pytest.raises(PlanError) as e:
+        make_plan(mix, db)
+    lines = str(e.value).splitlines()
+    assert lines[0] == "the plan cannot be met (5 problems):", lines
+    body = "\n".join(lines[1:])
+    for s in ("a", "b"):  # over max_epochs in main, and no document short enough for warm
+        assert f"source {s!r} runs out in phase 'main': the plan needs " in body
+        assert "has 20000 tokens and max_epochs is 1" in body
+        assert f"phase(s) 'warm' need 3072 tokens of source {s!r} from documents of at most 100 tokens" in body
+    assert "phase 'warm' needs 3072 tokens of source 'c', but it has no documents" in body
+    assert len(lines) == 6 and all(line.startswith("- ") for line in lines[1:])
+    assert tables(db) == before
+
+
+def test_plan_under_a_small_duckdb_memory_limit_spills_and_is_the_same(tmp_path: Path) -> None:
+    """``make_plan(config=...)`` bounds DuckDB; past the limit it spills the drawn units and the final sort,
+    and the plan written is the same as without a limit."""
+    mix = parse_mix(
+        "name: big\nseed: 3\nsequence: {length: 256, global_batch: 64}\nsources:\n  a: {uri: x}\n  b: {uri: y}\n"
+        "curriculum:\n  - {phase: w, steps: 40, mixture: {a: 0.5, b: 0.5}, max_doc_tokens: 64}\n"
+        "  - {phase: m, steps: 1800, mixture: {a: 0.7, b: 0.3}, transition: {shape: cosine, steps: 100}}\n"
+    )
+    rng = np.random.default_rng(1)
+    lengths = {"a": np.clip(rng.lognormal(4, 1.2, 200_000), 1, 2000), "b": rng.integers(1, 300, 100_000)}
+    digests = []
+    for name, config in (("free", {}), ("bounded", {"memory_limit": "16MB", "threads": 1})):
+        db = tmp_path / f"{name}.duckdb"
+        write_documents(db, lengths)
+        plan = make_plan(mix, db, config=config)
+        digests.append(tables(db))
+    assert plan.units > 250_000  # 9 columns of them: ~20 MB uncompressed, more than 16 MB
+    assert digests[0] == digests[1]

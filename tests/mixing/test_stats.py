@@ -59,3 +59,21 @@ def test_stage_writes_tables_and_parquet(demo_build: Path) -> None:
     assert on_disk.equals(summary)
     hist = pl.read_parquet(demo_build / "plan" / "length_histogram.parquet")
     assert hist.filter(pl.col("source") == "*")["docs"].sum() == docs
+
+
+def test_length_stats_of_two_million_documents_fit_in_40_mb_of_duckdb(tmp_path: Path) -> None:
+    """The summary comes from counts per length, which DuckDB spills, not from every length held at once
+    (``quantile_disc`` over 2M lengths ran out of memory under this limit)."""
+    n = 2_000_000
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1, 100_000, n)
+    src = rng.choice(np.array(["a", "b"]), n)
+    with duckdb.connect(str(tmp_path / "w.duckdb"), config={"memory_limit": "40MB", "threads": 1}) as con:
+        con.register("d", pa.table({"source": src, "doc_id": np.arange(n), "n_tokens": lens}))
+        con.execute("CREATE TABLE documents AS SELECT * FROM d")
+        con.unregister("d")
+        st_ = length_tables(con, SEQ)
+    row = st_.summary.filter(pl.col("source") == "*").row(0, named=True)
+    assert row["docs"] == n and row["tokens"] == lens.sum()
+    assert row["p50"] == np.quantile(lens, 0.5, method="inverted_cdf")
+    assert row["p99"] == np.quantile(lens, 0.99, method="inverted_cdf")
