@@ -73,6 +73,15 @@ class Schedule:
             tails += [(b - a) % period if period else 0] * len(cut)
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
         self.window_tail = np.array(tails, dtype=np.int64)
+        # windows at a phase boundary (a phase's first window but the run's, a phase's last but the run's):
+        # their refinement may mix cost classes, and a last one keeps the next phase's first windows in view
+        inner = set(starts[1:-1])
+        self.window_edge = np.array([int(x) in inner for x in self.window_starts[:-1]], dtype=bool)
+        self.window_edge |= np.array([int(x) in inner for x in self.window_starts[1:]], dtype=bool)
+        self.window_ahead = np.array(
+            [min(period - 1, self.steps - int(x)) if int(x) in inner else 0 for x in self.window_starts[1:]],
+            dtype=np.int64,
+        )
         # refinement (loaders.refinement) chains windows: each one's layout depends on the steps before it
         self.slack = float(slack) if period > 0 and window > 1 else 0.0
         self.n_sources = len(m.get("sources", [])) or 1
@@ -125,10 +134,16 @@ class Schedule:
         if self.slack:
             context = self._context(w)
             assert context is not None
+            ahead = int(self.window_ahead[w])
             target = np.concatenate(
-                [self._build_comps(a - len(context), a), src.reshape(b - a, -1, src.shape[1]).sum(1)]
+                [
+                    self._build_comps(a - len(context), a),
+                    src.reshape(b - a, -1, src.shape[1]).sum(1),
+                    self._build_comps(b, b + ahead),
+                ]
             )
-            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack)
+            edge = bool(self.window_edge[w])
+            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack, edge=edge)
             comps = np.zeros((b - a, src.shape[1]), dtype=np.int64)
             np.add.at(comps, new_step, src.astype(np.int64))
             self._comps[w] = comps
