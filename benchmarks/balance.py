@@ -37,6 +37,7 @@ if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 from collections import deque
@@ -242,22 +243,32 @@ def regrouped_steps(
     phases = [*(starts or [0]), len(packed)]
     units: list[tuple[int, int, int, bool, int]] = []  # (first, end, tail, edge, steps ahead)
     inner = set(phases[1:-1]) if edges else set()
-    for p0, p1 in zip(phases[:-1], phases[1:], strict=True):
+    for p0, p1 in itertools.pairwise(phases):
         cut = regroup_bounds(p0, p1, window, period)
         for a, b in zip(cut, [*cut[1:], p1], strict=True):
             ahead = min(period - 1, len(packed) - b) if b in inner else 0
             units.append((a, b, (p1 - p0) % period if period else 0, a in inner or b in inner, ahead))
-    for a, b, tail, edge, ahead in units:
+
+    def regrouped(a: int, b: int, tail: int) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
         flat = [s for st in packed[a:b] for s in st.seqs]
-        n = len(flat) // batch
         costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
-        new = np.repeat(np.arange(n), batch)
-        if n > 1 and window > 1:
-            new = regroup_window(costs, src, n, period=period, tail=tail)
+        new = np.repeat(np.arange(b - a), batch)
+        if b - a > 1 and window > 1:
+            new = regroup_window(costs, src, b - a, period=period, tail=tail)
+        return flat, costs, src, new
+
+    for u, (a, b, tail, edge, ahead) in enumerate(units):
+        flat, costs, src, new = regrouped(a, b, tail)
+        n = b - a
         if slack and period and n > 1 and window > 1:
             k = min(period - 1, a)
             context = np.array(done[a - k : a]).reshape(k, len(MIXTURE))
-            new = refine_steps(costs, src, new, context, build[a - k : b + ahead], period, slack, edge=edge)
+            later = None
+            if ahead:  # what the next phase's first steps will hold: its first window, regrouped
+                _, _, nsrc, nnew = regrouped(*units[u + 1][:3])
+                later = np.stack([nsrc[nnew == g].sum(axis=0) for g in range(ahead)])
+            target = build[a - k : b + ahead]
+            new = refine_steps(costs, src, new, context, target, period, slack, edge=edge, ahead=later)
         for g in range(n):
             out.append([flat[i] for i in np.flatnonzero(new == g)])
             done.append(src[new == g].sum(axis=0))

@@ -40,6 +40,7 @@ def refine_steps(
     neighbours: int | None = None,
     max_swaps: int = 400,
     edge: bool = False,
+    ahead: np.ndarray | None = None,
 ) -> np.ndarray:
     """New step (int64 [n], 0-based in the window) of each sequence after refinement.
 
@@ -55,8 +56,9 @@ def refine_steps(
     balance, slack)``. Step sizes never change.
 
     ``target`` may hold up to ``period − 1`` rows more than ``k + steps``: the steps just *after* the window
-    (the next phase's first steps, at a phase's end), taken as realized on target; the windows that reach
-    into them count too, so that a phase's last steps leave the next phase's first windows on its mixture.
+    (the next phase's first steps, at a phase's end), whose windows count too: so that a phase's last steps
+    leave the next phase's first windows on the mixture. ``ahead`` [those rows, sources]: what those steps
+    are expected to hold (the next window's regrouped steps; default: the target).
     ``edge`` (a window at a phase boundary, see :func:`edge_units`): sequences of different sources and cost
     may swap too (one candidate per step and source), which mixes the cost classes of steps where the
     windows across the boundary need it; ``slack`` is then the bound of those steps.
@@ -75,8 +77,11 @@ def refine_steps(
         return new
     g = np.arange(steps) + k0
     member = ((g[None, :] >= (ends - period)[:, None]) & (g[None, :] < ends[:, None])).astype(np.float64)
-    before = np.concatenate([np.asarray(context, dtype=np.float64).reshape(k0, src.shape[1]), target[k0:]])
-    before[k0 : k0 + steps] = 0.0  # the window's own steps are what the swaps change
+    later = target[k0 + steps :] if ahead is None else np.asarray(ahead, dtype=np.float64).reshape(-1, src.shape[1])
+    if len(later) != len(target) - k0 - steps:
+        raise ValueError(f"ahead has {len(later)} rows; expected {len(target) - k0 - steps}")
+    context = np.asarray(context, dtype=np.float64).reshape(k0, src.shape[1])
+    before = np.concatenate([context, np.zeros((steps, src.shape[1])), later])  # the window's own: swapped
     fixed = np.stack([before[max(0, e - period) : e].sum(axis=0) for e in ends])
     want_tokens = np.stack([target[e - period : e].sum(axis=0) for e in ends])
     want = want_tokens / np.maximum(want_tokens.sum(axis=1, keepdims=True), 1.0)

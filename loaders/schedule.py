@@ -143,12 +143,27 @@ class Schedule:
                 ]
             )
             edge = bool(self.window_edge[w])
-            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack, edge=edge)
+            later = self._regrouped_comps(w + 1)[:ahead] if ahead else None
+            new_step = refine_steps(
+                costs, src, new_step, context, target, self.period, self.slack, edge=edge, ahead=later
+            )
             comps = np.zeros((b - a, src.shape[1]), dtype=np.int64)
             np.add.at(comps, new_step, src.astype(np.int64))
             self._comps[w] = comps
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
+
+    def _regrouped_comps(self, w: int) -> np.ndarray:
+        """Tokens per source of window ``w``'s steps as regrouped, before refinement (float64 [steps, sources]):
+        what a phase's last window expects of the next phase's first steps."""
+        a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
+        _, costs, src = self._facts(w)
+        new_step = np.repeat(np.arange(b - a), self.global_batch)
+        if b - a > 1 and self.window > 1:
+            new_step = regroup_window(costs, src, b - a, period=self.period, tail=int(self.window_tail[w]))
+        out = np.zeros((b - a, src.shape[1]))
+        np.add.at(out, new_step, src)
+        return out
 
     def _context(self, w: int) -> np.ndarray | None:
         """Tokens per source (int64 [k, sources]) of the ``k = min(period − 1, start)`` training steps before
