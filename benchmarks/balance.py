@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
-from loaders.refinement import SLACK, refine_steps
+from loaders.refinement import EDGE_GOAL, SLACK, boundary_error, refine_steps
 from mixing.curriculum import ramp
 from mixing.mixture import mixture_error as phase_error
 
@@ -241,13 +241,10 @@ def regrouped_steps(
     build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
     done: list[np.ndarray] = []  # tokens per source of each training step so far
     phases = [*(starts or [0]), len(packed)]
-    units: list[tuple[int, int, int, bool, int]] = []  # (first, end, tail, edge, steps ahead)
-    inner = set(phases[1:-1]) if edges else set()
+    units: list[tuple[int, int, int]] = []  # (first, end, tail)
     for p0, p1 in itertools.pairwise(phases):
         cut = regroup_bounds(p0, p1, window, period)
-        for a, b in zip(cut, [*cut[1:], p1], strict=True):
-            ahead = min(period - 1, len(packed) - b) if b in inner else 0
-            units.append((a, b, (p1 - p0) % period if period else 0, a in inner or b in inner, ahead))
+        units += [(a, b, (p1 - p0) % period if period else 0) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
 
     def regrouped(a: int, b: int, tail: int) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
         flat = [s for st in packed[a:b] for s in st.seqs]
@@ -257,18 +254,29 @@ def regrouped_steps(
             new = regroup_window(costs, src, b - a, period=period, tail=tail)
         return flat, costs, src, new
 
-    for u, (a, b, tail, edge, ahead) in enumerate(units):
+    def comps(unit: tuple[int, int, int]) -> np.ndarray:
+        _, _, src, new = regrouped(*unit)
+        return np.stack([src[new == g].sum(axis=0) for g in range(unit[1] - unit[0])])
+
+    mixes = set()  # the boundaries that need edges (as loaders.schedule.Schedule.boundary_mixes)
+    for u in range(len(units) - 1):
+        b = units[u][1]
+        if edges and period and b in phases[1:-1]:
+            before, after = comps(units[u]), comps(units[u + 1])
+            k = min(period - 1, len(before), len(after))
+            err = boundary_error(before[len(before) - k :], after[:k], build[b - k : b + k], period)
+            if err > EDGE_GOAL:
+                mixes.add(b)
+
+    for a, b, tail in units:
         flat, costs, src, new = regrouped(a, b, tail)
         n = b - a
         if slack and period and n > 1 and window > 1:
             k = min(period - 1, a)
             context = np.array(done[a - k : a]).reshape(k, len(MIXTURE))
-            later = None
-            if ahead:  # what the next phase's first steps will hold: its first window, regrouped
-                _, _, nsrc, nnew = regrouped(*units[u + 1][:3])
-                later = np.stack([nsrc[nnew == g].sum(axis=0) for g in range(ahead)])
+            ahead = min(period - 1, len(packed) - b) if b in mixes else 0  # the next phase's first steps
             target = build[a - k : b + ahead]
-            new = refine_steps(costs, src, new, context, target, period, slack, edge=edge, ahead=later)
+            new = refine_steps(costs, src, new, context, target, period, slack, edge=edges)
         for g in range(n):
             out.append([flat[i] for i in np.flatnonzero(new == g)])
             done.append(src[new == g].sum(axis=0))

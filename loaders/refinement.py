@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EDGE_GOAL", "EDGE_SLACKS", "PAIRS", "SLACK", "THRESHOLDS", "refine_steps"]
+__all__ = ["EDGE_GOAL", "EDGE_SLACKS", "PAIRS", "SLACK", "THRESHOLDS", "boundary_error", "refine_steps"]
 
 SLACK = 1.15  # a swap may raise a step's max/mean cost up to this (the DP goal's p95 at long context)
 THRESHOLDS = (0.004, 0.002)  # window errors below these stop counting, pass by pass
@@ -57,29 +57,31 @@ def refine_steps(
 
     ``target`` may hold up to ``period − 1`` rows more than ``k + steps``: the steps just *after* the window
     (the next phase's first steps, at a phase's end), whose windows count too: so that a phase's last steps
-    leave the next phase's first windows on the mixture. ``ahead`` [those rows, sources]: what those steps
-    are expected to hold (the next window's regrouped steps; default: the target).
-    ``edge`` (a window at a phase boundary, see :func:`edge_units`): sequences of different sources and cost
-    may swap too (one candidate per step and source), which mixes the cost classes of steps where the
-    windows across the boundary need it; ``slack`` is then the bound of those steps.
+    leave the next phase's first windows on the mixture. ``ahead`` (as many rows): what those steps will
+    hold (default: the target; a phase's first window passes the next window's regrouped steps, so that
+    its mixed steps hand over to the cost template without a jump).
+    ``edge`` (a window at a phase boundary whose regrouped steps do not line up, :func:`boundary_error`):
+    sequences of different sources and cost may swap too (one candidate per step and source), which mixes
+    the cost classes of steps where the windows across the boundary need it, under the least bound of
+    :data:`EDGE_SLACKS` (then none) that brings every window within :data:`EDGE_GOAL`.
     """
     costs = np.asarray(costs, dtype=np.float64)
     src = np.asarray(source_tokens, dtype=np.float64)
     new = np.asarray(step_of, dtype=np.int64).copy()
     steps, k0 = int(new.max()) + 1 if len(new) else 0, len(context)
     target = np.asarray(target, dtype=np.float64)
-    ahead = len(target) - k0 - steps  # steps after the window, on target (0 unless at a phase's end)
-    if not 0 <= ahead < max(period, 1):
+    n_ahead = len(target) - k0 - steps  # steps after the window (0 unless at a phase's end)
+    if not 0 <= n_ahead < max(period, 1):
         raise ValueError(f"target has {len(target)} rows; expected {k0 + steps} to {k0 + steps + period - 1}")
-    ends = np.arange(k0 + 1, k0 + steps + ahead + 1)
+    ends = np.arange(k0 + 1, k0 + steps + n_ahead + 1)
     ends = ends[ends >= period]  # windows [e - period, e) of full length that end inside or just after
     if len(ends) == 0 or steps < 2:
         return new
     g = np.arange(steps) + k0
     member = ((g[None, :] >= (ends - period)[:, None]) & (g[None, :] < ends[:, None])).astype(np.float64)
     later = target[k0 + steps :] if ahead is None else np.asarray(ahead, dtype=np.float64).reshape(-1, src.shape[1])
-    if len(later) != len(target) - k0 - steps:
-        raise ValueError(f"ahead has {len(later)} rows; expected {len(target) - k0 - steps}")
+    if len(later) != n_ahead:
+        raise ValueError(f"ahead has {len(later)} rows; expected {n_ahead}")
     context = np.asarray(context, dtype=np.float64).reshape(k0, src.shape[1])
     before = np.concatenate([context, np.zeros((steps, src.shape[1])), later])  # the window's own: swapped
     fixed = np.stack([before[max(0, e - period) : e].sum(axis=0) for e in ends])
@@ -148,6 +150,22 @@ def _swaps(problem: Problem, step_of: np.ndarray, slack: float, edge: bool, max_
     tot = fixed + member @ comp
     worst = float(np.abs(tot / np.maximum(tot.sum(axis=1, keepdims=True), 1.0) - want).max())
     return new, worst
+
+
+def boundary_error(before: np.ndarray, after: np.ndarray, target: np.ndarray, period: int) -> float:
+    """Largest share error over sources of the ``period``-step windows that straddle a phase boundary, when
+    the steps just ``before`` it (tokens per source, [≥ period − 1, sources]) meet those just ``after`` it
+    ([≥ period − 1, sources]), against ``target`` (the build's steps at the same places, [len(before) +
+    len(after), sources]). A boundary whose regrouped steps already meet within :data:`EDGE_GOAL` (two
+    phases of one mixture) needs no edge: their templates line up."""
+    got = np.concatenate([before, after]).astype(np.float64)
+    want = np.asarray(target, dtype=np.float64)
+    b = len(before)
+    worst = 0.0
+    for e in range(max(period, b + 1), min(len(got), b + period - 1) + 1):
+        r, p = got[e - period : e].sum(axis=0), want[e - period : e].sum(axis=0)
+        worst = max(worst, float(np.abs(r / max(r.sum(), 1.0) - p / max(p.sum(), 1.0)).max()))
+    return worst
 
 
 def _cross_pairs(

@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window, segment_cost
-from loaders.refinement import SLACK, refine_steps
+from loaders.refinement import EDGE_GOAL, SLACK, boundary_error, refine_steps
 from mixing.shards import ShardSet
 
 __all__ = ["MICRO_BATCHES", "Schedule"]
@@ -73,15 +73,8 @@ class Schedule:
             tails += [(b - a) % period if period else 0] * len(cut)
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
         self.window_tail = np.array(tails, dtype=np.int64)
-        # windows at a phase boundary (a phase's first window but the run's, a phase's last but the run's):
-        # their refinement may mix cost classes, and a last one keeps the next phase's first windows in view
-        inner = set(starts[1:-1])
-        self.window_edge = np.array([int(x) in inner for x in self.window_starts[:-1]], dtype=bool)
-        self.window_edge |= np.array([int(x) in inner for x in self.window_starts[1:]], dtype=bool)
-        self.window_ahead = np.array(
-            [min(period - 1, self.steps - int(x)) if int(x) in inner else 0 for x in self.window_starts[1:]],
-            dtype=np.int64,
-        )
+        # the windows just before and after a boundary between phases (see boundary_mixes)
+        self.inner = {int(x) for x in starts[1:-1]}
         # refinement (loaders.refinement) chains windows: each one's layout depends on the steps before it
         self.slack = float(slack) if period > 0 and window > 1 else 0.0
         self.n_sources = len(m.get("sources", [])) or 1
@@ -134,7 +127,10 @@ class Schedule:
         if self.slack:
             context = self._context(w)
             assert context is not None
-            ahead = int(self.window_ahead[w])
+            # every window may mix cost classes where its windows need it (edge); a phase's last one, at a
+            # boundary whose regrouped steps do not line up, keeps the next phase's first windows (taken on
+            # the build's mixture) in view
+            ahead = min(self.period - 1, self.steps - b) if b in self.inner and self.boundary_mixes(w) else 0
             target = np.concatenate(
                 [
                     self._build_comps(a - len(context), a),
@@ -142,16 +138,24 @@ class Schedule:
                     self._build_comps(b, b + ahead),
                 ]
             )
-            edge = bool(self.window_edge[w])
-            later = self._regrouped_comps(w + 1)[:ahead] if ahead else None
-            new_step = refine_steps(
-                costs, src, new_step, context, target, self.period, self.slack, edge=edge, ahead=later
-            )
+            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack, edge=True)
             comps = np.zeros((b - a, src.shape[1]), dtype=np.int64)
             np.add.at(comps, new_step, src.astype(np.int64))
             self._comps[w] = comps
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
+
+    @lru_cache(maxsize=16)  # noqa: B019
+    def boundary_mixes(self, w: int) -> bool:
+        """Whether the boundary after window ``w`` (a phase's last) needs edges: the phases' regrouped steps,
+        before refinement, put a window across it off the build's mixture by more than ``EDGE_GOAL``.
+        A function of the two windows' own sequences: no chain, the same on a resume."""
+        k = self.period - 1
+        before, after = self._regrouped_comps(w), self._regrouped_comps(w + 1)
+        b = int(self.window_starts[w + 1])
+        k = min(k, len(before), len(after))
+        target = self._build_comps(b - k, b + k)
+        return boundary_error(before[len(before) - k :], after[:k], target, self.period) > EDGE_GOAL
 
     def _regrouped_comps(self, w: int) -> np.ndarray:
         """Tokens per source of window ``w``'s steps as regrouped, before refinement (float64 [steps, sources]):
