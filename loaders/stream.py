@@ -10,17 +10,20 @@ sequences do not depend on the number of ranks.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import polars as pl
 
 from loaders.refinement import SLACK
 from loaders.schedule import Schedule
-from mixing.mixture import WINDOW, MixtureError, mixture_error, planned_tokens
+from mixing.layout import BuildLayout
+from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, WINDOW, MixtureError, mixture_error, planned_tokens
 from mixing.shards import ShardSet
 
-__all__ = ["regroup_settings", "stream_compositions", "stream_mixture_error"]
+__all__ = ["regroup_settings", "stream_compositions", "stream_mixture_error", "stream_report"]
 
 
 def regroup_settings(manifest: dict[str, Any]) -> tuple[int, int, float]:
@@ -70,3 +73,28 @@ def stream_mixture_error(
     for k in range(comps.shape[1]):
         realized[: len(comps), remap[k]] += comps[:, k]
     return mixture_error(realized, planned, phase, sources, phases, steps)
+
+
+def stream_report(root: str | Path) -> dict[str, Any]:
+    """``mixture_error`` of the trainer's stream of the finished build at ``root`` under its mix file's
+    ``balance.regroup`` (what ``weir inspect``, the build summary and the Dagster check show beside the
+    build's own): the keys of :func:`mixing.packed.inspect_build`'s ``mixture_error`` plus ``regroup``
+    (the window, period and slack it was measured with)."""
+    layout = BuildLayout(Path(root))
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
+    shards = ShardSet(layout.shards_dir)
+    window, period, slack = regroup_settings(shards.manifest)
+    me = stream_mixture_error(shards, quotas)
+    return {
+        "window": me.window,
+        "phase": me.phase,
+        "window_steps": WINDOW,
+        "goal_window": GOAL_WINDOW,
+        "goal_phase": GOAL_PHASE,
+        "ok": me.ok,
+        "worst_window": {"first_step": me.worst_window[0], "source": me.worst_window[1]},
+        "worst_phase": {"phase": me.worst_phase[0], "source": me.worst_phase[1]},
+        "per_phase": me.per_phase,
+        "regroup": {"window": window, "period": period, "slack": slack},
+    }

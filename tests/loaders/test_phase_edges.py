@@ -5,8 +5,12 @@ build sequence read exactly once; the stream's composition is computed without r
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import polars as pl
 import pytest
@@ -17,6 +21,7 @@ from loaders.schedule import Schedule
 from loaders.stream import stream_compositions, stream_mixture_error
 from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, shards_mixture_error
 from mixing.shards import ShardSet, write_shards
+from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 S, BATCH = 64, 8
 LINEAR = 76.0  # a full-length single-document sequence costs ~1.67× a pack of short documents, as at 32k
@@ -133,3 +138,24 @@ def test_resume_at_any_step_across_the_edges(shards: ShardSet, stop: int) -> Non
     resumed = make()
     resumed.load_state_dict(first.state_dict())
     assert head + seqs(resumed) == reference
+
+
+def test_inspect_reports_the_trainers_stream_beside_the_build(tmp_path: Path) -> None:
+    write_tiny_sources(tmp_path / "data")
+    mix = TINY_MIX.format(root=tmp_path / "data").replace("steps: 3", "steps: 4").replace("steps: 5", "steps: 6")
+    (tmp_path / "m.yaml").write_text(mix + "balance: {regroup: {window: 2, period: 2}}\n")
+    weir = [sys.executable, "-m", "pipelines.cli"]
+    built = subprocess.run(
+        [*weir, "build", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "b")],
+        check=True, cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "mixture_error of the trainer's stream (regroup window 2, period 2" in built.stdout
+    shown = subprocess.run([*weir, "inspect", str(tmp_path / "b"), "--json"], check=True, cwd=ROOT, capture_output=True)
+    report = json.loads(shown.stdout)
+    stream = report["mixture_error_stream"]
+    assert stream["regroup"] == {"window": 2, "period": 2, "slack": 1.15}
+    with duckdb.connect(str(tmp_path / "b" / "weir.duckdb"), read_only=True) as con:
+        quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
+    direct = stream_mixture_error(ShardSet(tmp_path / "b" / "shards"), quotas)
+    assert (stream["window"], stream["phase"]) == (direct.window, direct.phase)
+    assert "window" in report["mixture_error"]  # the build's own, beside it
