@@ -49,9 +49,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from loaders import refinement
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
-from loaders.refinement import EDGE_GOAL, SLACK, boundary_error, refine_steps
+from loaders.refinement import SLACK, boundary_error, refine_steps
+from loaders.schedule import EDGE_WINDOWS
 from mixing.curriculum import ramp
 from mixing.mixture import mixture_error as phase_error
 
@@ -242,9 +244,11 @@ def regrouped_steps(
     done: list[np.ndarray] = []  # tokens per source of each training step so far
     phases = [*(starts or [0]), len(packed)]
     units: list[tuple[int, int, int]] = []  # (first, end, tail)
+    rank: list[int] = []  # index of each unit within its phase
     for p0, p1 in itertools.pairwise(phases):
         cut = regroup_bounds(p0, p1, window, period)
         units += [(a, b, (p1 - p0) % period if period else 0) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
+        rank += list(range(len(cut)))
 
     def regrouped(a: int, b: int, tail: int) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
         flat = [s for st in packed[a:b] for s in st.seqs]
@@ -265,10 +269,10 @@ def regrouped_steps(
             before, after = comps(units[u]), comps(units[u + 1])
             k = min(period - 1, len(before), len(after))
             err = boundary_error(before[len(before) - k :], after[:k], build[b - k : b + k], period)
-            if err > EDGE_GOAL:
+            if err > refinement.EDGE_GOAL:
                 mixes.add(b)
 
-    for a, b, tail in units:
+    for u, (a, b, tail) in enumerate(units):
         flat, costs, src, new = regrouped(a, b, tail)
         n = b - a
         if slack and period and n > 1 and window > 1:
@@ -276,7 +280,9 @@ def regrouped_steps(
             context = np.array(done[a - k : a]).reshape(k, len(MIXTURE))
             ahead = min(period - 1, len(packed) - b) if b in mixes else 0  # the next phase's first steps
             target = build[a - k : b + ahead]
-            new = refine_steps(costs, src, new, context, target, period, slack, edge=edges)
+            # edges: a phase's last window before such a boundary, its first EDGE_WINDOWS after one
+            edge = bool(ahead) or (rank[u] < EDGE_WINDOWS and units[u - rank[u]][0] in mixes)
+            new = refine_steps(costs, src, new, context, target, period, slack, edge=edge)
         for g in range(n):
             out.append([flat[i] for i in np.flatnonzero(new == g)])
             done.append(src[new == g].sum(axis=0))
@@ -451,10 +457,16 @@ def main() -> None:
     ap.add_argument("--slack", type=float, default=SLACK, help="weir's refinement balance bound (0: no refinement)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", choices=("phase", "curriculum"), help="run only the one-phase or the curriculum rows")
+    ap.add_argument("--edge-goal", type=float, help="loaders.refinement.EDGE_GOAL (the balance trade-off)")
+    ap.add_argument("--kind", choices=("same", "noramp", "ramps"), help="run only this curriculum")
+    ap.add_argument("--seq-len", type=int, choices=(32768, 131072), help="run the curricula only at this S")
     args = ap.parse_args()
-    if SHARED is None:
+    if args.edge_goal is not None:
+        refinement.EDGE_GOAL = args.edge_goal
+    cached = ROOT / "build" / "bench" / "lengths-o200k.npz"  # lengths() needs the data only to fill it
+    if SHARED is None and not cached.exists():
         sys.exit("../shared/data is not here: this benchmark needs the real datasets")
-    lens = lengths(SHARED / "data")
+    lens = lengths((SHARED or ROOT) / "data")
     for n, v in lens.items():
         print(f"{n:13} {len(v):6} docs, {int(v.sum()):>10,} tokens, median {int(np.median(v))}, max {int(v.max())}")
     if args.only != "curriculum":
@@ -462,8 +474,9 @@ def main() -> None:
         regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period, args.slack)
         regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period, args.slack)
         regime(lens, 131072, 64, 16, 8, args.steps, 1, args.seed)  # 4 sequences per rank: unequal counts
-    for kind in ("same", "noramp", "ramps") if args.only != "phase" else ():  # three phases, one sequence per rank
-        for s in (32768, 131072):
+    kinds = ("same", "noramp", "ramps") if args.kind is None else (args.kind,)
+    for kind in kinds if args.only != "phase" else ():  # three phases, one sequence per rank
+        for s in (32768, 131072) if args.seq_len is None else (args.seq_len,):
             curriculum_regime(lens, kind, s, 16, 16, args.steps, args.window, args.period, args.slack, args.seed)
 
 

@@ -24,9 +24,10 @@ from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regrou
 from loaders.refinement import EDGE_GOAL, SLACK, boundary_error, refine_steps
 from mixing.shards import ShardSet
 
-__all__ = ["MICRO_BATCHES", "Schedule"]
+__all__ = ["EDGE_WINDOWS", "MICRO_BATCHES", "Schedule"]
 
 MICRO_BATCHES = ("equal", "unequal")
+EDGE_WINDOWS = 2  # a phase's first windows after a boundary that needs edges may mix cost classes
 
 
 class Schedule:
@@ -75,6 +76,10 @@ class Schedule:
         self.window_tail = np.array(tails, dtype=np.int64)
         # the windows just before and after a boundary between phases (see boundary_mixes)
         self.inner = {int(x) for x in starts[1:-1]}
+        # per window, the first and last window of its phase
+        first_of = np.searchsorted(self.window_starts, np.array(starts[:-1]))
+        phase_of = np.searchsorted(np.array(starts[:-1]), self.window_starts[:-1], side="right") - 1
+        self.phase_windows = np.stack([first_of[phase_of], np.r_[first_of[1:], len(bounds)][phase_of] - 1], axis=1)
         # refinement (loaders.refinement) chains windows: each one's layout depends on the steps before it
         self.slack = float(slack) if period > 0 and window > 1 else 0.0
         self.n_sources = len(m.get("sources", [])) or 1
@@ -131,6 +136,7 @@ class Schedule:
             # boundary whose regrouped steps do not line up, keeps the next phase's first windows (taken on
             # the build's mixture) in view
             ahead = min(self.period - 1, self.steps - b) if b in self.inner and self.boundary_mixes(w) else 0
+            edge = bool(ahead) or self._after_edge(w)
             target = np.concatenate(
                 [
                     self._build_comps(a - len(context), a),
@@ -138,12 +144,19 @@ class Schedule:
                     self._build_comps(b, b + ahead),
                 ]
             )
-            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack, edge=True)
+            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack, edge=edge)
             comps = np.zeros((b - a, src.shape[1]), dtype=np.int64)
             np.add.at(comps, new_step, src.astype(np.int64))
             self._comps[w] = comps
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
+
+    def _after_edge(self, w: int) -> bool:
+        """Whether window ``w`` is one of the first :data:`EDGE_WINDOWS` of a phase after a boundary that
+        needs edges (where its steps hand over from mixed cost classes to the template)."""
+        first = int(self.phase_windows[w, 0])
+        start = int(self.window_starts[first])
+        return w - first < EDGE_WINDOWS and start in self.inner and self.boundary_mixes(first - 1)
 
     @lru_cache(maxsize=16)  # noqa: B019
     def boundary_mixes(self, w: int) -> bool:
