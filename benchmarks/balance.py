@@ -269,7 +269,7 @@ def regrouped_steps(
             before, after = comps(units[u]), comps(units[u + 1])
             k = min(period - 1, len(before), len(after))
             err = boundary_error(before[len(before) - k :], after[:k], build[b - k : b + k], period)
-            if err > refinement.EDGE_GOAL:
+            if err > refinement.EDGE_BOUNDARY:
                 mixes.add(b)
 
     for u, (a, b, tail) in enumerate(units):

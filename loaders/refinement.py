@@ -20,12 +20,23 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EDGE_GOAL", "EDGE_SLACKS", "PAIRS", "SLACK", "THRESHOLDS", "boundary_error", "refine_steps"]
+__all__ = [
+    "EDGE_BOUNDARY",
+    "EDGE_GOAL",
+    "EDGE_SLACKS",
+    "PAIRS",
+    "SLACK",
+    "THRESHOLDS",
+    "boundary_error",
+    "refine_steps",
+]
 
 SLACK = 1.15  # a swap may raise a step's max/mean cost up to this (the DP goal's p95 at long context)
 THRESHOLDS = (0.004, 0.002)  # window errors below these stop counting, pass by pass
 PAIRS = 5120  # candidate pairs per swap search (16 cost neighbours each at 320 sequences)
 EDGE_SLACKS = (1.15, 1.3, 1.5, 2.0)  # balance bounds tried in turn at a phase boundary (then none)
+EDGE_BOUNDARY = 0.03  # a boundary's unrefined window error above which it needs edges (the refinement alone
+# brings one of 0.01 back within the goal: two phases of one mixture; 0.1-0.27 between unequal phases)
 EDGE_GOAL = 0.008  # the window error an edge's bound must reach (the goal 0.01, less a margin for later steps)
 
 
@@ -156,8 +167,8 @@ def boundary_error(before: np.ndarray, after: np.ndarray, target: np.ndarray, pe
     """Largest share error over sources of the ``period``-step windows that straddle a phase boundary, when
     the steps just ``before`` it (tokens per source, [≥ period − 1, sources]) meet those just ``after`` it
     ([≥ period − 1, sources]), against ``target`` (the build's steps at the same places, [len(before) +
-    len(after), sources]). A boundary whose regrouped steps already meet within :data:`EDGE_GOAL` (two
-    phases of one mixture) needs no edge: their templates line up."""
+    len(after), sources]). A boundary whose regrouped steps already meet within :data:`EDGE_BOUNDARY` (two
+    phases of one mixture) needs no edge: their templates line up and the refinement does the rest."""
     got = np.concatenate([before, after]).astype(np.float64)
     want = np.asarray(target, dtype=np.float64)
     b = len(before)

@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window, segment_cost
-from loaders.refinement import EDGE_GOAL, SLACK, boundary_error, refine_steps
+from loaders.refinement import EDGE_BOUNDARY, SLACK, boundary_error, refine_steps
 from mixing.shards import ShardSet
 
 __all__ = ["EDGE_WINDOWS", "MICRO_BATCHES", "Schedule"]
@@ -161,14 +161,14 @@ class Schedule:
     @lru_cache(maxsize=16)  # noqa: B019
     def boundary_mixes(self, w: int) -> bool:
         """Whether the boundary after window ``w`` (a phase's last) needs edges: the phases' regrouped steps,
-        before refinement, put a window across it off the build's mixture by more than ``EDGE_GOAL``.
+        before refinement, put a window across it off the build's mixture by more than ``EDGE_BOUNDARY``.
         A function of the two windows' own sequences: no chain, the same on a resume."""
         k = self.period - 1
         before, after = self._regrouped_comps(w), self._regrouped_comps(w + 1)
         b = int(self.window_starts[w + 1])
         k = min(k, len(before), len(after))
         target = self._build_comps(b - k, b + k)
-        return boundary_error(before[len(before) - k :], after[:k], target, self.period) > EDGE_GOAL
+        return boundary_error(before[len(before) - k :], after[:k], target, self.period) > EDGE_BOUNDARY
 
     def _regrouped_comps(self, w: int) -> np.ndarray:
         """Tokens per source of window ``w``'s steps as regrouped, before refinement (float64 [steps, sources]):
