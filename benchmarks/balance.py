@@ -22,7 +22,15 @@ as the trainer receives them, against the planned mixture) per regime: over all 
 inside the phase's whole blocks of 10 steps (``body``: leaves out the last ``steps mod 10`` steps), and over
 the whole run. Cost of a document: l² + 49152·l.
 
+Then three-phase curricula at one sequence per rank (S = 32768 and 131072, global batch 16, dp 16): a warmup
+of short documents (``max_doc_tokens`` 4096, 10 %), the main mixture (75 %), an anneal with fewer books (15 %);
+``same`` (one mixture), ``noramp`` and ``ramps`` (3-step linear ramp into main, 3-step cosine ramp into the
+anneal). Rows: the build's steps (B3, regroup off), weir without the phase edges (as before issue 16), weir;
+``mixture_error`` of the trainer's stream against the plan's ramped per-step shares, per 10-step window (and
+how many windows miss 0.01) and per phase. ``--edge-goal`` moves the balance/mixture trade-off at the edges.
+
     TIKTOKEN_CACHE_DIR=../shared/tokenizers/tiktoken_cache .venv/bin/python benchmarks/balance.py [--steps 64]
+    ... benchmarks/balance.py --only curriculum --kind ramps --seq-len 32768 --steps 200
 """
 
 from __future__ import annotations

@@ -13,6 +13,16 @@ that lowers the mixture error of the windows ending inside it, and never lets a 
 cost) rise above ``max(its own, slack)``. So each window depends on the one before it: the schedule
 computes windows in order and the loader's state carries the context (a few integers per source).
 
+Phase boundaries (issue 16): a window of ``period`` steps across a boundary holds the last steps of one
+phase's template and the first of the next's. When the phases' mixtures or cost classes differ (a warmup of
+short documents, an anneal with fewer books) those partial templates miss the plan by 0.1–0.27, and no
+swap between steps of one cost class can fix it: each step near the boundary must itself hold about its
+phase's mixture, i.e. mix cost classes. So at a boundary whose unrefined windows miss by more than
+:data:`EDGE_BOUNDARY` (:func:`boundary_error`), the phase's last window counts the windows into the next
+phase's first steps (taken on the build's mixture) and it and the next phase's first windows are *edges*:
+they may swap sequences of different cost and source, under the least balance bound of
+:data:`EDGE_SLACKS` that brings their windows within :data:`EDGE_GOAL`. Balance is given up only there.
+
 Pure numpy, deterministic (ties broken by index).
 """
 

@@ -10,6 +10,12 @@ world: training steps stay the same across an elastic resume. Within a step, seq
 :func:`loaders.balance.assign_ranks` (equal counts) or :func:`loaders.balance.assign_unequal`
 (``micro_batches="unequal"``); the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window, period and world.
+
+Across a phase boundary whose phases' templates do not line up (:meth:`Schedule.boundary_mixes`), the
+phase's last window and the next phase's first :data:`EDGE_WINDOWS` windows are refined as edges
+(:mod:`loaders.refinement`): their steps may mix cost classes so that every window across the boundary
+keeps the plan. What each window needs is a function of the build and the windows before it, as before,
+so a loader state still resumes exactly.
 """
 
 from __future__ import annotations
