@@ -25,7 +25,8 @@ the whole run. Cost of a document: l² + 49152·l.
 Then three-phase curricula at one sequence per rank (S = 32768 and 131072, global batch 16, dp 16): a warmup
 of short documents (``max_doc_tokens`` 4096, 10 %), the main mixture (75 %), an anneal with fewer books (15 %);
 ``same`` (one mixture), ``noramp`` and ``ramps`` (3-step linear ramp into main, 3-step cosine ramp into the
-anneal). Rows: the build's steps (B3, regroup off), weir without the phase edges (as before issue 16), weir;
+anneal). Rows: the build's steps (B3, regroup off), weir (default: no edges), weir with edges over 2 and
+over all windows after each boundary that needs them (``--edge-windows``);
 ``mixture_error`` of the trainer's stream against the plan's ramped per-step shares, per 10-step window (and
 how many windows miss 0.01) and per phase. ``--edge-goal`` moves the balance/mixture trade-off at the edges.
 
@@ -241,12 +242,12 @@ def regrouped_steps(
     period: int,
     slack: float = 0.0,
     starts: list[int] | None = None,
-    edges: bool = True,
+    edge_windows: int = EDGE_WINDOWS,
 ) -> list[list[list[tuple[int, int]]]]:
     """The training steps after regrouping windows of ``window`` steps as ``loaders.schedule`` does, each
     window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it.
-    ``starts``: first step of each phase (default: the run is one phase); ``edges=False`` refines the windows
-    at phase boundaries like the others (weir before the issue-16 edges)."""
+    ``starts``: first step of each phase (default: the run is one phase); ``edge_windows`` as
+    ``loaders.schedule.Schedule``'s (0: phase boundaries refined like the other windows)."""
     out: list[list[list[tuple[int, int]]]] = []
     build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
     done: list[np.ndarray] = []  # tokens per source of each training step so far
@@ -273,7 +274,7 @@ def regrouped_steps(
     mixes = set()  # the boundaries that need edges (as loaders.schedule.Schedule.boundary_mixes)
     for u in range(len(units) - 1):
         b = units[u][1]
-        if edges and period and b in phases[1:-1]:
+        if edge_windows and period and b in phases[1:-1]:
             before, after = comps(units[u]), comps(units[u + 1])
             k = min(period - 1, len(before), len(after))
             err = boundary_error(before[len(before) - k :], after[:k], build[b - k : b + k], period)
@@ -289,7 +290,7 @@ def regrouped_steps(
             ahead = min(period - 1, len(packed) - b) if b in mixes else 0  # the next phase's first steps
             target = build[a - k : b + ahead]
             # edges: a phase's last window before such a boundary, its first EDGE_WINDOWS after one
-            edge = bool(ahead) or (rank[u] < EDGE_WINDOWS and units[u - rank[u]][0] in mixes)
+            edge = bool(ahead) or (rank[u] < edge_windows and units[u - rank[u]][0] in mixes)
             new = refine_steps(costs, src, new, context, target, period, slack, edge=edge)
         for g in range(n):
             out.append([flat[i] for i in np.flatnonzero(new == g)])
@@ -412,11 +413,12 @@ def planned_shares(phases: list[Phase]) -> tuple[np.ndarray, list[int | None], n
 
 def curriculum_regime(
     lens: dict, kind: str, seq_len: int, batch: int, dp: int, steps: int, window: int, period: int, slack: float,
-    seed: int,
+    seed: int, edge_windows: tuple[int, ...] = (2, 1000),
 ) -> None:  # fmt: skip
-    """A multi-phase run at one sequence per rank: the build's steps (B3, regroup off), weir as before the
-    phase edges (``edges off``) and weir; ``mixture_error`` of the trainer's stream per 10-step window (and
-    how many windows exceed 0.01) and per phase, against the plan's ramped per-step shares."""
+    """A multi-phase run at one sequence per rank: the build's steps (B3, regroup off), weir (no edges) and
+    weir with edges over each of ``edge_windows`` windows; ``mixture_error`` of the trainer's stream per
+    10-step window (and how many windows exceed 0.01) and per phase, against the plan's ramped per-step
+    shares."""
     phases = curriculum(steps, kind)
     shares, caps, phase = planned_shares(phases)
     n = len(shares)
@@ -425,9 +427,10 @@ def curriculum_regime(
     planned = shares * seq_len * batch
     streams = {
         "B3 (off)": [st.seqs for st in packed],
-        "weir, edges off": regrouped_steps(packed, batch, window, period, slack, starts, edges=False),
-        "weir": regrouped_steps(packed, batch, window, period, slack, starts),
+        "weir": regrouped_steps(packed, batch, window, period, slack, starts),  # edges off (the default)
     }
+    for e in edge_windows:  # the trade-off: edges over more windows after each boundary
+        streams[f"weir, edges {e}"] = regrouped_steps(packed, batch, window, period, slack, starts, e)
     desc = ", ".join(f"{p[0]} {p[1]}" + (f" ramp {p[3]} {p[4]}" if p[3] else "") for p in phases)
     print(f"\nS={seq_len} global_batch={batch} dp={dp} curriculum {kind}: {desc}")
     print(f"{'':16} {'dp_imb mean':>11} {'dp_imb p95':>10} {'mix_err/10':>10} {'over 0.01':>9} {'mix_err/phase':>13}")
@@ -466,6 +469,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", choices=("phase", "curriculum"), help="run only the one-phase or the curriculum rows")
     ap.add_argument("--edge-goal", type=float, help="loaders.refinement.EDGE_GOAL (the balance trade-off)")
+    ap.add_argument(
+        "--edge-windows", type=int, nargs="*", default=[2, 1000], help="edge rows: windows after a boundary"
+    )
     ap.add_argument("--kind", choices=("same", "noramp", "ramps"), help="run only this curriculum")
     ap.add_argument("--seq-len", type=int, choices=(32768, 131072), help="run the curricula only at this S")
     args = ap.parse_args()
@@ -485,7 +491,10 @@ def main() -> None:
     kinds = ("same", "noramp", "ramps") if args.kind is None else (args.kind,)
     for kind in kinds if args.only != "phase" else ():  # three phases, one sequence per rank
         for s in (32768, 131072) if args.seq_len is None else (args.seq_len,):
-            curriculum_regime(lens, kind, s, 16, 16, args.steps, args.window, args.period, args.slack, args.seed)
+            curriculum_regime(
+                lens, kind, s, 16, 16, args.steps, args.window, args.period, args.slack, args.seed,
+                tuple(args.edge_windows),
+            )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ world: training steps stay the same across an elastic resume. Within a step, seq
 (``micro_batches="unequal"``); the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window, period and world.
 
-Across a phase boundary whose phases' templates do not line up (:meth:`Schedule.boundary_mixes`), the
-phase's last window and the next phase's first :data:`EDGE_WINDOWS` windows are refined as edges
-(:mod:`loaders.refinement`): their steps may mix cost classes so that every window across the boundary
-keeps the plan. What each window needs is a function of the build and the windows before it, as before,
-so a loader state still resumes exactly.
+With ``edge_windows`` > 0 (default :data:`EDGE_WINDOWS`, 0: off), across a phase boundary whose phases'
+templates do not line up (:meth:`Schedule.boundary_mixes`), the phase's last window and the next phase's
+first ``edge_windows`` windows are refined as edges (:mod:`loaders.refinement`): their steps may mix cost
+classes so that the windows across the boundary keep the plan. What each window needs is a function of the
+build and the windows before it, as before, so a loader state still resumes exactly.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from mixing.shards import ShardSet
 __all__ = ["EDGE_WINDOWS", "MICRO_BATCHES", "Schedule"]
 
 MICRO_BATCHES = ("equal", "unequal")
-EDGE_WINDOWS = 2  # a phase's first windows after a boundary that needs edges may mix cost classes
+# windows after a boundary that needs edges that may mix cost classes: 0 (edges off) by default, since
+# on real lengths edges keep the curriculum only by giving up most of the balance (benchmarks/balance.py)
+EDGE_WINDOWS = 0
 
 
 class Schedule:
@@ -47,6 +49,7 @@ class Schedule:
         period: int = 0,
         micro_batches: str = "equal",
         slack: float = SLACK,
+        edge_windows: int = EDGE_WINDOWS,
     ) -> None:
         if micro_batches not in MICRO_BATCHES:
             raise ValueError(f"micro_batches must be one of {MICRO_BATCHES}, got {micro_batches!r}")
@@ -56,6 +59,7 @@ class Schedule:
         if period < 0:
             raise ValueError(f"period must be ≥ 0 steps, got {period}")
         self.period = period
+        self.edge_windows = edge_windows  # see EDGE_WINDOWS; > 0 also turns on a phase's last edge window
         m = shards.manifest
         self.shards, self.window, self.seed = shards, window, seed
         self.global_batch = int(m["global_batch"])
@@ -141,7 +145,8 @@ class Schedule:
             # every window may mix cost classes where its windows need it (edge); a phase's last one, at a
             # boundary whose regrouped steps do not line up, keeps the next phase's first windows (taken on
             # the build's mixture) in view
-            ahead = min(self.period - 1, self.steps - b) if b in self.inner and self.boundary_mixes(w) else 0
+            at_end = self.edge_windows > 0 and b in self.inner and self.boundary_mixes(w)
+            ahead = min(self.period - 1, self.steps - b) if at_end else 0
             edge = bool(ahead) or self._after_edge(w)
             target = np.concatenate(
                 [
@@ -162,7 +167,7 @@ class Schedule:
         needs edges (where its steps hand over from mixed cost classes to the template)."""
         first = int(self.phase_windows[w, 0])
         start = int(self.window_starts[first])
-        return w - first < EDGE_WINDOWS and start in self.inner and self.boundary_mixes(first - 1)
+        return w - first < self.edge_windows and start in self.inner and self.boundary_mixes(first - 1)
 
     @lru_cache(maxsize=16)  # noqa: B019
     def boundary_mixes(self, w: int) -> bool:
