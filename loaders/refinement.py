@@ -21,7 +21,11 @@ phase's mixture, i.e. mix cost classes. So at a boundary whose unrefined windows
 :data:`EDGE_BOUNDARY` (:func:`boundary_error`), the phase's last window counts the windows into the next
 phase's first steps (taken on the build's mixture) and it and the next phase's first windows are *edges*:
 they may swap sequences of different cost and source, under the least balance bound of
-:data:`EDGE_SLACKS` that brings their windows within :data:`EDGE_GOAL`. Balance is given up only there.
+:data:`EDGE_SLACKS` that brings their windows within :data:`EDGE_GOAL`. Balance is given up only there,
+but on real lengths a handover from mixed steps to the one-class template needs several blocks, so the
+windows after the edges miss again unless the edges cover the whole phase, and then the balance is about the
+build's: edges are opt-in (:class:`loaders.schedule.Schedule`'s ``edge_windows``; figures in
+``benchmarks/balance.py``).
 
 Pure numpy, deterministic (ties broken by index).
 """
