@@ -4,7 +4,10 @@ Every asset calls one function of :mod:`mixing.stages` and returns its summary a
 assets are partitioned by source name. Asset keys are ``[<mix name>, <stage>]``; the group is the mix name.
 """
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import polars as pl
@@ -52,6 +55,23 @@ def _mixture_check(window: float, phase: float, what: str) -> dg.AssetCheckResul
         severity=dg.AssetCheckSeverity.WARN,
         description=f"{what}: window {window:.4f} (goal ≤ {GOAL_WINDOW}), phase {phase:.4f} (goal ≤ {GOAL_PHASE})",
         metadata={"window": window, "phase": phase},
+    )
+
+
+def _stream_check(root: Path, built: dict[str, Any]) -> dg.AssetCheckResult:
+    """The ``mixture_error`` check of the build's steps and, when the mix file regroups them, of the stream
+    the trainer receives (:func:`loaders.stream.stream_report`): the worse of the two is judged."""
+    regroup = json.loads((root / "shards" / "manifest.json").read_text()).get("regroup") or {}
+    if int(regroup.get("window", 1)) <= 1:
+        return _mixture_check(built["window"], built["phase"], "realized after packing")
+    from loaders.stream import stream_report
+
+    st = stream_report(root)
+    return _mixture_check(
+        max(built["window"], st["window"]),
+        max(built["phase"], st["phase"]),
+        f"build's steps {built['window']:.4f} / {built['phase']:.4f}; trainer's stream (regroup window "
+        f"{regroup['window']}, period {regroup.get('period', 0)})",
     )
 
 
@@ -272,7 +292,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                     passed=not bad,
                     description="all shard checksums match" if not bad else f"corrupt: {', '.join(bad)}",
                 ),
-                _mixture_check(me["window"], me["phase"], "realized after packing"),
+                _stream_check(layout.root, me),
             ],
         )
 

@@ -22,7 +22,16 @@ as the trainer receives them, against the planned mixture) per regime: over all 
 inside the phase's whole blocks of 10 steps (``body``: leaves out the last ``steps mod 10`` steps), and over
 the whole run. Cost of a document: l² + 49152·l.
 
+Then three-phase curricula at one sequence per rank (S = 32768 and 131072, global batch 16, dp 16): a warmup
+of short documents (``max_doc_tokens`` 4096, 10 %), the main mixture (75 %), an anneal with fewer books (15 %);
+``same`` (one mixture), ``noramp`` and ``ramps`` (3-step linear ramp into main, 3-step cosine ramp into the
+anneal). Rows: the build's steps (B3, regroup off), weir (default: no edges), weir with edges over 2 and
+over all windows after each boundary that needs them (``--edge-windows``);
+``mixture_error`` of the trainer's stream against the plan's ramped per-step shares, per 10-step window (and
+how many windows miss 0.01) and per phase. ``--edge-goal`` moves the balance/mixture trade-off at the edges.
+
     TIKTOKEN_CACHE_DIR=../shared/tokenizers/tiktoken_cache .venv/bin/python benchmarks/balance.py [--steps 64]
+    ... benchmarks/balance.py --only curriculum --kind ramps --seq-len 32768 --steps 200
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 from collections import deque
@@ -48,9 +58,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from loaders import refinement
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
-from loaders.refinement import SLACK, refine_steps
+from loaders.refinement import SLACK, boundary_error, refine_steps
+from loaders.schedule import EDGE_WINDOWS
+from mixing.curriculum import ramp
+from mixing.mixture import mixture_error as phase_error
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}
@@ -96,23 +110,41 @@ class Step:
     seqs: list[list[tuple[int, int]]]
 
 
-def draw(lens: dict[str, np.ndarray], seq_len: int, batch: int, steps: int, seed: int) -> list[list[tuple[int, int]]]:
+def draw(
+    lens: dict[str, np.ndarray],
+    seq_len: int,
+    batch: int,
+    steps: int,
+    seed: int,
+    shares: np.ndarray | None = None,
+    caps: list[int | None] | None = None,
+) -> list[list[tuple[int, int]]]:
     """Per step, the units (source, length) drawn to the mixture's cumulative token quota. Documents longer
     than S are cut into S-sized pieces first; a source's pieces are drawn in order (a plan at piece
-    granularity, so that the plan itself meets the mixture closely)."""
+    granularity, so that the plan itself meets the mixture closely). ``shares`` [steps, sources]: the
+    planned share of each source at each step (default: :data:`MIXTURE` throughout); ``caps``: per step,
+    a phase's ``max_doc_tokens`` (longer documents are skipped, as the planner does)."""
     rng = np.random.default_rng(seed)
     names = list(MIXTURE)
+    if shares is None:
+        shares = np.tile(np.array(list(MIXTURE.values())), (steps, 1))
+    caps = caps or [None] * steps
+    quota = np.cumsum(shares, axis=0) * seq_len * batch
     streams: dict[str, Iterator[int]] = {n: iter(()) for n in names}
+    cap_of: dict[str, int | None] = dict.fromkeys(names)
     taken = dict.fromkeys(names, 0)
     out = []
     for t in range(steps):
         units = []
         for k, n in enumerate(names):
-            target = MIXTURE[n] * seq_len * batch * (t + 1)
-            while taken[n] < target:
+            if cap_of[n] != caps[t]:  # a new length limit: the source's order restarts under it
+                streams[n], cap_of[n] = iter(()), caps[t]
+            while taken[n] < quota[t, k]:
                 length = next(streams[n], None)
                 if length is None:  # a new epoch of this source, reshuffled
-                    docs = rng.permutation(lens[n]).tolist()
+                    docs = [d for d in rng.permutation(lens[n]).tolist() if caps[t] is None or d <= caps[t]]
+                    if not docs:
+                        raise ValueError(f"no {n} document fits max_doc_tokens {caps[t]}")
                     streams[n] = iter([min(seq_len, d - a) for d in docs for a in range(0, d, seq_len)])
                     continue
                 taken[n] += length
@@ -204,23 +236,62 @@ def mixture_error(steps: list[list[list[tuple[int, int]]]], window: int = 10, en
 
 
 def regrouped_steps(
-    packed: list[Step], batch: int, window: int, period: int, slack: float = 0.0
+    packed: list[Step],
+    batch: int,
+    window: int,
+    period: int,
+    slack: float = 0.0,
+    starts: list[int] | None = None,
+    edge_windows: int = EDGE_WINDOWS,
 ) -> list[list[list[tuple[int, int]]]]:
     """The training steps after regrouping windows of ``window`` steps as ``loaders.schedule`` does, each
-    window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it."""
+    window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it.
+    ``starts``: first step of each phase (default: the run is one phase); ``edge_windows`` as
+    ``loaders.schedule.Schedule``'s (0: phase boundaries refined like the other windows)."""
     out: list[list[list[tuple[int, int]]]] = []
     build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
     done: list[np.ndarray] = []  # tokens per source of each training step so far
-    starts = regroup_bounds(0, len(packed), window, period)  # the run is one phase
-    for a, b in zip(starts, [*starts[1:], len(packed)], strict=True):
+    phases = [*(starts or [0]), len(packed)]
+    units: list[tuple[int, int, int]] = []  # (first, end, tail)
+    rank: list[int] = []  # index of each unit within its phase
+    for p0, p1 in itertools.pairwise(phases):
+        cut = regroup_bounds(p0, p1, window, period)
+        units += [(a, b, (p1 - p0) % period if period else 0) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
+        rank += list(range(len(cut)))
+
+    def regrouped(a: int, b: int, tail: int) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
         flat = [s for st in packed[a:b] for s in st.seqs]
-        n = len(flat) // batch
         costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
-        new = regroup_window(costs, src, n, period=period, tail=len(packed) % period if period else 0)
-        if slack and period and n > 1:
+        new = np.repeat(np.arange(b - a), batch)
+        if b - a > 1 and window > 1:
+            new = regroup_window(costs, src, b - a, period=period, tail=tail)
+        return flat, costs, src, new
+
+    def comps(unit: tuple[int, int, int]) -> np.ndarray:
+        _, _, src, new = regrouped(*unit)
+        return np.stack([src[new == g].sum(axis=0) for g in range(unit[1] - unit[0])])
+
+    mixes = set()  # the boundaries that need edges (as loaders.schedule.Schedule.boundary_mixes)
+    for u in range(len(units) - 1):
+        b = units[u][1]
+        if edge_windows and period and b in phases[1:-1]:
+            before, after = comps(units[u]), comps(units[u + 1])
+            k = min(period - 1, len(before), len(after))
+            err = boundary_error(before[len(before) - k :], after[:k], build[b - k : b + k], period)
+            if err > refinement.EDGE_BOUNDARY:
+                mixes.add(b)
+
+    for u, (a, b, tail) in enumerate(units):
+        flat, costs, src, new = regrouped(a, b, tail)
+        n = b - a
+        if slack and period and n > 1 and window > 1:
             k = min(period - 1, a)
             context = np.array(done[a - k : a]).reshape(k, len(MIXTURE))
-            new = refine_steps(costs, src, new, context, build[a - k : b], period, slack)
+            ahead = min(period - 1, len(packed) - b) if b in mixes else 0  # the next phase's first steps
+            target = build[a - k : b + ahead]
+            # edges: a phase's last window before such a boundary, its first EDGE_WINDOWS after one
+            edge = bool(ahead) or (rank[u] < edge_windows and units[u - rank[u]][0] in mixes)
+            new = refine_steps(costs, src, new, context, target, period, slack, edge=edge)
         for g in range(n):
             out.append([flat[i] for i in np.flatnonzero(new == g)])
             done.append(src[new == g].sum(axis=0))
@@ -303,6 +374,81 @@ def regime(
         print(f"{cells} {mix[name]:10.4f} {body[name]:9.4f} {whole[name]:11.4f}")
 
 
+WARMUP = {"math": 0.3, "chat": 0.3, "multilingual": 0.1, "drama": 0.3}  # short documents, under a length cap
+ANNEAL = {"books": 0.2, "math": 0.35, "chat": 0.15, "multilingual": 0.15, "drama": 0.15}
+Phase = tuple[str, int, dict[str, float], int, str, int | None]  # name, steps, mixture, ramp, shape, cap
+
+
+def curriculum(steps: int, kind: str) -> list[Phase]:
+    """A run of about ``steps`` steps in three phases (whole blocks of 10): warmup (10 %, documents ≤ 4096
+    tokens), main (75 %), anneal (15 %). ``kind``: ``same`` (one mixture, no cap, no ramps), ``noramp``
+    (three mixtures of unequal cost), ``ramps`` (the same with a 3-step linear ramp into main and a
+    3-step cosine ramp into the anneal: the real curriculum)."""
+    warm, anneal = max(10, round(steps * 0.1 / 10) * 10), max(10, round(steps * 0.15 / 10) * 10)
+    main = steps - warm - anneal
+    if kind == "same":
+        return [("warmup", warm, MIXTURE, 0, "step", None), ("main", main, MIXTURE, 0, "step", None),
+                ("anneal", anneal, MIXTURE, 0, "step", None)]  # fmt: skip
+    r = 3 if kind == "ramps" else 0
+    return [("warmup", warm, WARMUP, 0, "step", 4096), ("main", main, MIXTURE, r, "linear", None),
+            ("anneal", anneal, ANNEAL, r, "cosine", None)]  # fmt: skip
+
+
+def planned_shares(phases: list[Phase]) -> tuple[np.ndarray, list[int | None], np.ndarray]:
+    """Per step: the planned share of each source (ramps as ``mixing.curriculum.schedule``), the length cap
+    and the phase index."""
+    rows, caps, idx, prev = [], [], [], None
+    for k, (_, n, mix, ramp_steps, shape, cap) in enumerate(phases):
+        target = np.array([mix.get(s, 0.0) for s in MIXTURE])
+        block = np.tile(target, (n, 1))
+        if prev is not None and ramp_steps:
+            a = ramp(shape, ramp_steps)[:, None]
+            block[:ramp_steps] = (1 - a) * prev + a * target
+        rows.append(block)
+        caps += [cap] * n
+        idx += [k] * n
+        prev = target
+    return np.concatenate(rows), caps, np.array(idx, dtype=np.int64)
+
+
+def curriculum_regime(
+    lens: dict, kind: str, seq_len: int, batch: int, dp: int, steps: int, window: int, period: int, slack: float,
+    seed: int, edge_windows: tuple[int, ...] = (2, 1000),
+) -> None:  # fmt: skip
+    """A multi-phase run at one sequence per rank: the build's steps (B3, regroup off), weir (no edges) and
+    weir with edges over each of ``edge_windows`` windows; ``mixture_error`` of the trainer's stream per
+    10-step window (and how many windows exceed 0.01) and per phase, against the plan's ramped per-step
+    shares."""
+    phases = curriculum(steps, kind)
+    shares, caps, phase = planned_shares(phases)
+    n = len(shares)
+    packed = bfd(draw(lens, seq_len, batch, n, seed, shares, caps), seq_len, batch)
+    starts = [int(np.flatnonzero(phase == k)[0]) for k in range(len(phases))]
+    planned = shares * seq_len * batch
+    streams = {
+        "B3 (off)": [st.seqs for st in packed],
+        "weir": regrouped_steps(packed, batch, window, period, slack, starts),  # edges off (the default)
+    }
+    for e in edge_windows:  # the trade-off: edges over more windows after each boundary
+        streams[f"weir, edges {e}"] = regrouped_steps(packed, batch, window, period, slack, starts, e)
+    desc = ", ".join(f"{p[0]} {p[1]}" + (f" ramp {p[3]} {p[4]}" if p[3] else "") for p in phases)
+    print(f"\nS={seq_len} global_batch={batch} dp={dp} curriculum {kind}: {desc}")
+    print(f"{'':16} {'dp_imb mean':>11} {'dp_imb p95':>10} {'mix_err/10':>10} {'over 0.01':>9} {'mix_err/phase':>13}")
+    for name, st in streams.items():
+        per_step = [np.array([cost(s) for s in x]) for x in st]
+        imb = [dp_imbalance(c, assign_ranks(c, dp), dp) for c in per_step]
+        realized = np.array([sum((source_tokens(s) for s in x), np.zeros(len(MIXTURE))) for x in st])
+        me = phase_error(realized, planned, phase, list(MIXTURE), [p[0] for p in phases])
+        over = sum(
+            float(np.abs(r / r.sum() - p / p.sum()).max()) > 0.01
+            for r, p in ((realized[a : a + 10].sum(0), planned[a : a + 10].sum(0)) for a in range(n - 9))
+        )
+        print(
+            f"{name:16} {np.mean(imb):11.3f} {np.percentile(imb, 95):10.3f} {me.window:10.4f} "
+            f"{over:>4}/{n - 9:<4} {me.phase:13.4f}"
+        )
+
+
 def lpt(costs: np.ndarray, dp: int) -> np.ndarray:
     """Plain LPT under equal counts (B3), no local search."""
     per, loads, counts = len(costs) // dp, np.zeros(dp), np.zeros(dp, int)
@@ -321,16 +467,34 @@ def main() -> None:
     ap.add_argument("--period", type=int, default=10, help="weir's regrouping template period (0: none)")
     ap.add_argument("--slack", type=float, default=SLACK, help="weir's refinement balance bound (0: no refinement)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", choices=("phase", "curriculum"), help="run only the one-phase or the curriculum rows")
+    ap.add_argument("--edge-goal", type=float, help="loaders.refinement.EDGE_GOAL (the balance trade-off)")
+    ap.add_argument(
+        "--edge-windows", type=int, nargs="*", default=[2, 1000], help="edge rows: windows after a boundary"
+    )
+    ap.add_argument("--kind", choices=("same", "noramp", "ramps"), help="run only this curriculum")
+    ap.add_argument("--seq-len", type=int, choices=(32768, 131072), help="run the curricula only at this S")
     args = ap.parse_args()
-    if SHARED is None:
+    if args.edge_goal is not None:
+        refinement.EDGE_GOAL = args.edge_goal
+    cached = ROOT / "build" / "bench" / "lengths-o200k.npz"  # lengths() needs the data only to fill it
+    if SHARED is None and not cached.exists():
         sys.exit("../shared/data is not here: this benchmark needs the real datasets")
-    lens = lengths(SHARED / "data")
+    lens = lengths((SHARED or ROOT) / "data")
     for n, v in lens.items():
         print(f"{n:13} {len(v):6} docs, {int(v.sum()):>10,} tokens, median {int(np.median(v))}, max {int(v.max())}")
-    regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
-    regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period, args.slack)
-    regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period, args.slack)
-    regime(lens, 131072, 64, 16, 8, args.steps, 1, args.seed)  # 4 sequences per rank: unequal counts
+    if args.only != "curriculum":
+        regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
+        regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period, args.slack)
+        regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period, args.slack)
+        regime(lens, 131072, 64, 16, 8, args.steps, 1, args.seed)  # 4 sequences per rank: unequal counts
+    kinds = ("same", "noramp", "ramps") if args.kind is None else (args.kind,)
+    for kind in kinds if args.only != "phase" else ():  # three phases, one sequence per rank
+        for s in (32768, 131072) if args.seq_len is None else (args.seq_len,):
+            curriculum_regime(
+                lens, kind, s, 16, 16, args.steps, args.window, args.period, args.slack, args.seed,
+                tuple(args.edge_windows),
+            )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ world: training steps stay the same across an elastic resume. Within a step, seq
 :func:`loaders.balance.assign_ranks` (equal counts) or :func:`loaders.balance.assign_unequal`
 (``micro_batches="unequal"``); the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window, period and world.
+
+With ``edge_windows`` > 0 (default :data:`EDGE_WINDOWS`, 0: off), across a phase boundary whose phases'
+templates do not line up (:meth:`Schedule.boundary_mixes`), the phase's last window and the next phase's
+first ``edge_windows`` windows are refined as edges (:mod:`loaders.refinement`): their steps may mix cost
+classes so that the windows across the boundary keep the plan. What each window needs is a function of the
+build and the windows before it, as before, so a loader state still resumes exactly.
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ from functools import lru_cache
 import numpy as np
 
 from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window, segment_cost
-from loaders.refinement import SLACK, refine_steps
+from loaders.refinement import EDGE_BOUNDARY, SLACK, boundary_error, refine_steps
 from mixing.shards import ShardSet
 
-__all__ = ["MICRO_BATCHES", "Schedule"]
+__all__ = ["EDGE_WINDOWS", "MICRO_BATCHES", "Schedule"]
 
 MICRO_BATCHES = ("equal", "unequal")
+# windows after a boundary that needs edges that may mix cost classes: 0 (edges off) by default, since
+# on real lengths edges keep the curriculum only by giving up most of the balance (benchmarks/balance.py)
+EDGE_WINDOWS = 0
 
 
 class Schedule:
@@ -40,6 +49,7 @@ class Schedule:
         period: int = 0,
         micro_batches: str = "equal",
         slack: float = SLACK,
+        edge_windows: int = EDGE_WINDOWS,
     ) -> None:
         if micro_batches not in MICRO_BATCHES:
             raise ValueError(f"micro_batches must be one of {MICRO_BATCHES}, got {micro_batches!r}")
@@ -49,6 +59,7 @@ class Schedule:
         if period < 0:
             raise ValueError(f"period must be ≥ 0 steps, got {period}")
         self.period = period
+        self.edge_windows = edge_windows  # see EDGE_WINDOWS; > 0 also turns on a phase's last edge window
         m = shards.manifest
         self.shards, self.window, self.seed = shards, window, seed
         self.global_batch = int(m["global_batch"])
@@ -73,6 +84,12 @@ class Schedule:
             tails += [(b - a) % period if period else 0] * len(cut)
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
         self.window_tail = np.array(tails, dtype=np.int64)
+        # the windows just before and after a boundary between phases (see boundary_mixes)
+        self.inner = {int(x) for x in starts[1:-1]}
+        # per window, the first and last window of its phase
+        first_of = np.searchsorted(self.window_starts, np.array(starts[:-1]))
+        phase_of = np.searchsorted(np.array(starts[:-1]), self.window_starts[:-1], side="right") - 1
+        self.phase_windows = np.stack([first_of[phase_of], np.r_[first_of[1:], len(bounds)][phase_of] - 1], axis=1)
         # refinement (loaders.refinement) chains windows: each one's layout depends on the steps before it
         self.slack = float(slack) if period > 0 and window > 1 else 0.0
         self.n_sources = len(m.get("sources", [])) or 1
@@ -125,15 +142,56 @@ class Schedule:
         if self.slack:
             context = self._context(w)
             assert context is not None
+            # every window may mix cost classes where its windows need it (edge); a phase's last one, at a
+            # boundary whose regrouped steps do not line up, keeps the next phase's first windows (taken on
+            # the build's mixture) in view
+            at_end = self.edge_windows > 0 and b in self.inner and self.boundary_mixes(w)
+            ahead = min(self.period - 1, self.steps - b) if at_end else 0
+            edge = bool(ahead) or self._after_edge(w)
             target = np.concatenate(
-                [self._build_comps(a - len(context), a), src.reshape(b - a, -1, src.shape[1]).sum(1)]
+                [
+                    self._build_comps(a - len(context), a),
+                    src.reshape(b - a, -1, src.shape[1]).sum(1),
+                    self._build_comps(b, b + ahead),
+                ]
             )
-            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack)
+            new_step = refine_steps(costs, src, new_step, context, target, self.period, self.slack, edge=edge)
             comps = np.zeros((b - a, src.shape[1]), dtype=np.int64)
             np.add.at(comps, new_step, src.astype(np.int64))
             self._comps[w] = comps
         order = np.lexsort((seqs, new_step))
         return seqs[order].reshape(b - a, self.global_batch)
+
+    def _after_edge(self, w: int) -> bool:
+        """Whether window ``w`` is one of the first :data:`EDGE_WINDOWS` of a phase after a boundary that
+        needs edges (where its steps hand over from mixed cost classes to the template)."""
+        first = int(self.phase_windows[w, 0])
+        start = int(self.window_starts[first])
+        return w - first < self.edge_windows and start in self.inner and self.boundary_mixes(first - 1)
+
+    @lru_cache(maxsize=16)  # noqa: B019
+    def boundary_mixes(self, w: int) -> bool:
+        """Whether the boundary after window ``w`` (a phase's last) needs edges: the phases' regrouped steps,
+        before refinement, put a window across it off the build's mixture by more than ``EDGE_BOUNDARY``.
+        A function of the two windows' own sequences: no chain, the same on a resume."""
+        k = self.period - 1
+        before, after = self._regrouped_comps(w), self._regrouped_comps(w + 1)
+        b = int(self.window_starts[w + 1])
+        k = min(k, len(before), len(after))
+        target = self._build_comps(b - k, b + k)
+        return boundary_error(before[len(before) - k :], after[:k], target, self.period) > EDGE_BOUNDARY
+
+    def _regrouped_comps(self, w: int) -> np.ndarray:
+        """Tokens per source of window ``w``'s steps as regrouped, before refinement (float64 [steps, sources]):
+        what a phase's last window expects of the next phase's first steps."""
+        a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
+        _, costs, src = self._facts(w)
+        new_step = np.repeat(np.arange(b - a), self.global_batch)
+        if b - a > 1 and self.window > 1:
+            new_step = regroup_window(costs, src, b - a, period=self.period, tail=int(self.window_tail[w]))
+        out = np.zeros((b - a, src.shape[1]))
+        np.add.at(out, new_step, src)
+        return out
 
     def _context(self, w: int) -> np.ndarray | None:
         """Tokens per source (int64 [k, sources]) of the ``k = min(period − 1, start)`` training steps before

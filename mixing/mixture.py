@@ -27,6 +27,7 @@ __all__ = [
     "MixtureError",
     "mixture_error",
     "plan_mixture_error",
+    "planned_tokens",
     "shards_mixture_error",
 ]
 
@@ -108,7 +109,7 @@ def mixture_error(
     return MixtureError(float(win[i, s]), max(worst, 0.0), (int(i), sources[int(s)]), worst_phase, per_phase)
 
 
-def _planned(quotas: pl.DataFrame) -> tuple[tuple[str, ...], tuple[str, ...], np.ndarray, np.ndarray]:
+def planned_tokens(quotas: pl.DataFrame) -> tuple[tuple[str, ...], tuple[str, ...], np.ndarray, np.ndarray]:
     """(sources, phase names in step order, phase index per step, planned tokens [n_steps, n_sources])."""
     sources = tuple(sorted(quotas["source"].unique().to_list()))
     wide = quotas.pivot(on="source", index=["step", "phase"], values="quota").sort("step")
@@ -123,7 +124,7 @@ def plan_mixture_error(db_path: Path, window: int = WINDOW) -> MixtureError:
     with duckdb.connect(str(db_path), read_only=True) as con:
         quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
         drawn = con.sql("SELECT step, source, sum(length)::BIGINT AS tokens FROM plan_units GROUP BY 1, 2").pl()
-    sources, phases, phase, planned = _planned(quotas)
+    sources, phases, phase, planned = planned_tokens(quotas)
     realized = np.zeros_like(planned)
     col = {s: k for k, s in enumerate(sources)}
     realized[drawn["step"].to_numpy(), [col[s] for s in drawn["source"].to_list()]] = drawn["tokens"].to_numpy()
@@ -133,7 +134,7 @@ def plan_mixture_error(db_path: Path, window: int = WINDOW) -> MixtureError:
 def shards_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int = WINDOW) -> MixtureError:
     """The metric of packed shards: tokens of each sequence's segments per step vs the plan's ``quotas``
     (a ``plan_quotas`` frame, e.g. the build's ``plan/quotas.parquet``)."""
-    sources, phases, phase, planned = _planned(quotas)
+    sources, phases, phase, planned = planned_tokens(quotas)
     col = {s: k for k, s in enumerate(sources)}
     remap = np.array([col[s] for s in shards.manifest["sources"]], dtype=np.int64)
     realized = np.zeros_like(planned)

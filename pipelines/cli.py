@@ -78,7 +78,7 @@ def build(
         shown = redact(f"{type(cause).__name__}: {cause}")  # no {env_NAME} value, whatever raised it
         err.print(f"[bold red]build failed[/]: {shown}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    _print_summary(inspect_build(dest))
+    _print_summary(_with_stream(inspect_build(dest), dest))
 
 
 @app.command()
@@ -97,7 +97,7 @@ def inspect(
     if root.name == "shards":
         root = root.parent
     try:
-        report = inspect_build(root)
+        report = _with_stream(inspect_build(root), root)
     except WeirError as e:
         err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
@@ -120,6 +120,21 @@ def inspect(
         raise typer.Exit(1)
 
 
+def _with_stream(report: dict, root: Path) -> dict:  # type: ignore[type-arg]
+    """``report`` plus ``mixture_error_stream`` (:func:`loaders.stream.stream_report`) when the mix file
+    regroups steps (otherwise the trainer's stream is the build's steps)."""
+    if _regroups(root):
+        from loaders.stream import stream_report
+
+        report["mixture_error_stream"] = stream_report(root)
+    return report
+
+
+def _regroups(root: Path) -> bool:
+    manifest = json.loads((root / "shards" / "manifest.json").read_text())
+    return int((manifest.get("regroup") or {}).get("window", 1)) > 1
+
+
 def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
     out.print(
         f"mix {r['mix']!r}: {r['steps']} steps, {r['sequences']} sequences of {r['seq_len']} tokens, "
@@ -140,6 +155,14 @@ def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
         out.print(
             f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window (goal ≤ {me['goal_window']}), "
             f"{me['phase']:.4f} per phase (goal ≤ {me['goal_phase']})" + ("" if me["ok"] else " [goal missed]"),
+            highlight=False,
+        )
+    if "mixture_error_stream" in r:  # the same, of the training steps the loader makes (balance.regroup)
+        me, g = r["mixture_error_stream"], r["mixture_error_stream"]["regroup"]
+        out.print(
+            f"mixture_error of the trainer's stream (regroup window {g['window']}, period {g['period']}, slack "
+            f"{g['slack']:g}): {me['window']:.4f} per window, {me['phase']:.4f} per phase"
+            + ("" if me["ok"] else " [goal missed]"),
             highlight=False,
         )
     t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
