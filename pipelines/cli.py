@@ -1,4 +1,8 @@
-"""The ``weir`` command line: validate, build, inspect, plan, demo-data, ui."""
+"""weir: mix, tokenize and pack training data, then load it for training.
+
+Commands: validate, plan, build, inspect, export-megatron, demo-data, ui. The cheap loop: weir plan MIX
+(seconds, from the tokenized documents), edit the mix file, plan again, then weir build MIX.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +22,18 @@ from mixing import MixError, WeirError, load_mix
 from mixing.envvars import redact
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
-out = Console()
-err = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console; outside a terminal (a log file, CI) lines and tables are never cut to 80 columns."""
+    stream = sys.stderr if stderr else sys.stdout
+    wide = not stream.isatty() and not os.environ.get("COLUMNS")
+    return Console(stderr=stderr, width=100_000 if wide else None)
+
+
+out = _console()
+err = _console(stderr=True)
+STRICT_EXIT = 4  # --strict: the build is whole but a goal (packing, truncation, mixture_error) was missed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +64,7 @@ def build(
     wait: Annotated[
         bool, typer.Option("--wait", help="if another build is writing the same folder, wait for it (else exit 3)")
     ] = False,
+    strict: Annotated[bool, typer.Option("--strict", help=f"exit {STRICT_EXIT} when a goal is missed")] = False,
 ) -> None:
     """Build MIX into a folder by materializing its Dagster assets in-process.
 
@@ -58,18 +73,32 @@ def build(
     killed one left. Work of the previous output that is still valid (tokenized chunks of unchanged files,
     the tokenizer if its sample is unchanged) is reused. One build at a time per output folder: a second
     one exits 3 naming the first one's pid, or waits with --wait.
+
+    A failed build keeps what it tokenized beside the output (.NAME.cache): the next build reuses it, and
+    weir plan MIX plans from it in seconds. The run is recorded in the project's Dagster instance
+    (DAGSTER_HOME, else .dagster_home), so it shows in weir ui with its checks and plots. Warnings of the
+    stages are printed; a missed goal is marked, and with --strict exits 4.
     """
     import dagster as dg
 
-    from mixing.packed import inspect_build
-    from pipelines.build import BuildBusy, build_output, progress_display
+    from mixing.packed import inspect_build, saved_report
+    from pipelines.build import BuildBusy, build_output, progress_display, work_cache
+    from pipelines.instance import dagster_home, project_instance
 
     m = _load(mix)
     dest = (out_dir or Path("build") / m.name).resolve()
     out.print(f"building mix {m.name!r} into {dest}")
     try:
+        instance = project_instance()
         with progress_display(out):
-            build_output(m, dest, fresh=fresh, wait=wait, say=lambda s: out.print(s, highlight=False, markup=False))
+            build_output(
+                m,
+                dest,
+                fresh=fresh,
+                wait=wait,
+                say=lambda s: out.print(s, highlight=False, markup=False),
+                instance=instance,
+            )
     except BuildBusy as e:
         err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
@@ -77,19 +106,40 @@ def build(
         cause = getattr(e, "user_exception", None) or e
         shown = redact(f"{type(cause).__name__}: {cause}")  # no {env_NAME} value, whatever raised it
         err.print(f"[bold red]build failed[/]: {shown}", highlight=False, soft_wrap=True)
+        cache = work_cache(dest)
+        if any(cache.glob("sources/*/chunks/*/report.json")):
+            err.print(
+                f"kept the tokenized documents in {cache}: fix the mix, check it with `weir plan {mix} --build "
+                f"{dest}` (seconds, no tokenizing), then build again (only changed files are tokenized)",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
         raise typer.Exit(1) from None
-    _print_summary(inspect_build(dest))
+    report = saved_report(dest) or inspect_build(dest)  # the figures the packed_shards asset computed
+    missed = _print_summary(report)
+    out.print(f"recorded in the Dagster instance at {dagster_home()} (weir ui shows it)", highlight=False)
+    _exit_if_missed(missed, strict)
+
+
+def _exit_if_missed(missed: list[str], strict: bool) -> None:
+    if missed:
+        err.print(f"[yellow]goal missed[/]: {'; '.join(missed)}", highlight=False, soft_wrap=True)
+        if strict:
+            raise typer.Exit(STRICT_EXIT)
 
 
 @app.command()
 def inspect(
     build_dir: Path,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for machines")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help=f"exit {STRICT_EXIT} when a goal is missed")] = False,
 ) -> None:
     """Print a build's figures: sequences, tokens, steps, tokens per source, packing metrics.
 
-    Exits 1 with one line naming the file when the build cannot be read (a missing, damaged or edited
-    manifest, shard file or DuckDB file) or a shard's checksum does not match the manifest.
+    Recomputes them from the shards, verifying every checksum. Exits 1 with one line naming the file when
+    the build cannot be read (a missing, damaged or edited manifest, shard file or DuckDB file) or a
+    shard's checksum does not match the manifest; with --strict, exits 4 when a goal is missed.
     """
     from mixing.packed import inspect_build
 
@@ -101,8 +151,9 @@ def inspect(
     except WeirError as e:
         err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+    missed = _missed_goals(report)
     if as_json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(json.dumps({**report, "goals_missed": missed}, indent=2, sort_keys=True))
     else:
         _print_summary(report)
     if not report["manifest_sealed"]:
@@ -118,13 +169,39 @@ def inspect(
         bad = "; ".join(f"{where / name}: {why}" for name, why in report["file_problems"].items())
         err.print(f"[bold red]corrupt shard files[/]: {bad}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+    _exit_if_missed(missed, strict)
 
 
-def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
+def _missed_goals(r: dict) -> list[str]:  # type: ignore[type-arg]
+    """One phrase per goal of docs/design.md the build misses (packing, truncation, mixture_error)."""
+    from assets.mix_assets import MIN_PACKING_EFFICIENCY
+
+    missed = []
+    if r["packing_efficiency"] < MIN_PACKING_EFFICIENCY:
+        missed.append(f"packing_efficiency {r['packing_efficiency']:.4f} < {MIN_PACKING_EFFICIENCY}")
+    if r["truncated_docs"] > 0:
+        missed.append(f"truncated_docs {r['truncated_docs']:.4f} > 0")
+    me = r.get("mixture_error")
+    if me and me["window"] > me["goal_window"]:
+        missed.append(f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window > {me['goal_window']}")
+    if me and me["phase"] > me["goal_phase"]:
+        missed.append(f"mixture_error {me['phase']:.4f} per phase > {me['goal_phase']}")
+    return missed
+
+
+def _print_summary(r: dict) -> list[str]:  # type: ignore[type-arg]
+    """Print a build's figures, each missed goal marked "[goal missed]"; return the missed goals."""
+    from assets.mix_assets import MIN_PACKING_EFFICIENCY
+
+    eff_missed = r["packing_efficiency"] < MIN_PACKING_EFFICIENCY
     out.print(
         f"mix {r['mix']!r}: {r['steps']} steps, {r['sequences']} sequences of {r['seq_len']} tokens, "
-        f"{r['tokens']:,} tokens; packing_efficiency {r['packing_efficiency']:.4f}, "
-        f"truncated_docs {r['truncated_docs']:.4f}"
+        f"{r['tokens']:,} tokens; packing_efficiency {r['packing_efficiency']:.4f} (goal ≥ {MIN_PACKING_EFFICIENCY})"
+        + (" [goal missed]" if eff_missed else "")
+        + f", truncated_docs {r['truncated_docs']:.4f} (goal 0)"
+        + (" [goal missed]" if r["truncated_docs"] > 0 else ""),
+        highlight=False,
+        markup=False,
     )
     if "sequence_cost" in r:  # packing figures (shard format 2)
         c, g = r["sequence_cost"], r["segments_per_sequence"]
@@ -138,9 +215,12 @@ def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
     if "mixture_error" in r:  # realized vs planned token shares
         me = r["mixture_error"]
         out.print(
-            f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window (goal ≤ {me['goal_window']}), "
-            f"{me['phase']:.4f} per phase (goal ≤ {me['goal_phase']})" + ("" if me["ok"] else " [goal missed]"),
+            f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window (goal ≤ {me['goal_window']})"
+            + (" [goal missed]" if me["window"] > me["goal_window"] else "")
+            + f", {me['phase']:.4f} per phase (goal ≤ {me['goal_phase']})"
+            + (" [goal missed]" if me["phase"] > me["goal_phase"] else ""),
             highlight=False,
+            markup=False,
         )
     t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
     for name, s in r["per_source"].items():
@@ -153,6 +233,7 @@ def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
             f"{share:.3f}",
         )
     out.print(t)
+    return _missed_goals(r)
 
 
 @app.command("export-megatron")
@@ -187,29 +268,50 @@ def plan_cmd(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for machines")] = False,
     compute: Annotated[
-        bool, typer.Option("--compute", help="when DIR has no stats yet, run the stages up to length_stats there")
+        bool,
+        typer.Option("--compute", help="when DIR has no stats of this mix, run the stages up to length_stats"),
     ] = False,
 ) -> None:
     """Print MIX's plan: phases, steps, tokens per source, epochs per source, warnings.
 
-    Reads the documents of an existing build (no tokenizing again) and writes nothing there; exit 1 when
-    the plan is infeasible (the error names phase, source and tokens) or the build has no stats.
+    Reads the tokenized documents of DIR, or of the work a failed build kept beside it (.NAME.cache),
+    whichever fits MIX now: same sources, files, tokenizer and rendering; otherwise it exits 1 naming what
+    differs. With --compute it tokenizes what is missing (only changed files; into DIR when DIR holds no
+    finished build, else into .NAME.cache, which the next build reuses), showing progress. Exit 1 when the
+    plan is infeasible (the error names phase, source and tokens).
     """
     from mixing.layout import BuildLayout
     from mixing.plan import preview_plan
+    from pipelines.build import work_cache
+    from pipelines.freshness import differences
 
     m = _load(mix)
-    layout = BuildLayout((build_dir or Path("build") / m.name).resolve())
-    if not _has_documents(layout.duckdb):
-        if not compute:
+    root = (build_dir or Path("build") / m.name).resolve()
+    options = _storage_options(m)
+    found: dict[Path, list[str]] = {}
+    for folder in (root, work_cache(root)):
+        if _has_documents(folder / "weir.duckdb"):
+            found[folder] = differences(m, folder, options)
+    fits = [f for f, why in found.items() if not why]
+    if not fits and not compute:
+        if found:
+            why = "; ".join(f"{w}" for w in next(iter(found.values())))
             err.print(
-                f"[bold red]no length statistics[/] in {layout.root}: build the mix first "
-                f"(weir build {mix} --out {layout.root}), or add --compute to run the stages up to length_stats",
+                f"[bold red]stats do not fit the mix[/]: {next(iter(found))} holds documents of another mix "
+                f"than {mix} ({why}); add --compute to tokenize what changed, or build the mix "
+                f"(weir build {mix} --out {root})",
                 highlight=False,
                 soft_wrap=True,
             )
-            raise typer.Exit(1)
-        _stats_stages(m, layout)
+        else:
+            err.print(
+                f"[bold red]no length statistics[/] in {root}: build the mix first "
+                f"(weir build {mix} --out {root}), or add --compute to run the stages up to length_stats",
+                highlight=False,
+                soft_wrap=True,
+            )
+        raise typer.Exit(1)
+    layout = BuildLayout(fits[0] if fits else _compute_stats(m, root, options))
     try:
         p = preview_plan(m, layout.duckdb)
     except WeirError as e:
@@ -236,7 +338,8 @@ def plan_cmd(
     per_step = m.sequence.length * m.sequence.global_batch
     out.print(
         f"mix {m.name!r}: {m.total_steps} steps × {m.sequence.global_batch} sequences × {m.sequence.length} tokens "
-        f"= {m.total_steps * per_step:,} tokens; {p.units:,} document pieces drawn (from {layout.root})"
+        f"= {m.total_steps * per_step:,} tokens; {p.units:,} document pieces drawn (from {layout.root})",
+        highlight=False,
     )
     names = sorted(m.sources)
     t = Table("phase", "steps", "transition", "max_doc_tokens", "tokens", *names, title="phases (tokens per source)")
@@ -265,6 +368,16 @@ def plan_cmd(
         out.print(f"[yellow]warning[/]: {w}", highlight=False)
 
 
+def _storage_options(m) -> dict[str, object] | None:  # type: ignore[no-untyped-def]
+    """fsspec options from the environment (as the Dagster resource has them), for mixes that read remote files."""
+    from pipelines.resources import storage_resource
+
+    uris = [m.source_uri(n) for n in m.sources]
+    if not any("://" in u and not u.startswith("file://") for u in uris):
+        return None
+    return storage_resource(Path("."), per_mix=False).storage_options()
+
+
 def _has_documents(db: Path) -> bool:
     import duckdb
 
@@ -274,20 +387,44 @@ def _has_documents(db: Path) -> bool:
         return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'documents'").fetchall()[0][0])
 
 
-def _stats_stages(m, layout) -> None:  # type: ignore[no-untyped-def]
-    """Run index, tokenizer, documents and length_stats into ``layout`` (what --compute asks for)."""
-    from mixing import stages
+def _compute_stats(m, root: Path, options: dict[str, object] | None) -> Path:  # type: ignore[no-untyped-def]
+    """Run index, tokenizer, documents and length_stats for ``m`` (what --compute asks for); return the folder.
 
+    Into ``root`` when it holds no finished build (no shards manifest), else into its work cache (seeded
+    with ``root``'s chunks), so a finished build is never changed. Holds the output's lock meanwhile.
+    """
+    from mixing import stages
+    from mixing.layout import BuildLayout
+    from pipelines.build import BuildBusy, output_lock, progress_display, reuse_previous, warnings_to, work_cache
+
+    def say(line: str) -> None:
+        out.print(line, highlight=False, markup=False)
+
+    finished = BuildLayout(root).manifest.exists()
+    target = work_cache(root) if finished else root
+    out.print(f"computing the length statistics of mix {m.name!r} in {target}", highlight=False)
     try:
-        for name in sorted(m.sources):
-            stages.index(m, layout, name)
-        stages.prepare_tokenizer(m, layout)
-        for name in sorted(m.sources):
-            stages.tokenize(m, layout, name)
-        stages.length_stats(m, layout)
+        with output_lock(root, False, say), progress_display(out), warnings_to(say):
+            if finished:
+                reuse_previous(root, target)
+            layout = BuildLayout(target)
+            for name in sorted(m.sources):
+                say(f"  source_index [{name}]")
+                stages.index(m, layout, name, options)
+            say("  tokenizer")
+            stages.prepare_tokenizer(m, layout, options)
+            for name in sorted(m.sources):
+                say(f"  documents [{name}]")
+                stages.tokenize(m, layout, name, storage_options=options)
+            say("  length_stats")
+            stages.length_stats(m, layout)
+    except BuildBusy as e:
+        err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3) from None
     except WeirError as e:
         err.print(f"[bold red]stats failed[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+    return target
 
 
 @app.command("demo-data")
@@ -306,14 +443,18 @@ def demo_data(
 @app.command()
 def ui(
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 3000,
-    home: Annotated[Path, typer.Option(help="DAGSTER_HOME")] = PROJECT_ROOT / ".dagster_home",
+    home: Annotated[
+        Path | None, typer.Option(help="Dagster instance folder (default $DAGSTER_HOME, else .dagster_home)")
+    ] = None,
 ) -> None:
-    """Start the Dagster UI on 127.0.0.1 with a project-local DAGSTER_HOME (telemetry off)."""
-    home = home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    cfg = home / "dagster.yaml"
-    if not cfg.exists():
-        cfg.write_text("telemetry:\n  enabled: false\n")
+    """Start the Dagster UI on 127.0.0.1 (telemetry off).
+
+    Its instance is the one weir build records into ($DAGSTER_HOME, else the project's .dagster_home),
+    so command-line builds show there with their checks and plots.
+    """
+    from pipelines.instance import dagster_home
+
+    home = dagster_home(home)
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     out.print(f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops it")
     cmd = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,20 @@ def shared_path(*parts: str) -> Path:
         pytest.skip(f"../shared/{'/'.join(parts)} is not here (real test data lives beside the checkout)")
     assert SHARED is not None
     return SHARED.joinpath(*parts)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dagster_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A temporary DAGSTER_HOME for the whole session: `weir build` records its runs into $DAGSTER_HOME (else
+    the repository's .dagster_home, which tests must never write into); subprocesses inherit it."""
+    home = tmp_path_factory.mktemp("dagster_home")
+    old = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("DAGSTER_HOME", None)
+    else:
+        os.environ["DAGSTER_HOME"] = old
 
 
 def write_tiny_sources(root: Path) -> None:
