@@ -1,7 +1,8 @@
-"""weir: mix, tokenize and pack training data, then load it for training.
+"""weir: mix, tokenize and pack training data for LLM training.
 
-Commands: validate, plan, build, inspect, export-megatron, demo-data, ui. The cheap loop: weir plan MIX
-(seconds, from the tokenized documents), edit the mix file, plan again, then weir build MIX.
+Commands: validate, plan, build, inspect, export-megatron, demo-data, ui.
+
+The cheap loop: weir plan MIX (seconds, from tokenized documents), edit the mix file, plan again, then weir build MIX.
 """
 
 from __future__ import annotations
@@ -311,7 +312,7 @@ def plan_cmd(
                 soft_wrap=True,
             )
         raise typer.Exit(1)
-    layout = BuildLayout(fits[0] if fits else _compute_stats(m, root, options))
+    layout = BuildLayout(fits[0] if fits else _compute_stats(m, root, options, err if as_json else out))
     try:
         p = preview_plan(m, layout.duckdb)
     except WeirError as e:
@@ -387,24 +388,25 @@ def _has_documents(db: Path) -> bool:
         return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'documents'").fetchall()[0][0])
 
 
-def _compute_stats(m, root: Path, options: dict[str, object] | None) -> Path:  # type: ignore[no-untyped-def]
+def _compute_stats(m, root: Path, options: dict[str, object] | None, console: Console) -> Path:  # type: ignore[no-untyped-def]
     """Run index, tokenizer, documents and length_stats for ``m`` (what --compute asks for); return the folder.
 
     Into ``root`` when it holds no finished build (no shards manifest), else into its work cache (seeded
-    with ``root``'s chunks), so a finished build is never changed. Holds the output's lock meanwhile.
+    with ``root``'s chunks), so a finished build is never changed. Holds the output's lock meanwhile;
+    progress goes to ``console`` (stderr under --json, so stdout stays JSON).
     """
     from mixing import stages
     from mixing.layout import BuildLayout
     from pipelines.build import BuildBusy, output_lock, progress_display, reuse_previous, warnings_to, work_cache
 
     def say(line: str) -> None:
-        out.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False, markup=False)
 
     finished = BuildLayout(root).manifest.exists()
     target = work_cache(root) if finished else root
-    out.print(f"computing the length statistics of mix {m.name!r} in {target}", highlight=False)
+    say(f"computing the length statistics of mix {m.name!r} in {target}")
     try:
-        with output_lock(root, False, say), progress_display(out), warnings_to(say):
+        with output_lock(root, False, say), progress_display(console), warnings_to(say):
             if finished:
                 reuse_previous(root, target)
             layout = BuildLayout(target)
