@@ -26,10 +26,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pret
 
 
 def _console(stderr: bool = False) -> Console:
-    """A console; outside a terminal (a log file, CI) lines and tables are never cut to 80 columns."""
+    """A console; outside a terminal (a log file, CI) lines and tables are never cut or wrapped to fit
+    80 (or $COLUMNS) columns: a log keeps every number whole."""
     stream = sys.stderr if stderr else sys.stdout
-    wide = not stream.isatty() and not os.environ.get("COLUMNS")
-    return Console(stderr=stderr, width=100_000 if wide else None)
+    return Console(stderr=stderr, width=None if stream.isatty() else 100_000)
 
 
 out = _console()
