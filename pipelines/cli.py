@@ -123,11 +123,12 @@ def build(
     _exit_if_missed(missed, strict)
 
 
-def _exit_if_missed(missed: list[str], strict: bool) -> None:
-    if missed:
+def _exit_if_missed(missed: list[str], strict: bool, quiet: bool = False) -> None:
+    """Name the missed goals on stderr (unless ``quiet``: --json keeps stderr for errors); exit 4 if ``strict``."""
+    if missed and not quiet:
         err.print(f"[yellow]goal missed[/]: {'; '.join(missed)}", highlight=False, soft_wrap=True)
-        if strict:
-            raise typer.Exit(STRICT_EXIT)
+    if missed and strict:
+        raise typer.Exit(STRICT_EXIT)
 
 
 @app.command()
@@ -153,8 +154,8 @@ def inspect(
         err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     missed = _missed_goals(report)
-    if as_json:
-        print(json.dumps({**report, "goals_missed": missed}, indent=2, sort_keys=True))
+    if as_json:  # the figures as they are (machines judge them); --strict still exits 4
+        print(json.dumps(report, indent=2, sort_keys=True))
     else:
         _print_summary(report)
     if not report["manifest_sealed"]:
@@ -170,7 +171,7 @@ def inspect(
         bad = "; ".join(f"{where / name}: {why}" for name, why in report["file_problems"].items())
         err.print(f"[bold red]corrupt shard files[/]: {bad}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
-    _exit_if_missed(missed, strict)
+    _exit_if_missed(missed, strict, quiet=as_json)
 
 
 def _missed_goals(r: dict) -> list[str]:  # type: ignore[type-arg]
@@ -298,8 +299,8 @@ def plan_cmd(
         if found:
             why = "; ".join(f"{w}" for w in next(iter(found.values())))
             err.print(
-                f"[bold red]stats do not fit the mix[/]: {next(iter(found))} holds documents of another mix "
-                f"than {mix} ({why}); add --compute to tokenize what changed, or build the mix "
+                f"[bold red]stats do not fit the mix[/]: the documents in {next(iter(found))} are not what {mix} "
+                f"tokenizes now ({why}); add --compute to tokenize what changed, or build the mix "
                 f"(weir build {mix} --out {root})",
                 highlight=False,
                 soft_wrap=True,
