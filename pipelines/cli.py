@@ -486,14 +486,25 @@ def _run_group(cmd: list[str], env: dict[str, str], grace_s: float = 20.0) -> in
     import signal
     import time
 
-    proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, start_new_session=True)
     asked: list[int] = []
+    started: list[subprocess.Popen[bytes]] = []
 
     def stop(signum: int, _frame: object) -> None:
         asked.append(signum)
-        _signal_group(proc.pid, signal.SIGTERM)
+        for p in started:
+            _signal_group(p.pid, signal.SIGTERM)
 
+    # handlers first: a signal while the group starts must not leave it running without this process
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, start_new_session=True)
+    except BaseException:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        raise
+    started.append(proc)
+    if asked:  # asked to stop while it was starting
+        _signal_group(proc.pid, signal.SIGTERM)
     try:
         code = proc.wait()
     finally:
