@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,18 +29,28 @@ def shared_path(*parts: str) -> Path:
     return SHARED.joinpath(*parts)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def dagster_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A temporary DAGSTER_HOME for the whole session: `weir build` records its runs into $DAGSTER_HOME (else
-    the repository's .dagster_home, which tests must never write into); subprocesses inherit it."""
-    home = tmp_path_factory.mktemp("dagster_home")
-    old = os.environ.get("DAGSTER_HOME")
-    os.environ["DAGSTER_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("DAGSTER_HOME", None)
-    else:
+def pytest_configure(config: pytest.Config) -> None:
+    """A temporary DAGSTER_HOME for the whole session, set before any test module is imported (some build
+    their subprocesses' environment at import): `weir build` records its runs into $DAGSTER_HOME, else into
+    the repository's .dagster_home, which tests must never write into."""
+    config.stash[_OLD_HOME] = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="weir-test-dagster-home-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ.pop("DAGSTER_HOME", ""), ignore_errors=True)
+    old = config.stash.get(_OLD_HOME, None)
+    if old is not None:
         os.environ["DAGSTER_HOME"] = old
+
+
+_OLD_HOME = pytest.StashKey[str | None]()
+
+
+@pytest.fixture(scope="session")
+def dagster_home() -> Path:
+    """The session's DAGSTER_HOME (see :func:`pytest_configure`)."""
+    return Path(os.environ["DAGSTER_HOME"])
 
 
 def write_tiny_sources(root: Path) -> None:
