@@ -85,6 +85,7 @@ def build(
     from mixing.packed import inspect_build, saved_report
     from pipelines.build import BuildBusy, build_output, progress_display, work_cache
     from pipelines.instance import dagster_home, project_instance
+    from pipelines.summary import print_summary
 
     m = _load(mix)
     dest = (out_dir or Path("build") / m.name).resolve()
@@ -118,7 +119,7 @@ def build(
             )
         raise typer.Exit(1) from None
     report = saved_report(dest) or inspect_build(dest)  # the figures the packed_shards asset computed
-    missed = _print_summary(report)
+    missed = print_summary(out, report)
     out.print(f"recorded in the Dagster instance at {dagster_home()} (weir ui shows it)", highlight=False)
     _exit_if_missed(missed, strict)
 
@@ -144,6 +145,7 @@ def inspect(
     shard's checksum does not match the manifest; with --strict, exits 4 when a goal is missed.
     """
     from mixing.packed import inspect_build
+    from pipelines.summary import missed_goals, print_summary
 
     root = build_dir
     if root.name == "shards":
@@ -153,11 +155,11 @@ def inspect(
     except WeirError as e:
         err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    missed = _missed_goals(report)
+    missed = missed_goals(report)
     if as_json:  # the figures as they are (machines judge them); --strict still exits 4
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
-        _print_summary(report)
+        print_summary(out, report)
     if not report["manifest_sealed"]:
         err.print(
             f"[yellow]note[/]: {root / 'shards' / 'manifest.json'} (format {report['format_version']}) was written "
@@ -172,70 +174,6 @@ def inspect(
         err.print(f"[bold red]corrupt shard files[/]: {bad}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     _exit_if_missed(missed, strict, quiet=as_json)
-
-
-def _missed_goals(r: dict) -> list[str]:  # type: ignore[type-arg]
-    """One phrase per goal of docs/design.md the build misses (packing, truncation, mixture_error)."""
-    from assets.mix_assets import MIN_PACKING_EFFICIENCY
-
-    missed = []
-    if r["packing_efficiency"] < MIN_PACKING_EFFICIENCY:
-        missed.append(f"packing_efficiency {r['packing_efficiency']:.4f} < {MIN_PACKING_EFFICIENCY}")
-    if r["truncated_docs"] > 0:
-        missed.append(f"truncated_docs {r['truncated_docs']:.4f} > 0")
-    me = r.get("mixture_error")
-    if me and me["window"] > me["goal_window"]:
-        missed.append(f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window > {me['goal_window']}")
-    if me and me["phase"] > me["goal_phase"]:
-        missed.append(f"mixture_error {me['phase']:.4f} per phase > {me['goal_phase']}")
-    return missed
-
-
-def _print_summary(r: dict) -> list[str]:  # type: ignore[type-arg]
-    """Print a build's figures, each missed goal marked "[goal missed]"; return the missed goals."""
-    from assets.mix_assets import MIN_PACKING_EFFICIENCY
-
-    eff_missed = r["packing_efficiency"] < MIN_PACKING_EFFICIENCY
-    out.print(
-        f"mix {r['mix']!r}: {r['steps']} steps, {r['sequences']} sequences of {r['seq_len']} tokens, "
-        f"{r['tokens']:,} tokens; packing_efficiency {r['packing_efficiency']:.4f} (goal ≥ {MIN_PACKING_EFFICIENCY})"
-        + (" [goal missed]" if eff_missed else "")
-        + f", truncated_docs {r['truncated_docs']:.4f} (goal 0)"
-        + (" [goal missed]" if r["truncated_docs"] > 0 else ""),
-        highlight=False,
-        markup=False,
-    )
-    if "sequence_cost" in r:  # packing figures (shard format 2)
-        c, g = r["sequence_cost"], r["segments_per_sequence"]
-        out.print(
-            f"shards {r['shards']} (format {r['format_version']}, {r['dtype']}); documents per sequence "
-            f"mean {g['mean']:.1f} max {g['max']}; sequence cost max/mean {c['max_over_mean']:.3f}, "
-            f"p95/mean {c['p95_over_mean']:.3f}, cv {c['cv']:.3f}; tokens dropped at phase ends "
-            f"{r['tokens_dropped']:,}",
-            highlight=False,
-        )
-    if "mixture_error" in r:  # realized vs planned token shares
-        me = r["mixture_error"]
-        out.print(
-            f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window (goal ≤ {me['goal_window']})"
-            + (" [goal missed]" if me["window"] > me["goal_window"] else "")
-            + f", {me['phase']:.4f} per phase (goal ≤ {me['goal_phase']})"
-            + (" [goal missed]" if me["phase"] > me["goal_phase"] else ""),
-            highlight=False,
-            markup=False,
-        )
-    t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
-    for name, s in r["per_source"].items():
-        share = s["tokens_packed"] / r["tokens"] if r["tokens"] else 0.0
-        t.add_row(
-            name,
-            f"{s['documents_packed']:,}",
-            f"{s['tokens_packed']:,}",
-            f"{s['tokens_dropped']:,}",
-            f"{share:.3f}",
-        )
-    out.print(t)
-    return _missed_goals(r)
 
 
 @app.command("export-megatron")
@@ -284,16 +222,13 @@ def plan_cmd(
     """
     from mixing.layout import BuildLayout
     from mixing.plan import preview_plan
-    from pipelines.build import work_cache
-    from pipelines.freshness import differences
+    from pipelines.freshness import stats_folders
+    from pipelines.resources import mix_storage_options
 
     m = _load(mix)
     root = (build_dir or Path("build") / m.name).resolve()
-    options = _storage_options(m)
-    found: dict[Path, list[str]] = {}
-    for folder in (root, work_cache(root)):
-        if _has_documents(folder / "weir.duckdb"):
-            found[folder] = differences(m, folder, options)
+    options = mix_storage_options(m)
+    found = stats_folders(m, root, options)
     fits = [f for f, why in found.items() if not why]
     if not fits and not compute:
         if found:
@@ -370,64 +305,23 @@ def plan_cmd(
         out.print(f"[yellow]warning[/]: {w}", highlight=False)
 
 
-def _storage_options(m) -> dict[str, object] | None:  # type: ignore[no-untyped-def]
-    """fsspec options from the environment (as the Dagster resource has them), for mixes that read remote files."""
-    from pipelines.resources import storage_resource
-
-    uris = [m.source_uri(n) for n in m.sources]
-    if not any("://" in u and not u.startswith("file://") for u in uris):
-        return None
-    return storage_resource(Path("."), per_mix=False).storage_options()
-
-
-def _has_documents(db: Path) -> bool:
-    import duckdb
-
-    if not db.exists():
-        return False
-    with duckdb.connect(str(db), read_only=True) as con:
-        return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'documents'").fetchall()[0][0])
-
-
 def _compute_stats(m, root: Path, options: dict[str, object] | None, console: Console) -> Path:  # type: ignore[no-untyped-def]
-    """Run index, tokenizer, documents and length_stats for ``m`` (what --compute asks for); return the folder.
-
-    Into ``root`` when it holds no finished build (no shards manifest), else into its work cache (seeded
-    with ``root``'s chunks), so a finished build is never changed. Holds the output's lock meanwhile;
-    progress goes to ``console`` (stderr under --json, so stdout stays JSON).
-    """
-    from mixing import stages
-    from mixing.layout import BuildLayout
-    from pipelines.build import BuildBusy, output_lock, progress_display, reuse_previous, warnings_to, work_cache
+    """:func:`pipelines.freshness.compute_stats` with progress on ``console`` (stderr under --json)."""
+    from pipelines.build import BuildBusy, progress_display, warnings_to
+    from pipelines.freshness import compute_stats
 
     def say(line: str) -> None:
         console.print(line, highlight=False, markup=False)
 
-    finished = BuildLayout(root).manifest.exists()
-    target = work_cache(root) if finished else root
-    say(f"computing the length statistics of mix {m.name!r} in {target}")
     try:
-        with output_lock(root, False, say), progress_display(console), warnings_to(say):
-            if finished:
-                reuse_previous(root, target)
-            layout = BuildLayout(target)
-            for name in sorted(m.sources):
-                say(f"  source_index [{name}]")
-                stages.index(m, layout, name, options)
-            say("  tokenizer")
-            stages.prepare_tokenizer(m, layout, options)
-            for name in sorted(m.sources):
-                say(f"  documents [{name}]")
-                stages.tokenize(m, layout, name, storage_options=options)
-            say("  length_stats")
-            stages.length_stats(m, layout)
+        with progress_display(console), warnings_to(say):
+            return compute_stats(m, root, options, say)
     except BuildBusy as e:
         err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
     except WeirError as e:
         err.print(f"[bold red]stats failed[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    return target
 
 
 @app.command("demo-data")

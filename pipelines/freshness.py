@@ -1,4 +1,5 @@
-"""Whether a build folder's documents are what a mix would tokenize now (before ``weir plan`` trusts them).
+"""Whether a build folder's documents are what a mix would tokenize now (before ``weir plan`` trusts them),
+and bringing them up to date (``weir plan --compute``).
 
 A folder's documents fit a mix when it holds documents of exactly the mix's sources, was tokenized with the
 mix's tokenizer, lists the same files with the same fingerprints, and holds the chunk of every file as the
@@ -9,19 +10,64 @@ difference is named in one line, so an old build never plans a mix it was not ma
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import polars as pl
 
-from mixing import Mix, envvars
+from mixing import Mix, envvars, stages
 from mixing.documents import chunk_keys
 from mixing.layout import BuildLayout
 from mixing.sources import SourceIndexError, index_source
 from mixing.tokenizer import TokenizerError, load_tokenizer
+from pipelines.build import output_lock, reuse_previous, work_cache
 
-__all__ = ["differences"]
+__all__ = ["compute_stats", "differences", "has_documents", "stats_folders"]
+
+
+def has_documents(root: Path) -> bool:
+    """Whether ``root`` holds a DuckDB file with a ``documents`` table (the stages up to ``length_stats`` ran)."""
+    db = BuildLayout(root).duckdb
+    if not db.exists():
+        return False
+    with duckdb.connect(str(db), read_only=True) as con:
+        return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'documents'").fetchall()[0][0])
+
+
+def stats_folders(mix: Mix, root: Path, storage_options: dict[str, Any] | None = None) -> dict[Path, list[str]]:
+    """``root`` and its work cache (:func:`pipelines.build.work_cache`), those holding documents, each with
+    :func:`differences` (empty: it fits ``mix``), in that order."""
+    return {f: differences(mix, f, storage_options) for f in (root, work_cache(root)) if has_documents(f)}
+
+
+def compute_stats(mix: Mix, root: Path, storage_options: dict[str, Any] | None, say: Callable[[str], None]) -> Path:
+    """Run index, tokenizer, documents and length_stats for ``mix``; return the folder they went to.
+
+    Into ``root`` when it holds no finished build (no shards manifest), else into its work cache, seeded
+    with ``root``'s chunks (only files whose chunks are missing are tokenized), so a finished build is
+    never changed. Holds ``root``'s build lock meanwhile: raises :class:`pipelines.build.BuildBusy` when a
+    build is writing there, and what the stages raise.
+    """
+    finished = BuildLayout(root).manifest.exists()
+    target = work_cache(root) if finished else root
+    say(f"computing the length statistics of mix {mix.name!r} in {target}")
+    with output_lock(root, False, say):
+        if finished:
+            reuse_previous(root, target)
+        layout = BuildLayout(target)
+        for name in sorted(mix.sources):
+            say(f"  source_index [{name}]")
+            stages.index(mix, layout, name, storage_options)
+        say("  tokenizer")
+        stages.prepare_tokenizer(mix, layout, storage_options)
+        for name in sorted(mix.sources):
+            say(f"  documents [{name}]")
+            stages.tokenize(mix, layout, name, storage_options=storage_options)
+        say("  length_stats")
+        stages.length_stats(mix, layout)
+    return target
 
 
 def differences(mix: Mix, root: Path, storage_options: dict[str, Any] | None = None) -> list[str]:
