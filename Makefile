@@ -10,7 +10,7 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first and pinned: anything else would pull a multi-GB CUDA build (see DESIGN.md)
+	# torch first and pinned: anything else would pull a multi-GB CUDA build (see docs/design.md)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@

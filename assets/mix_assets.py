@@ -5,7 +5,8 @@ assets are partitioned by source name. Asset keys are ``[<mix name>, <stage>]``;
 """
 
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,21 @@ from assets.plots import length_histogram_md, mixture_area_md
 from assets.storage import WeirStorage
 from mixing import Mix, stages
 from mixing.mixture import GOAL_PHASE, GOAL_WINDOW
-from mixing.packed import inspect_build
+from mixing.packed import inspect_build, write_report
+from mixing.records import chat_markers_warning
+from mixing.tokenizer import TextTokenizer, load_tokenizer
 
-__all__ = ["STAGES", "mix_assets"]
+__all__ = ["MIN_PACKING_EFFICIENCY", "STAGES", "mix_assets"]
 
 STAGES = ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards")
-_MIN_PACKING_EFFICIENCY = 0.995  # DESIGN.md goal
+MIN_PACKING_EFFICIENCY = 0.995  # docs/design.md goal
+_LOG = logging.getLogger("weir.documents")  # `weir build` prints this logger's warnings
+
+
+def _pieces(tok: TextTokenizer) -> Callable[[str], int]:
+    """How many tokens ``tok`` makes of a text, BOS/EOS not counted."""
+    extra = len(tok.encode_batch([""])[0])
+    return lambda text: len(tok.encode_batch([text])[0]) - extra
 
 
 def _markdown(df: pl.DataFrame) -> str:
@@ -48,7 +58,7 @@ def _check_specs(asset: dg.AssetKey, described: dict[str, str]) -> list[dg.Asset
 
 
 def _mixture_check(window: float, phase: float, what: str) -> dg.AssetCheckResult:
-    """The ``mixture_error`` check (WARN) against DESIGN.md's goals, with both figures in its one line."""
+    """The ``mixture_error`` check (WARN) against docs/design.md's goals, with both figures in its one line."""
     return dg.AssetCheckResult(
         check_name="mixture_error",
         passed=window <= GOAL_WINDOW and phase <= GOAL_PHASE,
@@ -138,8 +148,15 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
     def documents(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
         name = context.partition_key
+        chat = chat_markers_warning(
+            name, mix.sources[name], _pieces(load_tokenizer(mix.tokenizer, layout.tokenizer_dir))
+        )
+        if chat:
+            _LOG.warning(chat)
+            context.log.warning(chat)
         r = stages.tokenize(mix, layout, name, context.log.info, _s3(mix, storage))
         accounted = r.docs_seen == r.docs_kept + r.docs_quarantined
+        warnings = [*([chat] if chat else []), *r.warnings]
         return dg.MaterializeResult(
             metadata={
                 "docs_seen": r.docs_seen,
@@ -154,7 +171,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "chunks": r.chunks,
                 "chunks_reused": r.chunks_reused,
                 "chunks_damaged": len(r.chunks_damaged),
-                "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in r.warnings) or "none"),
+                "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in warnings) or "none"),
                 "mb_per_s": round(r.bytes_in / 1e6 / max(r.seconds, 1e-9), 2),
             },
             check_results=[
@@ -260,7 +277,8 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
     def packed_shards(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
         stages.pack(mix, layout)
-        r = inspect_build(layout.root)
+        r = inspect_build(layout.root)  # hashes every shard (in threads) once; the CLI reads the saved figures
+        write_report(layout.root, r)
         eff, trunc, bad, me = r["packing_efficiency"], r["truncated_docs"], r["corrupt_files"], r["mixture_error"]
         return dg.MaterializeResult(
             metadata={
@@ -276,9 +294,9 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             check_results=[
                 dg.AssetCheckResult(
                     check_name="packing_efficiency",
-                    passed=eff >= _MIN_PACKING_EFFICIENCY,
+                    passed=eff >= MIN_PACKING_EFFICIENCY,
                     severity=dg.AssetCheckSeverity.WARN,
-                    description=f"{eff:.4f} (goal ≥ {_MIN_PACKING_EFFICIENCY})",
+                    description=f"{eff:.4f} (goal ≥ {MIN_PACKING_EFFICIENCY})",
                     metadata={"value": eff},
                 ),
                 dg.AssetCheckResult(

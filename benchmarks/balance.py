@@ -1,4 +1,4 @@
-"""DP and CP balance on real document lengths: weir beside DESIGN.md's baselines B0, B1 and B3.
+"""DP and CP balance on real document lengths: weir beside docs/design.md's baselines B0, B1 and B3.
 
 Documents come from ``../shared/data`` (books = gutenberg_books_subset, one document per book; math =
 gsm8k question + answer; chat = hh_rlhf_harmless_base_test ``chosen``; multilingual = udhr2, one per

@@ -11,7 +11,7 @@ tokenizer.json and tiktoken o200k_base, skipped when absent) and each thread cou
 - pipeline: ``mixing.documents.tokenize_source`` over the same documents stored as jsonl files: read,
   parse, render, tokenize, write ``tokens.bin``/``docs.parquet``/``quarantine.jsonl``.
 
-``tokenize_ratio`` = pipeline bytes/s ÷ raw bytes/s (DESIGN.md; goal ≥ 0.85). Each raw variant runs once to
+``tokenize_ratio`` = pipeline bytes/s ÷ raw bytes/s (docs/design.md; goal ≥ 0.85). Each raw variant runs once to
 pick the fastest call; then that call and the pipeline alternate, R P R P … R (``--reps`` pipeline runs),
 and each pipeline run is paired with the mean of the raw runs just before and after it. The goal is judged
 on the median of those paired ratios (the machine is shared: a load change between two runs hits both

@@ -12,7 +12,7 @@ leaves uneven on a short document lands on a different rank each time.
 
 Every split returns, per rank, ``indices`` int64 [n]: the position in the sequence of each of the rank's
 slots, ``-1`` for a padding slot. All ranks get the same ``n`` for one sequence. The baselines
-(:func:`contiguous`, :func:`sequence_zigzag`) are kept for comparison (DESIGN.md's B0 and B1).
+(:func:`contiguous`, :func:`sequence_zigzag`) are kept for comparison (docs/design.md's B0 and B1).
 """
 
 from __future__ import annotations

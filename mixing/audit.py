@@ -1,6 +1,6 @@
 """Checks of a written plan, independent of how it was computed (the plan asset's checks run these).
 
-- ``mixture_error`` of ``plan_units`` against ``plan_quotas`` within the DESIGN.md goals;
+- ``mixture_error`` of ``plan_units`` against ``plan_quotas`` within the docs/design.md goals;
 - every planned unit exists: its document is in ``documents`` and ``start + length ≤ n_tokens``;
 - no unit is drawn twice within an epoch of its source;
 - the token budget is met per phase and source: tokens drawn ≥ tokens planned − S (one unit of slack,

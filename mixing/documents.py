@@ -57,6 +57,7 @@ __all__ = [
     "DocumentsError",
     "TokenizeProgress",
     "TokenizeReport",
+    "chunk_keys",
     "open_documents",
     "tokenize_source",
 ]
@@ -521,3 +522,12 @@ def _read_chunk(c: Path, tok_f: IO[bytes]) -> tuple[dict[str, Any], pl.DataFrame
         if hashlib.sha256(data).hexdigest() != sums.get(name):
             raise _Damaged(f"{name} sha256 mismatch")
     return rep, pl.read_parquet(io.BytesIO(raw["docs.parquet"])), raw["quarantine.jsonl"]
+
+
+def chunk_keys(files: pl.DataFrame, tokenizer: TextTokenizer, spec: SourceSpec) -> list[str]:
+    """The chunk keys :func:`tokenize_source` gives ``files`` (an index frame): equal keys, equal documents.
+
+    A build folder whose ``chunks/`` holds every key of a source's current files holds that source's
+    documents as a build would make them now (same files, tokenizer and rendering).
+    """
+    return [_key(g, tokenizer, spec) for g in _groups(files)]

@@ -301,7 +301,7 @@ def parse_mix(text: str, filename: str = "<mix>") -> Mix:
         if err["type"] == "missing":
             msg = "field required but missing"
         elif err["type"] == "extra_forbidden":
-            msg = "unknown field; check its spelling against the mix-file reference in README.md"
+            msg = "unknown field; check its spelling against the mix-file reference in docs/mix-file.md"
         elif err["type"] == "finite_number":
             msg = f"{err.get('input')!r} is not a finite number; expected a number such as 0.25"
         more = f" ({len(e.errors()) - 1} more problem(s) after fixing this)" if len(e.errors()) > 1 else ""

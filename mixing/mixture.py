@@ -1,4 +1,4 @@
-"""``mixture_error``: how far realized token shares stray from the planned ones (DESIGN.md's metric).
+"""``mixture_error``: how far realized token shares stray from the planned ones (docs/design.md's metric).
 
 For each source, its share of the tokens over a span of steps, realized versus planned; the error is the
 largest absolute difference over every source and every window of ``WINDOW`` consecutive steps (goal
@@ -49,7 +49,7 @@ class MixtureError:
 
     @property
     def ok(self) -> bool:
-        """Both within the DESIGN.md goals."""
+        """Both within the docs/design.md goals."""
         return self.window <= GOAL_WINDOW and self.phase <= GOAL_PHASE
 
     def as_dict(self) -> dict[str, object]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,14 +13,23 @@ import numpy as np
 
 from mixing.documents import DocumentSet, open_documents
 from mixing.errors import WeirError
-from mixing.layout import BuildLayout
+from mixing.layout import BuildLayout, write_json_atomic
 from mixing.manifest import MANIFEST, ShardError, _first_line
 from mixing.mixfile import Mix
 from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, WINDOW, MixtureError, shards_mixture_error
 from mixing.packing import Packing
 from mixing.shards import ShardSet, token_dtype, write_shards
 
-__all__ = ["BuildError", "build_mixture_error", "gather_tokens", "inspect_build", "write_packed"]
+__all__ = [
+    "REPORT",
+    "BuildError",
+    "build_mixture_error",
+    "gather_tokens",
+    "inspect_build",
+    "saved_report",
+    "write_packed",
+    "write_report",
+]
 
 _SHARD_TOKENS = 1 << 24  # ~32-64 MB of tokens per shard
 _SLICE_TOKENS = 256  # segments this long are copied as slices; shorter ones in one vectorized gather
@@ -288,3 +299,39 @@ def _figures(layout: BuildLayout, shards: ShardSet) -> dict[str, Any]:
         "mixture_error": _mixture_report(build_mixture_error(layout.root, shards)),
         "phases": m["phases"],
     }
+
+
+REPORT = "report.json"  # beside shards/: inspect_build's figures, computed once when the shards were written
+
+
+def _report_digest(manifest_sha256: str, report: dict[str, Any]) -> str:
+    text = json.dumps({"manifest_sha256": manifest_sha256, "report": report}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_report(root: Path, report: dict[str, Any]) -> None:
+    """Save :func:`inspect_build`'s ``report`` of the build in ``root`` as ``root/report.json``.
+
+    Tied to the manifest it describes (its ``manifest_sha256``) and checksummed, so :func:`saved_report`
+    never returns figures of other shards or an edited file.
+    """
+    layout = BuildLayout(root)
+    sealed = json.loads(layout.manifest.read_text()).get("manifest_sha256", "")
+    write_json_atomic(
+        layout.root / REPORT,
+        {"manifest_sha256": sealed, "report": report, "report_sha256": _report_digest(sealed, report)},
+    )
+
+
+def saved_report(root: Path) -> dict[str, Any] | None:
+    """The report :func:`write_report` saved for the build in ``root``, or None when it is absent, damaged,
+    or not about the shards there now (then run :func:`inspect_build`). Hashes no shard file."""
+    layout = BuildLayout(root)
+    try:
+        saved = json.loads((layout.root / REPORT).read_text())
+        sealed = json.loads(layout.manifest.read_text()).get("manifest_sha256")
+        report = saved["report"]
+        ok = sealed and saved["manifest_sha256"] == sealed and saved["report_sha256"] == _report_digest(sealed, report)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return report if ok else None

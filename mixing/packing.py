@@ -4,7 +4,7 @@ Each step has ``global_batch`` sequences (bins) of ``S`` token slots. Units (who
 S-sized pieces the plan cut from documents longer than S, and only those) are never split here:
 ``truncated_docs`` is 0 by construction.
 
-The realized mixture tracks the plan's quotas (DESIGN.md's ``mixture_error``). Within a phase the packer
+The realized mixture tracks the plan's quotas (docs/design.md's ``mixture_error``). Within a phase the packer
 keeps, per source, the cumulative quota ``Q_s`` and the cumulative tokens placed ``R_s``. A step is due
 ``want_s = Q_s·ρ − R_s`` tokens of source s, where ρ = (ΣR + step capacity) ÷ ΣQ, so that Σ want = the
 step's capacity and a full step puts every source exactly on its share. The step is filled from a pool of

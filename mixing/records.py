@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "Malformed",
     "Record",
     "bad",
+    "chat_markers_warning",
     "has_surrogate",
     "needed_fields",
     "render",
@@ -110,6 +111,31 @@ def _llama3(msgs: list[tuple[str, str]]) -> str:
 
 
 CHAT_TEMPLATES = {"chatml": _chatml, "plain": _plain, "llama3": _llama3}
+# The markers each template writes; a tokenizer meant for the template has each as one special token.
+CHAT_MARKERS = {
+    "chatml": ("<|im_start|>", "<|im_end|>"),
+    "plain": (),
+    "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+}
+
+
+def chat_markers_warning(name: str, spec: SourceSpec, pieces: Callable[[str], int]) -> str | None:
+    """One line when source ``name`` renders chats with markers its tokenizer lacks, else None.
+
+    ``pieces(text)`` is how many tokens the tokenizer makes of ``text``: a marker it does not know as one
+    special token comes out in several pieces, so the chat is trained on as plain text spelling
+    ``<|im_start|>``; nothing fails, which is why this warns.
+    """
+    if spec.messages is None:
+        return None
+    lacking = [m for m in CHAT_MARKERS[spec.chat_template] if pieces(m) != 1]
+    if not lacking:
+        return None
+    return (
+        f"source {name!r}: chat_template {spec.chat_template!r} writes {', '.join(lacking)}, which the tokenizer "
+        f"does not have as special tokens, so they become plain text ({pieces(lacking[0])} tokens each); use a "
+        "tokenizer that has them, or chat_template: plain"
+    )
 
 
 def needed_fields(spec: SourceSpec) -> list[str]:

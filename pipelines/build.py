@@ -6,6 +6,12 @@ builds left, build into a staging folder beside the output, and swap it in only 
 tokenizer (hard links; those files are only ever replaced, never written in place), so that an
 incremental rebuild re-tokenizes only chunks whose files changed, while the staging folder still
 replaces the output only when the whole build succeeded.
+
+A build that fails (an infeasible plan after minutes of tokenizing) keeps its work: its staging folder, less
+its shards, becomes the hidden sibling ``.<dest>.cache`` (see :func:`work_cache`), never ``dest`` itself,
+so no reader sees a partial build. The next build seeds from it as from the previous output (reused
+chunks are verified against their checksums, :mod:`mixing.documents`), ``weir plan`` plans from its
+documents in seconds, and a successful build removes it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,17 @@ from mixing import Mix, WeirError
 from mixing.layout import file_mode
 from pipelines.resources import storage_resource
 
-__all__ = ["BuildBusy", "BuildOutcome", "build_mix", "build_output", "progress_display", "reuse_previous"]
+__all__ = [
+    "BuildBusy",
+    "BuildOutcome",
+    "build_mix",
+    "build_output",
+    "output_lock",
+    "progress_display",
+    "reuse_previous",
+    "warnings_to",
+    "work_cache",
+]
 
 
 class BuildBusy(WeirError):
@@ -53,6 +69,7 @@ def build_output(
     fresh: bool = False,
     wait: bool = False,
     say: Callable[[str], None] = print,
+    instance: dg.DagsterInstance | None = None,
 ) -> BuildOutcome:
     """Build ``mix`` into the folder ``dest`` as one transaction; a failure or a kill never leaves a partial output.
 
@@ -63,26 +80,54 @@ def build_output(
     ``dest`` (``.<dest>.building-<pid>``, ``.<dest>.old-<pid>``) are removed; if a build was killed between
     the two renames of its swap, the previous output is put back first. The build runs in
     ``.<dest>.building-<pid>`` (seeded by :func:`reuse_previous` unless ``fresh``) and replaces ``dest`` only
-    when it succeeded. Raises what :func:`build_mix` raises.
+    when it succeeded. Raises what :func:`build_mix` raises; then the staging folder, less its shards, is
+    kept as :func:`work_cache` (when it holds tokenized chunks) for the next build and ``weir plan``.
+    Materializations go to ``instance`` (default: a throwaway one).
     """
     dest = dest.resolve()
-    with _output_lock(dest, wait, say):
+    cache = work_cache(dest)
+    with output_lock(dest, wait, say):
         n, size = _remove_leftovers(dest, say)
         if n:
             say(f"removed {n} leftover{'s' if n > 1 else ''} of killed builds ({_human(size)})")
         stage = dest.with_name(f".{dest.name}.building-{os.getpid()}")
         try:
-            reused = reuse_previous(dest, stage) if dest.is_dir() and not fresh else 0
-            build_mix(mix, stage, say=say)
+            reused = 0
+            if not fresh:  # the newest work first: a failed build's tokenizer wins over the output's
+                reused += reuse_previous(cache, stage) if cache.is_dir() else 0
+                reused += reuse_previous(dest, stage) if dest.is_dir() else 0
+            if cache.is_dir() and not fresh:
+                say(f"reusing the work a failed build kept in {cache} ({reused} files with the output's)")
+            build_mix(mix, stage, say=say, instance=instance)
             _swap(stage, dest)
         except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
+            _keep_work(stage, cache)
             raise
+        shutil.rmtree(cache, ignore_errors=True)  # its chunks live on in dest (or were stale)
     return BuildOutcome(dest, reused, n, size)
 
 
+def work_cache(dest: Path) -> Path:
+    """``.<dest>.cache`` beside ``dest``: a failed build's (or ``weir plan --compute``'s) work, stages up to
+    the documents (and their length stats, if reached), for the next build to reuse."""
+    return dest.with_name(f".{dest.name}.cache")
+
+
+def _keep_work(stage: Path, cache: Path) -> None:
+    """Make the failed build's ``stage`` the new ``cache`` if it tokenized anything, else remove it."""
+    if not any(stage.glob("sources/*/chunks/*/report.json")):
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    try:
+        shutil.rmtree(stage / "shards", ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)  # the stage was seeded from it: nothing of use is lost
+        stage.rename(cache)
+    except OSError:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 @contextmanager
-def _output_lock(dest: Path, wait: bool, say: Callable[[str], None]) -> Iterator[None]:
+def output_lock(dest: Path, wait: bool, say: Callable[[str], None]) -> Iterator[None]:
     """Hold ``.<dest>.lock``; the holder removes it when done, so a failed build leaves nothing beside ``dest``.
 
     Removing a lock file is safe because a process that got the flock checks that the file it locked is
@@ -183,6 +228,9 @@ def build_mix(
 
     Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
     there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
+    Dagster's own console log is silenced; the stages' warnings (logger ``weir``: damaged chunks tokenized
+    again, records lacking a template field, chat markers the tokenizer lacks) go to ``say`` as
+    ``warning: ...`` lines.
     """
     defs = mix_assets(mix)
     resources = {"storage": storage_resource(out, per_mix=False)}
@@ -200,26 +248,46 @@ def build_mix(
             run_config=quiet,
         )
 
-    for stage in ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards"):
-        if stage in ("source_index", "documents"):
-            for name in sorted(mix.sources):
-                run(stage, name)
-        else:
-            run(stage)
+    with warnings_to(say):
+        for stage in ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards"):
+            if stage in ("source_index", "documents"):
+                for name in sorted(mix.sources):
+                    run(stage, name)
+            else:
+                run(stage)
+
+
+@contextmanager
+def warnings_to(say: Callable[[str], None]) -> Iterator[None]:
+    """Pass warnings logged under ``weir`` to ``say`` while the block runs."""
+
+    class Say(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            say(f"  warning: {record.getMessage()}")
+
+    log, handler = logging.getLogger("weir"), Say(logging.WARNING)
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
 
 
 def reuse_previous(previous: Path, stage: Path) -> int:
     """Hard-link (or copy) ``previous``'s reusable work into the empty build folder ``stage``.
 
     Reusable: ``sources/*/chunks/`` (tokenized chunks, keyed by file, tokenizer and spec fingerprints)
-    and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked.
+    and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked. Seeding
+    from several folders: files ``stage`` already has are kept, and ``tokenizer/`` comes from the first
+    folder that has one (one tokenizer's files are never mixed with another's).
     Temporary files and folders a killed writer left (``.NAME.*.tmp``) are not carried over. Folders are
     created afresh and a file whose mode is not what the umask gives now is copied rather than linked,
     so the new build's modes follow the umask whatever the previous one's were.
     """
     n = 0
     want = file_mode()
-    parts = [previous / "tokenizer", *sorted((previous / "sources").glob("*/chunks"))]
+    tok = [] if (stage / "tokenizer").exists() else [previous / "tokenizer"]
+    parts = [*tok, *sorted((previous / "sources").glob("*/chunks"))]
     for src in parts:
         for d, dirs, files in os.walk(src):
             dirs[:] = [x for x in dirs if not _is_temp(x)]
@@ -229,6 +297,8 @@ def reuse_previous(previous: Path, stage: Path) -> int:
                 if _is_temp(f):
                     continue
                 a, b = os.path.join(d, f), to / f
+                if b.exists():
+                    continue
                 n += 1
                 try:
                     if os.stat(a).st_mode & 0o7777 != want:

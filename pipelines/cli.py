@@ -1,4 +1,9 @@
-"""The ``weir`` command line: validate, build, inspect, plan, demo-data, ui."""
+"""weir: mix, tokenize and pack training data for LLM training.
+
+Commands: validate, plan, build, inspect, export-megatron, demo-data, ui.
+
+The cheap loop: weir plan MIX (seconds, from tokenized documents), edit the mix file, plan again, then weir build MIX.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +23,18 @@ from mixing import MixError, WeirError, load_mix
 from mixing.envvars import redact
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
-out = Console()
-err = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console; outside a terminal (a log file, CI) lines and tables are never cut or wrapped to fit
+    80 (or $COLUMNS) columns: a log keeps every number whole."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 100_000)
+
+
+out = _console()
+err = _console(stderr=True)
+STRICT_EXIT = 4  # --strict: the build is whole but a goal (packing, truncation, mixture_error) was missed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +65,7 @@ def build(
     wait: Annotated[
         bool, typer.Option("--wait", help="if another build is writing the same folder, wait for it (else exit 3)")
     ] = False,
+    strict: Annotated[bool, typer.Option("--strict", help=f"exit {STRICT_EXIT} when a goal is missed")] = False,
 ) -> None:
     """Build MIX into a folder by materializing its Dagster assets in-process.
 
@@ -58,18 +74,33 @@ def build(
     killed one left. Work of the previous output that is still valid (tokenized chunks of unchanged files,
     the tokenizer if its sample is unchanged) is reused. One build at a time per output folder: a second
     one exits 3 naming the first one's pid, or waits with --wait.
+
+    A failed build keeps what it tokenized beside the output (.NAME.cache): the next build reuses it, and
+    weir plan MIX plans from it in seconds. The run is recorded in the project's Dagster instance
+    (DAGSTER_HOME, else .dagster_home), so it shows in weir ui with its checks and plots. Warnings of the
+    stages are printed; a missed goal is marked, and with --strict exits 4.
     """
     import dagster as dg
 
-    from mixing.packed import inspect_build
-    from pipelines.build import BuildBusy, build_output, progress_display
+    from mixing.packed import inspect_build, saved_report
+    from pipelines.build import BuildBusy, build_output, progress_display, work_cache
+    from pipelines.instance import dagster_home, project_instance
+    from pipelines.summary import print_summary
 
     m = _load(mix)
     dest = (out_dir or Path("build") / m.name).resolve()
     out.print(f"building mix {m.name!r} into {dest}")
     try:
+        instance = project_instance()
         with progress_display(out):
-            build_output(m, dest, fresh=fresh, wait=wait, say=lambda s: out.print(s, highlight=False, markup=False))
+            build_output(
+                m,
+                dest,
+                fresh=fresh,
+                wait=wait,
+                say=lambda s: out.print(s, highlight=False, markup=False),
+                instance=instance,
+            )
     except BuildBusy as e:
         err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
@@ -77,21 +108,44 @@ def build(
         cause = getattr(e, "user_exception", None) or e
         shown = redact(f"{type(cause).__name__}: {cause}")  # no {env_NAME} value, whatever raised it
         err.print(f"[bold red]build failed[/]: {shown}", highlight=False, soft_wrap=True)
+        cache = work_cache(dest)
+        if any(cache.glob("sources/*/chunks/*/report.json")):
+            err.print(
+                f"kept the tokenized documents in {cache}: fix the mix, check it with `weir plan {mix} --build "
+                f"{dest}` (seconds, no tokenizing), then build again (only changed files are tokenized)",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
         raise typer.Exit(1) from None
-    _print_summary(_with_stream(inspect_build(dest), dest))
+    report = _with_stream(saved_report(dest) or inspect_build(dest), dest)  # the packed_shards asset's figures
+    missed = print_summary(out, report)
+    out.print(f"recorded in the Dagster instance at {dagster_home()} (weir ui shows it)", highlight=False)
+    _exit_if_missed(missed, strict)
+
+
+def _exit_if_missed(missed: list[str], strict: bool, quiet: bool = False) -> None:
+    """Name the missed goals on stderr (unless ``quiet``: --json keeps stderr for errors); exit 4 if ``strict``."""
+    if missed and not quiet:
+        err.print(f"[yellow]goal missed[/]: {'; '.join(missed)}", highlight=False, soft_wrap=True)
+    if missed and strict:
+        raise typer.Exit(STRICT_EXIT)
 
 
 @app.command()
 def inspect(
     build_dir: Path,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for machines")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help=f"exit {STRICT_EXIT} when a goal is missed")] = False,
 ) -> None:
     """Print a build's figures: sequences, tokens, steps, tokens per source, packing metrics.
 
-    Exits 1 with one line naming the file when the build cannot be read (a missing, damaged or edited
-    manifest, shard file or DuckDB file) or a shard's checksum does not match the manifest.
+    Recomputes them from the shards, verifying every checksum. Exits 1 with one line naming the file when
+    the build cannot be read (a missing, damaged or edited manifest, shard file or DuckDB file) or a
+    shard's checksum does not match the manifest; with --strict, exits 4 when a goal is missed.
     """
     from mixing.packed import inspect_build
+    from pipelines.summary import missed_goals, print_summary
 
     root = build_dir
     if root.name == "shards":
@@ -101,10 +155,11 @@ def inspect(
     except WeirError as e:
         err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    if as_json:
+    missed = missed_goals(report)
+    if as_json:  # the figures as they are (machines judge them); --strict still exits 4
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
-        _print_summary(report)
+        print_summary(out, report)
     if not report["manifest_sealed"]:
         err.print(
             f"[yellow]note[/]: {root / 'shards' / 'manifest.json'} (format {report['format_version']}) was written "
@@ -118,6 +173,7 @@ def inspect(
         bad = "; ".join(f"{where / name}: {why}" for name, why in report["file_problems"].items())
         err.print(f"[bold red]corrupt shard files[/]: {bad}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+    _exit_if_missed(missed, strict, quiet=as_json)
 
 
 def _with_stream(report: dict, root: Path) -> dict:  # type: ignore[type-arg]
@@ -133,49 +189,6 @@ def _with_stream(report: dict, root: Path) -> dict:  # type: ignore[type-arg]
 def _regroups(root: Path) -> bool:
     manifest = json.loads((root / "shards" / "manifest.json").read_text())
     return int((manifest.get("regroup") or {}).get("window", 1)) > 1
-
-
-def _print_summary(r: dict) -> None:  # type: ignore[type-arg]
-    out.print(
-        f"mix {r['mix']!r}: {r['steps']} steps, {r['sequences']} sequences of {r['seq_len']} tokens, "
-        f"{r['tokens']:,} tokens; packing_efficiency {r['packing_efficiency']:.4f}, "
-        f"truncated_docs {r['truncated_docs']:.4f}"
-    )
-    if "sequence_cost" in r:  # packing figures (shard format 2)
-        c, g = r["sequence_cost"], r["segments_per_sequence"]
-        out.print(
-            f"shards {r['shards']} (format {r['format_version']}, {r['dtype']}); documents per sequence "
-            f"mean {g['mean']:.1f} max {g['max']}; sequence cost max/mean {c['max_over_mean']:.3f}, "
-            f"p95/mean {c['p95_over_mean']:.3f}, cv {c['cv']:.3f}; tokens dropped at phase ends "
-            f"{r['tokens_dropped']:,}",
-            highlight=False,
-        )
-    if "mixture_error" in r:  # realized vs planned token shares
-        me = r["mixture_error"]
-        out.print(
-            f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window (goal ≤ {me['goal_window']}), "
-            f"{me['phase']:.4f} per phase (goal ≤ {me['goal_phase']})" + ("" if me["ok"] else " [goal missed]"),
-            highlight=False,
-        )
-    if "mixture_error_stream" in r:  # the same, of the training steps the loader makes (balance.regroup)
-        me, g = r["mixture_error_stream"], r["mixture_error_stream"]["regroup"]
-        out.print(
-            f"mixture_error of the trainer's stream (regroup window {g['window']}, period {g['period']}, slack "
-            f"{g['slack']:g}): {me['window']:.4f} per window, {me['phase']:.4f} per phase"
-            + ("" if me["ok"] else " [goal missed]"),
-            highlight=False,
-        )
-    t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
-    for name, s in r["per_source"].items():
-        share = s["tokens_packed"] / r["tokens"] if r["tokens"] else 0.0
-        t.add_row(
-            name,
-            f"{s['documents_packed']:,}",
-            f"{s['tokens_packed']:,}",
-            f"{s['tokens_dropped']:,}",
-            f"{share:.3f}",
-        )
-    out.print(t)
 
 
 @app.command("export-megatron")
@@ -210,29 +223,47 @@ def plan_cmd(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for machines")] = False,
     compute: Annotated[
-        bool, typer.Option("--compute", help="when DIR has no stats yet, run the stages up to length_stats there")
+        bool,
+        typer.Option("--compute", help="when DIR has no stats of this mix, run the stages up to length_stats"),
     ] = False,
 ) -> None:
     """Print MIX's plan: phases, steps, tokens per source, epochs per source, warnings.
 
-    Reads the documents of an existing build (no tokenizing again) and writes nothing there; exit 1 when
-    the plan is infeasible (the error names phase, source and tokens) or the build has no stats.
+    Reads the tokenized documents of DIR, or of the work a failed build kept beside it (.NAME.cache),
+    whichever fits MIX now: same sources, files, tokenizer and rendering; otherwise it exits 1 naming what
+    differs. With --compute it tokenizes what is missing (only changed files; into DIR when DIR holds no
+    finished build, else into .NAME.cache, which the next build reuses), showing progress. Exit 1 when the
+    plan is infeasible (the error names phase, source and tokens).
     """
     from mixing.layout import BuildLayout
     from mixing.plan import preview_plan
+    from pipelines.freshness import stats_folders
+    from pipelines.resources import mix_storage_options
 
     m = _load(mix)
-    layout = BuildLayout((build_dir or Path("build") / m.name).resolve())
-    if not _has_documents(layout.duckdb):
-        if not compute:
+    root = (build_dir or Path("build") / m.name).resolve()
+    options = mix_storage_options(m)
+    found = stats_folders(m, root, options)
+    fits = [f for f, why in found.items() if not why]
+    if not fits and not compute:
+        if found:
+            why = "; ".join(f"{w}" for w in next(iter(found.values())))
             err.print(
-                f"[bold red]no length statistics[/] in {layout.root}: build the mix first "
-                f"(weir build {mix} --out {layout.root}), or add --compute to run the stages up to length_stats",
+                f"[bold red]stats do not fit the mix[/]: the documents in {next(iter(found))} are not what {mix} "
+                f"tokenizes now ({why}); add --compute to tokenize what changed, or build the mix "
+                f"(weir build {mix} --out {root})",
                 highlight=False,
                 soft_wrap=True,
             )
-            raise typer.Exit(1)
-        _stats_stages(m, layout)
+        else:
+            err.print(
+                f"[bold red]no length statistics[/] in {root}: build the mix first "
+                f"(weir build {mix} --out {root}), or add --compute to run the stages up to length_stats",
+                highlight=False,
+                soft_wrap=True,
+            )
+        raise typer.Exit(1)
+    layout = BuildLayout(fits[0] if fits else _compute_stats(m, root, options, err if as_json else out))
     try:
         p = preview_plan(m, layout.duckdb)
     except WeirError as e:
@@ -259,7 +290,8 @@ def plan_cmd(
     per_step = m.sequence.length * m.sequence.global_batch
     out.print(
         f"mix {m.name!r}: {m.total_steps} steps × {m.sequence.global_batch} sequences × {m.sequence.length} tokens "
-        f"= {m.total_steps * per_step:,} tokens; {p.units:,} document pieces drawn (from {layout.root})"
+        f"= {m.total_steps * per_step:,} tokens; {p.units:,} document pieces drawn (from {layout.root})",
+        highlight=False,
     )
     names = sorted(m.sources)
     t = Table("phase", "steps", "transition", "max_doc_tokens", "tokens", *names, title="phases (tokens per source)")
@@ -288,26 +320,20 @@ def plan_cmd(
         out.print(f"[yellow]warning[/]: {w}", highlight=False)
 
 
-def _has_documents(db: Path) -> bool:
-    import duckdb
+def _compute_stats(m, root: Path, options: dict[str, object] | None, console: Console) -> Path:  # type: ignore[no-untyped-def]
+    """:func:`pipelines.freshness.compute_stats` with progress on ``console`` (stderr under --json)."""
+    from pipelines.build import BuildBusy, progress_display, warnings_to
+    from pipelines.freshness import compute_stats
 
-    if not db.exists():
-        return False
-    with duckdb.connect(str(db), read_only=True) as con:
-        return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'documents'").fetchall()[0][0])
-
-
-def _stats_stages(m, layout) -> None:  # type: ignore[no-untyped-def]
-    """Run index, tokenizer, documents and length_stats into ``layout`` (what --compute asks for)."""
-    from mixing import stages
+    def say(line: str) -> None:
+        console.print(line, highlight=False, markup=False)
 
     try:
-        for name in sorted(m.sources):
-            stages.index(m, layout, name)
-        stages.prepare_tokenizer(m, layout)
-        for name in sorted(m.sources):
-            stages.tokenize(m, layout, name)
-        stages.length_stats(m, layout)
+        with progress_display(console), warnings_to(say):
+            return compute_stats(m, root, options, say)
+    except BuildBusy as e:
+        err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3) from None
     except WeirError as e:
         err.print(f"[bold red]stats failed[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
@@ -329,14 +355,18 @@ def demo_data(
 @app.command()
 def ui(
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 3000,
-    home: Annotated[Path, typer.Option(help="DAGSTER_HOME")] = PROJECT_ROOT / ".dagster_home",
+    home: Annotated[
+        Path | None, typer.Option(help="Dagster instance folder (default $DAGSTER_HOME, else .dagster_home)")
+    ] = None,
 ) -> None:
-    """Start the Dagster UI on 127.0.0.1 with a project-local DAGSTER_HOME (telemetry off)."""
-    home = home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    cfg = home / "dagster.yaml"
-    if not cfg.exists():
-        cfg.write_text("telemetry:\n  enabled: false\n")
+    """Start the Dagster UI on 127.0.0.1 (telemetry off).
+
+    Its instance is the one weir build records into ($DAGSTER_HOME, else the project's .dagster_home),
+    so command-line builds show there with their checks and plots.
+    """
+    from pipelines.instance import dagster_home
+
+    home = dagster_home(home)
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     out.print(f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops it")
     cmd = [
@@ -365,14 +395,25 @@ def _run_group(cmd: list[str], env: dict[str, str], grace_s: float = 20.0) -> in
     import signal
     import time
 
-    proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, start_new_session=True)
     asked: list[int] = []
+    started: list[subprocess.Popen[bytes]] = []
 
     def stop(signum: int, _frame: object) -> None:
         asked.append(signum)
-        _signal_group(proc.pid, signal.SIGTERM)
+        for p in started:
+            _signal_group(p.pid, signal.SIGTERM)
 
+    # handlers first: a signal while the group starts must not leave it running without this process
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, start_new_session=True)
+    except BaseException:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        raise
+    started.append(proc)
+    if asked:  # asked to stop while it was starting
+        _signal_group(proc.pid, signal.SIGTERM)
     try:
         code = proc.wait()
     finally:

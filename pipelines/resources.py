@@ -11,8 +11,9 @@ from pathlib import Path
 import dagster as dg
 
 from assets import WeirStorage
+from mixing import Mix
 
-__all__ = ["S3_ENV", "storage_resource"]
+__all__ = ["S3_ENV", "mix_storage_options", "storage_resource"]
 
 # WeirStorage field → environment variable (the AWS SDKs' standard names, so existing setups just work).
 S3_ENV = {
@@ -32,3 +33,12 @@ def storage_resource(root: Path, env: Mapping[str, str] = os.environ, per_mix: b
     fields = WeirStorage.model_fields
     s3 = {f: dg.EnvVar(var) for f, var in S3_ENV.items() if f in fields and env.get(var)}
     return WeirStorage(root=str(root), per_mix=per_mix, **s3)  # type: ignore[arg-type]
+
+
+def mix_storage_options(mix: Mix, env: Mapping[str, str] = os.environ) -> dict[str, object] | None:
+    """fsspec options from the environment (as the resource binds them), only for mixes that read remote files;
+    for the CLI's own stage runs outside Dagster (``weir plan``)."""
+    uris = [mix.source_uri(n) for n in mix.sources]
+    if not any("://" in u and not u.startswith("file://") for u in uris):
+        return None
+    return storage_resource(Path("."), env, per_mix=False).storage_options()

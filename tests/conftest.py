@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +27,30 @@ def shared_path(*parts: str) -> Path:
         pytest.skip(f"../shared/{'/'.join(parts)} is not here (real test data lives beside the checkout)")
     assert SHARED is not None
     return SHARED.joinpath(*parts)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A temporary DAGSTER_HOME for the whole session, set before any test module is imported (some build
+    their subprocesses' environment at import): `weir build` records its runs into $DAGSTER_HOME, else into
+    the repository's .dagster_home, which tests must never write into."""
+    config.stash[_OLD_HOME] = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="weir-test-dagster-home-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ.pop("DAGSTER_HOME", ""), ignore_errors=True)
+    old = config.stash.get(_OLD_HOME, None)
+    if old is not None:
+        os.environ["DAGSTER_HOME"] = old
+
+
+_OLD_HOME = pytest.StashKey[str | None]()
+
+
+@pytest.fixture(scope="session")
+def dagster_home() -> Path:
+    """The session's DAGSTER_HOME (see :func:`pytest_configure`)."""
+    return Path(os.environ["DAGSTER_HOME"])
 
 
 def write_tiny_sources(root: Path) -> None:

@@ -1,4 +1,4 @@
-"""The realized mixture after packing: DESIGN.md's ``mixture_error`` goals hold on what the trainer gets.
+"""The realized mixture after packing: docs/design.md's ``mixture_error`` goals hold on what the trainer gets.
 
 Plans are drawn the way the planner draws them (per source, whole documents until the cumulative drawn
 tokens reach the cumulative quota, pieces of documents longer than S cut at S), from long-tailed

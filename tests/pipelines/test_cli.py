@@ -131,4 +131,6 @@ def test_failed_build_keeps_no_partial_output(tiny_mix_path: Path, tmp_path: Pat
     assert r.returncode == 1
     assert "runs out" in r.stderr
     assert not out.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+    # only the hidden work cache is left (its tokenized documents, no shards), for the next build to reuse
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == [".out.cache"]
+    assert not (tmp_path / ".out.cache" / "shards").exists()

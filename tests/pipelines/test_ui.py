@@ -4,7 +4,7 @@ with its checks passed, and its plan's mixture-over-steps plot renders from the 
 Starts ``dagster dev`` (its own process group, a temporary DAGSTER_HOME with telemetry off, a free port on
 127.0.0.1) on a copy of the demo mix reading a temporary copy of the demo data, builds the mix into the same
 instance, and drives headless Debian Chromium with Playwright (never a downloaded browser). Screenshots go to
-``test-artifacts/``; with ``WEIR_UPDATE_DOCS=1`` they also replace the README's images under ``docs/``.
+``test-artifacts/``; with ``WEIR_UPDATE_DOCS=1`` they also replace the images under ``docs/`` (docs/operations.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,139 @@
+"""Whether a build folder's documents are what a mix would tokenize now (before ``weir plan`` trusts them),
+and bringing them up to date (``weir plan --compute``).
+
+A folder's documents fit a mix when it holds documents of exactly the mix's sources, was tokenized with the
+mix's tokenizer, lists the same files with the same fingerprints, and holds the chunk of every file as the
+mix renders it now (:func:`mixing.documents.chunk_keys` hashes files, tokenizer and rendering). Each
+difference is named in one line, so an old build never plans a mix it was not made from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from mixing import Mix, envvars, stages
+from mixing.documents import chunk_keys
+from mixing.layout import BuildLayout
+from mixing.sources import SourceIndexError, index_source
+from mixing.tokenizer import TokenizerError, load_tokenizer
+from pipelines.build import output_lock, reuse_previous, work_cache
+
+__all__ = ["compute_stats", "differences", "has_documents", "stats_folders"]
+
+
+def has_documents(root: Path) -> bool:
+    """Whether ``root`` holds a DuckDB file with a ``documents`` table (the stages up to ``length_stats`` ran)."""
+    db = BuildLayout(root).duckdb
+    if not db.exists():
+        return False
+    with duckdb.connect(str(db), read_only=True) as con:
+        return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'documents'").fetchall()[0][0])
+
+
+def stats_folders(mix: Mix, root: Path, storage_options: dict[str, Any] | None = None) -> dict[Path, list[str]]:
+    """``root`` and its work cache (:func:`pipelines.build.work_cache`), those holding documents, each with
+    :func:`differences` (empty: it fits ``mix``), in that order."""
+    return {f: differences(mix, f, storage_options) for f in (root, work_cache(root)) if has_documents(f)}
+
+
+def compute_stats(mix: Mix, root: Path, storage_options: dict[str, Any] | None, say: Callable[[str], None]) -> Path:
+    """Run index, tokenizer, documents and length_stats for ``mix``; return the folder they went to.
+
+    Into ``root`` when it holds no finished build (no shards manifest), else into its work cache, seeded
+    with ``root``'s chunks (only files whose chunks are missing are tokenized), so a finished build is
+    never changed. Holds ``root``'s build lock meanwhile: raises :class:`pipelines.build.BuildBusy` when a
+    build is writing there, and what the stages raise.
+    """
+    finished = BuildLayout(root).manifest.exists()
+    target = work_cache(root) if finished else root
+    say(f"computing the length statistics of mix {mix.name!r} in {target}")
+    with output_lock(root, False, say):
+        if finished:
+            reuse_previous(root, target)
+        layout = BuildLayout(target)
+        for name in sorted(mix.sources):
+            say(f"  source_index [{name}]")
+            stages.index(mix, layout, name, storage_options)
+        say("  tokenizer")
+        stages.prepare_tokenizer(mix, layout, storage_options)
+        for name in sorted(mix.sources):
+            say(f"  documents [{name}]")
+            stages.tokenize(mix, layout, name, storage_options=storage_options)
+        say("  length_stats")
+        stages.length_stats(mix, layout)
+    return target
+
+
+def differences(mix: Mix, root: Path, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """What differs between ``mix`` now and the documents in the build folder ``root`` (empty: they fit).
+
+    Lists each source's files again (no file is read). ``root`` must hold a ``documents`` table.
+    """
+    layout = BuildLayout(root)
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        built = {s for (s,) in con.sql("SELECT DISTINCT source FROM documents").fetchall()}
+    found: list[str] = []
+    want = set(mix.sources)
+    if built != want:
+        found.append(
+            f"sources: the mix has {sorted(want)}, {root} holds documents of {sorted(built)}"
+            + (f" (not {sorted(built - want)})" if built - want else "")
+        )
+    spec = layout.tokenizer_dir / "spec.json"
+    had = json.loads(spec.read_text()) if spec.is_file() else None
+    same_tokenizer = had == mix.tokenizer.model_dump(mode="json")
+    if not same_tokenizer:
+        found.append(f"tokenizer: {_tok_diff(mix.tokenizer.model_dump(mode='json'), had, root)}")
+    for name in sorted(want & built):
+        try:
+            now = _index(mix, name, storage_options)
+        except SourceIndexError as e:
+            found.append(f"files: {e}")
+            continue
+        then = pl.read_parquet(layout.source_dir(name) / "index.parquet")
+        a, b = _fingerprints(now), _fingerprints(then)
+        added, removed = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
+        changed = sorted(p for p in a.keys() & b.keys() if a[p] != b[p])
+        if added or removed or changed:
+            first = (added or removed or changed)[0]
+            found.append(
+                f"files: source {name!r} matches {len(a)} files now, {root} tokenized {len(b)}: {len(added)} new, "
+                f"{len(removed)} gone, {len(changed)} changed (e.g. {first})"
+            )
+        elif same_tokenizer:
+            try:
+                tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+            except TokenizerError as e:
+                found.append(f"tokenizer: {root}/tokenizer: {e}")
+                continue
+            chunks = layout.source_dir(name) / "chunks"
+            if any(not (chunks / k / "report.json").is_file() for k in chunk_keys(now, tok, mix.sources[name])):
+                found.append(f"rendering: source {name!r} makes other documents now (format, field, template, ...)")
+    return found
+
+
+def _index(mix: Mix, name: str, storage_options: dict[str, Any] | None) -> pl.DataFrame:
+    """The source's index as ``stages.index`` writes it (``{env_NAME}`` values in their shown form)."""
+    df = index_source(mix, name, storage_options)
+    for value, placeholder in envvars.replacements():
+        df = df.with_columns(pl.col(pl.String).str.replace_all(value, placeholder, literal=True))
+    return df
+
+
+def _fingerprints(index: pl.DataFrame) -> dict[str, str | None]:
+    if "skipped" in index.columns:
+        index = index.filter(pl.col("skipped").is_null())
+    return dict(zip(index["path"].to_list(), index["fingerprint"].to_list(), strict=True))
+
+
+def _tok_diff(want: dict[str, Any], had: dict[str, Any] | None, root: Path) -> str:
+    if had is None:
+        return f"{root} has no prepared tokenizer"
+    keys = sorted(k for k in want.keys() | had.keys() if want.get(k) != had.get(k))
+    return "; ".join(f"{k} is {want.get(k)!r} in the mix, {had.get(k)!r} in {root}" for k in keys)
