@@ -20,7 +20,7 @@ import polars as pl
 from loaders.refinement import SLACK
 from loaders.schedule import Schedule
 from mixing.layout import BuildLayout
-from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, WINDOW, MixtureError, mixture_error, planned_tokens
+from mixing.mixture import WINDOW, MixtureError, mixture_error, planned_tokens
 from mixing.shards import ShardSet
 
 __all__ = ["regroup_settings", "stream_compositions", "stream_mixture_error", "stream_report"]
@@ -86,15 +86,4 @@ def stream_report(root: str | Path) -> dict[str, Any]:
     shards = ShardSet(layout.shards_dir)
     window, period, slack = regroup_settings(shards.manifest)
     me = stream_mixture_error(shards, quotas)
-    return {
-        "window": me.window,
-        "phase": me.phase,
-        "window_steps": WINDOW,
-        "goal_window": GOAL_WINDOW,
-        "goal_phase": GOAL_PHASE,
-        "ok": me.ok,
-        "worst_window": {"first_step": me.worst_window[0], "source": me.worst_window[1]},
-        "worst_phase": {"phase": me.worst_phase[0], "source": me.worst_phase[1]},
-        "per_phase": me.per_phase,
-        "regroup": {"window": window, "period": period, "slack": slack},
-    }
+    return {**me.report(), "regroup": {"window": window, "period": period, "slack": slack}}

@@ -41,54 +41,20 @@ from __future__ import annotations
 import bisect
 from bisect import bisect_left as _bisect_left
 from bisect import bisect_right as _bisect_right
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
 
-__all__ = ["Packing", "pack_plan", "pack_units"]
+if TYPE_CHECKING:  # the result type is the current packer's (imported late: mixing.packing imports this module)
+    from mixing.packing import Packing
+
+__all__ = ["pack_plan", "pack_units"]
 
 # A unit inside the packer: (length, planned step, ord, source index, doc_id, start). Tuples keep the hot
 # loop cheap, and their natural order is the candidates' order: by length, then earliest planned.
 Unit = tuple[int, int, int, int, int, int]
-
-
-@dataclass(frozen=True)
-class Packing:
-    """Sequences in step order.
-
-    ``seq_step`` int64 [n_seq]; ``seg_offsets`` int64 [n_seq+1] into ``segments``; ``segments`` int64
-    [n_seg, 4] = (source index, doc_id, start, length) in placement order inside each sequence.
-    ``dropped`` int64 [n_drop, 4] in the same layout. ``sources`` names the source indices.
-    ``cost`` = (attention, linear): a unit of l tokens costs attention·l² + linear·l.
-    """
-
-    sources: tuple[str, ...]
-    seq_len: int
-    seq_step: np.ndarray
-    seg_offsets: np.ndarray
-    segments: np.ndarray
-    dropped: np.ndarray
-    cost: tuple[float, float] = (1.0, 0.0)
-
-    @property
-    def seg_cost(self) -> np.ndarray:
-        """float64 [n_seg]: the cost of each segment."""
-        length = self.segments[:, 3].astype(np.float64)
-        return self.cost[0] * length * length + self.cost[1] * length
-
-    @property
-    def seq_cost(self) -> np.ndarray:
-        """float64 [n_seq]: Σ segment cost per sequence."""
-        cum = np.concatenate([[0.0], np.cumsum(self.seg_cost)])
-        return cum[self.seg_offsets[1:]] - cum[self.seg_offsets[:-1]]
-
-    @property
-    def seq_tokens(self) -> np.ndarray:
-        """int64 [n_seq]: real (non-padding) tokens per sequence."""
-        cum = np.concatenate([[0], np.cumsum(self.segments[:, 3])])
-        return cum[self.seg_offsets[1:]] - cum[self.seg_offsets[:-1]]
 
 
 def pack_plan(db_path: Path, seq_len: int, global_batch: int, cost: tuple[float, float] = (1.0, 0.0)) -> Packing:
@@ -165,6 +131,8 @@ def pack_units(
             segments.extend((u[3], u[4], u[5], u[0]) for u in b)
         if last_of_phase:
             dropped.extend((u[3], u[4], u[5], u[0]) for u in sorted(pool.drain(), key=lambda u: (u[3], u[1], u[2])))
+    from mixing.packing import Packing
+
     return Packing(
         sources=sources,
         seq_len=seq_len,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -52,10 +53,15 @@ class MixtureError:
         """Both within the docs/design.md goals."""
         return self.window <= GOAL_WINDOW and self.phase <= GOAL_PHASE
 
-    def as_dict(self) -> dict[str, object]:
+    def report(self) -> dict[str, Any]:
+        """The figures as ``weir inspect --json`` shows them: the metric, its goals, where it is worst."""
         return {
-            "mixture_error_window": self.window,
-            "mixture_error_phase": self.phase,
+            "window": self.window,
+            "phase": self.phase,
+            "window_steps": WINDOW,
+            "goal_window": GOAL_WINDOW,
+            "goal_phase": GOAL_PHASE,
+            "ok": self.ok,
             "worst_window": {"first_step": self.worst_window[0], "source": self.worst_window[1]},
             "worst_phase": {"phase": self.worst_phase[0], "source": self.worst_phase[1]},
             "per_phase": self.per_phase,

@@ -16,7 +16,7 @@ from mixing.errors import WeirError
 from mixing.layout import BuildLayout, write_json_atomic
 from mixing.manifest import MANIFEST, ShardError, _first_line
 from mixing.mixfile import Mix
-from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, WINDOW, MixtureError, shards_mixture_error
+from mixing.mixture import MixtureError, shards_mixture_error
 from mixing.packing import Packing
 from mixing.shards import ShardSet, token_dtype, write_shards
 
@@ -185,20 +185,6 @@ def _query(layout: BuildLayout, read: Callable[[duckdb.DuckDBPyConnection], Any]
         raise BuildError(f"{layout.duckdb}: cannot read it ({_first_line(e)}); rebuild") from None
 
 
-def _mixture_report(me: MixtureError) -> dict[str, Any]:
-    return {
-        "window": me.window,
-        "phase": me.phase,
-        "window_steps": WINDOW,
-        "goal_window": GOAL_WINDOW,
-        "goal_phase": GOAL_PHASE,
-        "ok": me.ok,
-        "worst_window": {"first_step": me.worst_window[0], "source": me.worst_window[1]},
-        "worst_phase": {"phase": me.worst_phase[0], "source": me.worst_phase[1]},
-        "per_phase": me.per_phase,
-    }
-
-
 _INSPECTED = ("mix", "steps", "global_batch", "sources", "per_source", "phases")  # fields weir build writes
 
 
@@ -296,7 +282,7 @@ def _figures(layout: BuildLayout, shards: ShardSet) -> dict[str, Any]:
             "max": int(counts.max()) if n else 0,
         },
         "per_source": per_source,
-        "mixture_error": _mixture_report(build_mixture_error(layout.root, shards)),
+        "mixture_error": build_mixture_error(layout.root, shards).report(),
         "phases": m["phases"],
     }
 
