@@ -5,35 +5,11 @@ and ``_Bins``); ``benchmarks/packing.py`` and the tests compare it against this 
 same packing for the same plan. Its ``pack_plan`` fetches every unit into Python tuples at once (about
 575 bytes per unit at its peak): use :func:`mixing.packing.pack_plan` instead.
 
-What follows is the original description of the algorithm.
-
-Packing a plan's units into fixed-length sequences, step by step, never across a phase boundary.
-
-Each step has ``global_batch`` sequences (bins) of ``S`` token slots. Units (whole documents, or the
-S-sized pieces the plan cut from documents longer than S, and only those) are never split here:
-``truncated_docs`` is 0 by construction.
-
-The realized mixture tracks the plan's quotas (DESIGN.md's ``mixture_error``). Within a phase the packer
-keeps, per source, the cumulative quota ``Q_s`` and the cumulative tokens placed ``R_s``. A step is due
-``want_s = Q_s·ρ − R_s`` tokens of source s, where ρ = (ΣR + step capacity) ÷ ΣQ, so that Σ want = the
-step's capacity and a full step puts every source exactly on its share. The step is filled from a pool of
-the phase's unplaced units (those carried from earlier steps, this step's, and the next step's) by
-**best-fit decreasing, steered by the mixture**: the next unit is the longest one that fits some bin
-among the sources still behind their due tokens (counting only units that bring their source closer to
-it), and goes into the bin whose free space is the smallest that still holds it; among bins with that
-same free space the one whose attention cost so far is the lowest wins, so the sequences' costs come out
-more even for the sampler that later balances whole sequences across ranks. Only when no source behind
-has such a unit does the longest unit that fits from any source fill the gap (padding does not grow; the
-next steps' dues make up for it).
-
-Units left in the pool are carried to the next step of the phase; those left at a phase end are dropped
-and reported per source. Because every step is steered by the cumulative deficit, what one step could not
-place is made up by the next, and what is dropped at a phase end is what the plan drew beyond the phase's
-share of each source (and the padding), spread over the sources instead of falling on the shortest units.
-
-Cost: O(n log n + n·(k + log B)) per step for n units in the pool, k sources and B bins (bisects over
-sorted lists); deterministic for the same plan (ties broken by length, due tokens, source, step, draw
-order, then bin index).
+The algorithm (mixture-steered best-fit decreasing, carry within a phase, drops at phase ends) is described
+once, in :mod:`mixing.packing`'s docstring; this module is its first implementation, unchanged. Cost:
+O(n log n + n·(k + log B)) per step for n units in the pool, k sources and B bins (bisects over sorted
+lists); deterministic for the same plan (ties broken by length, due tokens, source, step, draw order, then
+bin index).
 """
 
 from __future__ import annotations
