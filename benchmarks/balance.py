@@ -481,7 +481,7 @@ def main() -> None:
     if SHARED is None and not cached.exists():
         sys.exit("../shared/data is not here: this benchmark needs the real datasets")
     lens = lengths((SHARED or ROOT) / "data")
-    print("load average %.2f %.2f %.2f (balance figures do not depend on it)" % os.getloadavg())
+    print("load average {:.2f} {:.2f} {:.2f} (balance figures do not depend on it)".format(*os.getloadavg()))
     for n, v in lens.items():
         print(f"{n:13} {len(v):6} docs, {int(v.sum()):>10,} tokens, median {int(np.median(v))}, max {int(v.max())}")
     if args.only != "curriculum":
