@@ -17,10 +17,10 @@ from dagster import AssetExecutionContext
 from assets.plots import length_histogram_md, mixture_area_md
 from assets.storage import WeirStorage
 from mixing import Mix, stages
-from mixing.mixture import GOAL_PHASE, GOAL_WINDOW
-from mixing.packed import inspect_build, write_report
-from mixing.records import chat_markers_warning
-from mixing.tokenizer import TextTokenizer, load_tokenizer
+from mixing.ingest.records import chat_markers_warning
+from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
+from mixing.pack.packed import inspect_build, write_report
+from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW
 
 __all__ = ["MIN_PACKING_EFFICIENCY", "STAGES", "mix_assets"]
 

@@ -61,10 +61,10 @@ sys.path.insert(0, str(ROOT))
 from loaders import refinement
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
+from loaders.planner import EDGE_WINDOWS
 from loaders.refinement import SLACK, boundary_error, refine_steps
-from loaders.schedule import EDGE_WINDOWS
-from mixing.curriculum import ramp
-from mixing.mixture import mixture_error as phase_error
+from mixing.plan.curriculum import ramp
+from mixing.plan.mixture import mixture_error as phase_error
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}
@@ -244,10 +244,10 @@ def regrouped_steps(
     starts: list[int] | None = None,
     edge_windows: int = EDGE_WINDOWS,
 ) -> list[list[list[tuple[int, int]]]]:
-    """The training steps after regrouping windows of ``window`` steps as ``loaders.schedule`` does, each
+    """The training steps after regrouping windows of ``window`` steps as ``loaders.planner`` does, each
     window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it.
     ``starts``: first step of each phase (default: the run is one phase); ``edge_windows`` as
-    ``loaders.schedule.Schedule``'s (0: phase boundaries refined like the other windows)."""
+    ``loaders.planner.StepPlanner``'s (0: phase boundaries refined like the other windows)."""
     out: list[list[list[tuple[int, int]]]] = []
     build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
     done: list[np.ndarray] = []  # tokens per source of each training step so far
@@ -271,7 +271,7 @@ def regrouped_steps(
         _, _, src, new = regrouped(*unit)
         return np.stack([src[new == g].sum(axis=0) for g in range(unit[1] - unit[0])])
 
-    mixes = set()  # the boundaries that need edges (as loaders.schedule.Schedule.boundary_mixes)
+    mixes = set()  # the boundaries that need edges (as loaders.planner.StepPlanner.boundary_mixes)
     for u in range(len(units) - 1):
         b = units[u][1]
         if edge_windows and period and b in phases[1:-1]:
@@ -395,7 +395,7 @@ def curriculum(steps: int, kind: str) -> list[Phase]:
 
 
 def planned_shares(phases: list[Phase]) -> tuple[np.ndarray, list[int | None], np.ndarray]:
-    """Per step: the planned share of each source (ramps as ``mixing.curriculum.schedule``), the length cap
+    """Per step: the planned share of each source (ramps as ``mixing.plan.curriculum.planner``), the length cap
     and the phase index."""
     rows, caps, idx, prev = [], [], [], None
     for k, (_, n, mix, ramp_steps, shape, cap) in enumerate(phases):

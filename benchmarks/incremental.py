@@ -36,7 +36,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from mixing import load_mix
-    from mixing.synthetic import write_demo_data
+    from mixing.ingest.synthetic import write_demo_data
     from pipelines.build import build_mix, reuse_previous
 
     quiet = lambda _s: None  # noqa: E731

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from loaders import PackedDataset
 from loaders.balance import assign_ranks, regroup_window
 from loaders.refinement import refine_steps
-from mixing.shards import ShardSet, write_shards
+from mixing.format.shards import ShardSet, write_shards
 
 
 def timed(fn, repeat: int, min_s: float = 0.5) -> float:
@@ -92,16 +92,16 @@ def weir(
     cache: Path | None = None,
 ):
     """A reader over one PackedDataset built once. ``planned``: its steps' plans are kept (each reader has
-    its own cache: the readers take turns, and the schedule's shared cache holds 64 steps), so passes time
+    its own cache: the readers take turns, and the planner's shared cache holds 64 steps), so passes time
     reading only, planning being timed apart in main; else every pass plans its steps again. ``verify``:
     shard files checked against the manifest (verdicts under ``cache``), as training does by default."""
     ds = PackedDataset(build, 0, 1, cp_rank, cp_size, fields=fields, verify=verify, cache_dir=cache)
     start = ds.state_dict()
-    plan = functools.partial(type(ds.schedule).assignment.__wrapped__, ds.schedule)  # the uncached planner
+    plan = functools.partial(type(ds.planner).assignment.__wrapped__, ds.planner)  # the uncached planner
     kept = functools.lru_cache(maxsize=None)(plan)
 
     def read() -> int:
-        ds.schedule.assignment = kept if planned else functools.lru_cache(maxsize=None)(plan)  # type: ignore
+        ds.planner.assignment = kept if planned else functools.lru_cache(maxsize=None)(plan)  # type: ignore
         ds.load_state_dict(start)
         return sum(int(item["input_ids"].numel()) for item in ds)
 
@@ -164,7 +164,7 @@ def verification(build: Path, repeat: int, n_shards: int = 16) -> None:
 
 
 def planning(batch: int, dp: int, window: int, period: int = 0, steps: int = 40) -> float:
-    """Seconds per step to plan synthetic long-tailed costs as ``loaders.schedule`` does (no I/O): regroup
+    """Seconds per step to plan synthetic long-tailed costs as ``loaders.planner`` does (no I/O): regroup
     windows of ``window`` steps (template of ``period`` steps), refine each after the one before it
     (``loaders.refinement``, when ``period`` > 0) and deal every step to ``dp`` ranks."""
     rng = np.random.default_rng(0)
@@ -293,7 +293,7 @@ def main() -> None:
     verification(build, args.repeat)
     t0 = time.perf_counter()
     ds = PackedDataset(build, 0, 8 if len(shards) % 8 == 0 and m["global_batch"] % 8 == 0 else 1)
-    n_plan = sum(1 for _ in ds.plan())
+    n_plan = sum(1 for _ in ds.assignments())
     print(f"\nopen + plan the whole build ({n_plan} items of rank 0): {time.perf_counter() - t0:.3f} s (once)")
     rate = args.mfu * args.peak_tflops * 1e12 / (6 * args.model_params)
     print(

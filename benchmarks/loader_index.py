@@ -3,7 +3,7 @@
 Writes (once, kept under --dir) a synthetic build of ``--sequences`` sequences: real ``meta.npz`` files (the
 metadata every loader reads: steps, ~``--segments`` segments per sequence, costs) and *sparse* token files
 (``truncate``: nothing reads tokens beyond the first items, and those are zeros), with a valid manifest
-(``mixing.manifest.write_manifest``). The token files' sha256 are placeholders, so every reader here runs
+(``mixing.format.manifest.write_manifest``). The token files' sha256 are placeholders, so every reader here runs
 with ``verify=False`` (the figures leave out hashing, which happens once per node).
 
 Then, for each code tree (``--before``: a git revision exported to a temporary folder, e.g. the commit
@@ -49,7 +49,7 @@ def make_build(out: Path, n: int, seq_len: int, segments: int, per_shard: int, b
     """A synthetic build of ``n`` sequences (``batch`` per step), about ``segments`` segments each, in shards
     of ``per_shard`` sequences: real metadata, sparse token files, placeholder token sha256."""
     sys.path.insert(0, str(ROOT))
-    from mixing.manifest import write_manifest
+    from mixing.format.manifest import write_manifest
 
     shards_dir = out / "shards"
     if (shards_dir / "manifest.json").exists():
@@ -168,7 +168,7 @@ def child(build: Path, cache: Path, workers: int, steps_at: str, repeat: int) ->
     procs = {"main": os.getpid(), **{f"worker{w}": pid for w, pid in enumerate(children())}}
     out["memory_mib"] = {name: smaps(pid, str(index) if index else "") for name, pid in procs.items()}
     del it, loader
-    steps = ds.schedule.steps
+    steps = ds.planner.steps
     per_rank = ds.per_rank
     resume = {}
     for t in [int(s) for s in steps_at.split(",")] if steps_at else [0, steps // 2, steps - 1]:

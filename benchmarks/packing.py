@@ -11,8 +11,8 @@ through the real pipeline stages (``mixing.stages``) into a temporary folder, to
 - ``mixture_error`` (realized vs planned token shares, per 10-step window and per phase) for weir's
   shards, for B0 and for the plan itself;
 - packing throughput (documents/s, best of ``--repeat``) and peak memory (tracemalloc, bytes per unit) of
-  weir's packer (``mixing.packing.pack_plan``, compiled with numba where installed) beside the reference
-  implementation it replaced (``mixing._packing_v1.pack_plan``), with the quality figures above for both,
+  weir's packer (``mixing.pack.packing.pack_plan``, compiled with numba where installed) beside the reference
+  implementation it replaced (``mixing.pack.reference.pack_plan``), with the quality figures above for both,
   computed the same way from each packing (and, for weir's, checked against ``inspect_build`` of its shards);
 - each stage's wall time, and the load average before and after.
 
@@ -43,14 +43,15 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mixing import _packing_v1, stages
-from mixing.layout import BuildLayout
-from mixing.mixfile import parse_mix
-from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureError, mixture_error, plan_mixture_error
-from mixing.packed import inspect_build, write_packed
-from mixing.packing import Packing, pack_plan
-from mixing.packing_pool import default_engine
-from mixing.tokenizer import load_tokenizer
+from mixing import stages
+from mixing.format.layout import BuildLayout
+from mixing.ingest.tokenizer import load_tokenizer
+from mixing.pack import reference as _packing_v1
+from mixing.pack.packed import inspect_build, write_packed
+from mixing.pack.packing import Packing, pack_plan
+from mixing.pack.pool import default_engine
+from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureError, mixture_error, plan_mixture_error
+from mixing.spec.mixfile import parse_mix
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 

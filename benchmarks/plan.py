@@ -10,7 +10,7 @@ length-limited warmup, a main phase ramped in linearly and a cosine-ramped annea
 phases are sized in tokens so the plan draws about 90% of all tokens.
 
 Each stage runs in its own child process (``stats``: ``length_tables``; ``plan``: ``make_plan``; ``pack``:
-``mixing.packing.pack_plan``, the packer's public entry point) and reports its wall time and its own peak
+``mixing.pack.packing.pack_plan``, the packer's public entry point) and reports its wall time and its own peak
 resident memory (``ru_maxrss``), so one stage's memory never hides another's. Prints the load average beside
 the figures, each stage's CPU seconds (user + system, all threads: less sensitive to the load than wall
 time), and per size the stats + plan time ratio to the previous size over the size ratio (1.0: linear).
@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from mixing.mixfile import Mix
+    from mixing.spec.mixfile import Mix
 
 SEQ, BATCH = 4096, 256
 CHUNK = 10_000_000  # documents generated at a time
@@ -98,7 +98,7 @@ def synthetic_documents(con: duckdb.DuckDBPyConnection, n: int, seed: int = 0) -
 
 
 def bench_mix(tokens: int) -> Mix:
-    from mixing.mixfile import parse_mix
+    from mixing.spec.mixfile import parse_mix
 
     # web is 60% of documents and of the mixture: budget ~90% of its tokens over the run.
     run_tokens = int(tokens * 0.9)
@@ -113,16 +113,16 @@ def stage(name: str, db: Path, n: int, tokens: int, config: dict[str, str | int]
         with duckdb.connect(str(db)) as con:
             out["tokens"] = synthetic_documents(con, n)
     elif name == "stats":
-        from mixing.stats import length_tables
+        from mixing.plan.stats import length_tables
 
         with duckdb.connect(str(db), config=dict(config)) as con:
             length_tables(con, SEQ)
     elif name == "plan":
-        from mixing.plan import make_plan
+        from mixing.plan.curriculum_plan import make_plan
 
         out["units"] = make_plan(bench_mix(tokens), db, config=config).units
     elif name == "pack":
-        from mixing.packing import pack_plan
+        from mixing.pack.packing import pack_plan
 
         out["sequences"] = len(pack_plan(db, SEQ, BATCH).seq_step)
     out["seconds"] = time.perf_counter() - t0

@@ -8,7 +8,7 @@ tokenizer.json and tiktoken o200k_base, skipped when absent) and each thread cou
 (RAYON_NUM_THREADS and tiktoken's num_threads are fixed per process) measures, on the same text:
 
 - raw: the tokenizer's own ``encode_batch`` over every document (texts already in memory; best case);
-- pipeline: ``mixing.documents.tokenize_source`` over the same documents stored as jsonl files: read,
+- pipeline: ``mixing.ingest.documents.tokenize_source`` over the same documents stored as jsonl files: read,
   parse, render, tokenize, write ``tokens.bin``/``docs.parquet``/``quarantine.jsonl``.
 
 ``tokenize_ratio`` = pipeline bytes/s ÷ raw bytes/s (docs/design.md; goal ≥ 0.85). Each raw variant runs once to
@@ -44,7 +44,7 @@ EOS = "<|endoftext|>"
 
 def _texts(mb: float) -> list[str]:
     """Deterministic documents: the standard library's .py files and demo prose, alternating, ``mb`` MB."""
-    from mixing.synthetic import write_demo_data
+    from mixing.ingest.synthetic import write_demo_data
 
     code = [p.read_text(errors="replace") for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))]
     with tempfile.TemporaryDirectory() as d:
@@ -87,8 +87,8 @@ def _batched(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], None]:
 
 def _tokenizer(kind: str, work: Path):  # type: ignore[no-untyped-def]
     """(pipeline tokenizer, raw encode_batch callable) for one kind."""
-    from mixing.mixfile import TokenizerSpec
-    from mixing.tokenizer import load_tokenizer, prepare_tokenizer
+    from mixing.ingest.tokenizer import load_tokenizer, prepare_tokenizer
+    from mixing.spec.mixfile import TokenizerSpec
 
     if kind == "tiktoken_o200k":
         import tiktoken
@@ -119,8 +119,8 @@ def worker(kind: str, work: Path, reps: int) -> dict[str, object]:
     import numpy as np
     import polars as pl
 
-    from mixing.documents import tokenize_source
-    from mixing.mixfile import SourceSpec
+    from mixing.ingest.documents import tokenize_source
+    from mixing.spec.mixfile import SourceSpec
 
     texts = json.loads((work / "texts.json").read_text())
     paths = sorted(str(p) for p in (work / "jsonl").glob("*.jsonl"))
@@ -175,8 +175,8 @@ def memory_worker(kind: str, work: Path, folder: str) -> dict[str, float]:
     """Peak RSS (MB) of tokenizing the jsonl files in ``work/folder``, and before starting."""
     import polars as pl
 
-    from mixing.documents import tokenize_source
-    from mixing.mixfile import SourceSpec
+    from mixing.ingest.documents import tokenize_source
+    from mixing.spec.mixfile import SourceSpec
 
     tok, _raws = _tokenizer(kind, work)
     paths = sorted(str(p) for p in (work / folder).glob("*.jsonl"))
@@ -213,7 +213,7 @@ def main() -> None:
         print(json.dumps(memory_worker(a.memory[0], Path(a.memory[1]), a.memory[2])))
         return
 
-    from mixing.tokenizer import train_bpe
+    from mixing.ingest.tokenizer import train_bpe
 
     kinds = ["bpe"]
     if SHARED is not None and (SHARED / "tokenizers" / "deepseek_tokenizer.json").exists():

@@ -56,7 +56,7 @@ class MegatronOrder(Dataset[dict[str, torch.Tensor]]):
         step, at = divmod(i, self.facts.global_batch)
         m, rest = divmod(at, self.mbs * self.dp)
         rank, j = divmod(rest, self.mbs)
-        return int(self.ds.schedule.assignment(step, self.dp)[rank][m * self.mbs + j])
+        return int(self.ds.planner.assignment(step, self.dp)[rank][m * self.mbs + j])
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         item = self.ds.item(self.sequence(i))

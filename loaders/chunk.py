@@ -18,13 +18,13 @@ import torch
 
 from loaders.context_parallel import expand_runs, split, zigzag_runs
 from loaders.fields import FIELDS, IGNORE_INDEX
-from mixing.shards import ShardSet
+from mixing.format.shards import ShardSet
 
 __all__ = ["IGNORE_INDEX", "ChunkBuilder"]
 
 
 class ChunkBuilder:
-    """Items of a local :class:`~mixing.shards.ShardSet` (its whole segment index, memory-mapped when the
+    """Items of a local :class:`~mixing.format.shards.ShardSet` (its whole segment index, memory-mapped when the
     build's index is in use, else loaded once), cut for
     CP rank ``cp_rank`` of ``cp_size`` by ``cp_split``, carrying ``fields`` (checked by the caller)."""
 

@@ -32,15 +32,15 @@ from loaders.facts import RunFacts
 from loaders.fields import FIELDS, IGNORE_INDEX, check_fields
 from loaders.index import open_index
 from loaders.integrity import VerifiedShardSet, verifier_for
+from loaders.planner import StepPlanner
 from loaders.refinement import SLACK
-from loaders.schedule import Schedule
 from loaders.state import LoaderState, StateError
 from loaders.world import World
 from mixing.errors import WeirError
 
 __all__ = ["FIELDS", "IGNORE_INDEX", "SHARED_CONTEXTS", "ExhaustedError", "PackedDataset"]
 
-SHARED_CONTEXTS = "_schedule_contexts"  # key of what a worker passes to PackedLoader (which removes it)
+SHARED_CONTEXTS = "_planner_contexts"  # key of what a worker passes to PackedLoader (which removes it)
 
 
 class ExhaustedError(WeirError, RuntimeError):
@@ -147,9 +147,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self.seed, self.window, self.cp_split = seed, window, cp_split
         self.period = period
         self.micro_batches = micro_batches or str(m.get("micro_batches", "equal"))
-        self.schedule = Schedule(self.shards, window, seed, period, self.micro_batches, slack)
-        self.schedule.check_world(dp_size)
-        self.facts = RunFacts.from_manifest(m, self.schedule.steps, int(self.shards.seq_tokens.sum()))
+        self.planner = StepPlanner(self.shards, window, seed, period, self.micro_batches, slack)
+        self.planner.check_world(dp_size)
+        self.facts = RunFacts.from_manifest(m, self.planner.steps, int(self.shards.seq_tokens.sum()))
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
         self._step, self._consumed = 0, 0  # position: next item to yield
         # items built together: ~2 MiB per array (cache-sized), at most 64 items
@@ -169,12 +169,12 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     def count(self, step: int) -> int:
         """Sequences this DP rank reads in training ``step`` (``per_rank`` unless ``micro_batches == "unequal"``)."""
-        return self.schedule.count(step, self.dp_size, self.dp_rank)
+        return self.planner.count(step, self.dp_size, self.dp_rank)
 
     @property
     def exhausted(self) -> bool:
         """True once every step was read (the position is past the last step of a non-empty build)."""
-        return 0 < self.schedule.steps <= self._step
+        return 0 < self.planner.steps <= self._step
 
     def rewind(self) -> None:
         """Start another pass over the whole build, from step 0 (a run trained on the build twice)."""
@@ -184,38 +184,38 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         """Raise :class:`ExhaustedError` when :attr:`exhausted` (what ``iter`` does first)."""
         if self.exhausted:
             raise ExhaustedError(
-                f"{self.shards.url}: all {self.schedule.steps} steps of this build were already read; a build is one "
+                f"{self.shards.url}: all {self.planner.steps} steps of this build were already read; a build is one "
                 "pass of the training run, so another pass would be empty: call rewind() to read it again from "
                 "step 0, or load_state_dict() a saved state"
             )
 
     def __len__(self) -> int:
         if self.micro_batches == "equal":
-            return (self.schedule.steps - self._step) * self.per_rank - self._consumed
-        counts = (self.schedule.count(t, self.dp_size, self.dp_rank) for t in range(self._step, self.schedule.steps))
+            return (self.planner.steps - self._step) * self.per_rank - self._consumed
+        counts = (self.planner.count(t, self.dp_size, self.dp_rank) for t in range(self._step, self.planner.steps))
         return sum(counts) - self._consumed
 
-    def plan(self) -> Iterator[tuple[int, int, int]]:
+    def assignments(self) -> Iterator[tuple[int, int, int]]:
         """``(step, slot, sequence)`` of every remaining item of this rank, in order (no I/O beyond metadata)."""
         step0, consumed0 = self._step, self._consumed  # iteration moves the position
-        for t in range(step0, self.schedule.steps):
-            mine = self.schedule.assignment(t, self.dp_size)[self.dp_rank].tolist()
+        for t in range(step0, self.planner.steps):
+            mine = self.planner.assignment(t, self.dp_size)[self.dp_rank].tolist()
             for slot in range(consumed0 if t == step0 else 0, len(mine)):
                 yield t, slot, mine[slot]
 
     def rank_sequences(self) -> np.ndarray:
         """Global sequence indices this DP rank reads from its position on, in order (int64)."""
-        return np.array([s for _, _, s in self.plan()], dtype=np.int64)
+        return np.array([s for _, _, s in self.assignments()], dtype=np.int64)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self.check_not_exhausted()
         info = get_worker_info()
         stride, offset = (1, 0) if info is None else (info.num_workers, info.id)
-        mine = itertools.islice(self.plan(), offset, None, stride)  # worker w: items w, w + stride, …
+        mine = itertools.islice(self.assignments(), offset, None, stride)  # worker w: items w, w + stride, …
         per_rank, equal = self.per_rank, self.micro_batches == "equal"
         # a local build: its whole segment index is cheap to load (a remote one would fetch every shard)
         whole = not self.shards.streamed
-        share = info is not None and bool(self.schedule.slack)  # see Schedule.shared_contexts
+        share = info is not None and bool(self.planner.slack)  # see StepPlanner.shared_contexts
         shared_step = -1  # once per step is enough: the main process keeps what it was given
         while chunk := list(itertools.islice(mine, self.chunk)):
             # items are built a chunk at a time (one numpy call per array for all of them, not per item)
@@ -227,7 +227,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
                 elif info is None:
                     self._advance(t, slot)
                 if share and t != shared_step:
-                    item[SHARED_CONTEXTS], shared_step = self.schedule.shared_contexts(t), t
+                    item[SHARED_CONTEXTS], shared_step = self.planner.shared_contexts(t), t
                 yield item
 
     def items(self, seqs: list[int]) -> list[dict[str, Any]]:
@@ -276,7 +276,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     def _advance(self, step: int, slot: int) -> None:
         """Record that item ``(step, slot)`` was delivered: the position moves just past it."""
-        last = slot + 1 == self.schedule.count(step, self.dp_size, self.dp_rank)
+        last = slot + 1 == self.planner.count(step, self.dp_size, self.dp_rank)
         self._step, self._consumed = (step + 1, 0) if last else (step, slot + 1)
 
     def state_at(self, step: int, slot: int) -> dict[str, Any]:
@@ -292,7 +292,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def state_dict(self) -> dict[str, Any]:
         """World-independent position (see :mod:`loaders.state`): resume on this build, any world at a step
         boundary, the same DP layout inside a step."""
-        return self._state(context=self.schedule.context_at(self._step)).to_dict()
+        return self._state(context=self.planner.context_at(self._step)).to_dict()
 
     def _state(self, context: list[list[int]] | None = None) -> LoaderState:
         return LoaderState(
@@ -301,7 +301,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             window=self.window,
             period=self.period,
             micro_batches=self.micro_batches,
-            slack=self.schedule.slack,
+            slack=self.planner.slack,
             context=context,
             step=self._step,
             consumed=self._consumed,
@@ -316,9 +316,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         s = LoaderState.from_dict(state)
         s.check(self._state())
         try:
-            self.schedule.seed_context(s.step, s.context)
+            self.planner.seed_context(s.step, s.context)
         except ValueError as e:
-            raise StateError(f"loader state's context does not fit this build's schedule: {e}") from None
+            raise StateError(f"loader state's context does not fit this build's planner: {e}") from None
         self._step, self._consumed = s.step, s.consumed
 
 

@@ -1,6 +1,6 @@
 """``RunFacts``: what a training script needs to know about a build, typed, instead of reading its manifest.
 
-``PackedDataset(...).facts`` holds them: ``steps`` (optimizer steps of the whole run, for the LR schedule),
+``PackedDataset(...).facts`` holds them: ``steps`` (optimizer steps of the whole run, for the LR planner),
 ``seq_len``, ``global_batch``, ``vocab_size``, ``eos_id``, ``pad_id``, the cost model, the phases and the
 mix's ``seed``. Every value comes from the build's ``shards/manifest.json`` (the token count and the steps
 from its shards' index); a field an older or hand-written manifest lacks is None (``pad_id``: 0).
@@ -73,7 +73,7 @@ class RunFacts:
 
     @classmethod
     def from_manifest(cls, m: dict[str, Any], steps: int, tokens: int) -> RunFacts:
-        """The facts of manifest ``m`` (already validated by :func:`mixing.manifest.parse_manifest`); ``steps``
+        """The facts of manifest ``m`` (already validated by :func:`mixing.format.manifest.parse_manifest`); ``steps``
         and ``tokens`` as counted from its shards."""
         cost = m.get("cost") or {}
         eos, vocab, budget = m.get("eos_id"), m.get("vocab_size"), m.get("max_tokens")

@@ -1,9 +1,9 @@
 """The node's index of a local build: made once per node, memory-mapped by every rank and DataLoader worker.
 
-A loader needs every sequence's step, real tokens and document boundaries (the schedule plans steps from
+A loader needs every sequence's step, real tokens and document boundaries (the planner plans steps from
 them, the chunk builder cuts items with them). Read from the shards' ``meta.npz`` files, they would be
 copied into every process (about 90 bytes per segment: tens of GB per worker at 10^10 segments); the
-index (:mod:`mixing.index`) holds them once as plain ``.npy`` files that the page cache shares.
+index (:mod:`mixing.format.index`) holds them once as plain ``.npy`` files that the page cache shares.
 
 The index of a build lives in ``<cache_dir>/index/<sha256 of the manifest>/``: the manifest's bytes fix
 every meta file's sha256, so one index serves every copy of the build. The first process on the node to
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from loaders.integrity import CorruptShardError, VerifiedShardSet
-from mixing.index import ARRAYS, INDEX, INDEX_VERSION, write_index
-from mixing.manifest import _first_line
-from mixing.shards import ShardError
+from mixing.format.index import ARRAYS, INDEX, INDEX_VERSION, write_index
+from mixing.format.manifest import _first_line
+from mixing.format.shards import ShardError
 
 __all__ = ["index_folder", "open_index"]
 

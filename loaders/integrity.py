@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mixing.shards import SequenceView, ShardError, ShardSet, sha256_file
+from mixing.format.shards import SequenceView, ShardError, ShardSet, sha256_file
 
 __all__ = ["AHEAD", "CorruptShardError", "VerifiedShardSet", "Verifier", "verifier_for"]
 
@@ -165,7 +165,7 @@ class Verifier:
 
 
 class VerifiedShardSet(ShardSet):
-    """A local :class:`~mixing.shards.ShardSet` that yields no data of a file that fails its manifest entry
+    """A local :class:`~mixing.format.shards.ShardSet` that yields no data of a file that fails its manifest entry
     (see the module docstring); ``verifier=None`` turns the checks off."""
 
     streamed = False  # shards fetched one at a time (loaders.remote), not one whole local build
@@ -206,7 +206,7 @@ class VerifiedShardSet(ShardSet):
 
     def verified_sequence(self, i: int) -> SequenceView:
         """:meth:`sequence` ``i`` once its shard's tokens are verified (:meth:`sequence` itself serves
-        metadata readers such as the schedule's planning, which must not wait for token hashes)."""
+        metadata readers such as the planner, which must not wait for token hashes)."""
         if self.verifier is not None and 0 <= i < len(self):
             self.tokens_ready(int(np.searchsorted(self._starts, i, side="right") - 1))
         return self.sequence(i)

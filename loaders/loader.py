@@ -4,7 +4,7 @@ With ``num_workers > 0`` each worker process holds its own copy of the dataset a
 ``num_workers``-th item of the rank's stream; the DataLoader hands them back in stream order (``in_order``),
 so the consumer sees exactly the ``num_workers=0`` stream. Prefetched items the consumer never received
 must not count as read, so the state is computed here, from the ``(step, slot)`` of the last item handed
-out, not by the workers. A refined schedule (``loaders.refinement``) chains its windows; the workers pass
+out, not by the workers. A refined planner (``loaders.refinement``) chains its windows; the workers pass
 each window's context along with their items, so that saving a state here never refines a window itself.
 """
 
@@ -49,11 +49,11 @@ class PackedLoader(DataLoader):
             self.dataset.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
             self._last = None
         self.dataset.check_not_exhausted()  # type: ignore[attr-defined]
-        schedule = self.dataset.schedule  # type: ignore[attr-defined]
+        planner = self.dataset.planner  # type: ignore[attr-defined]
         try:
             for item in super().__iter__():
                 for first_step, context in item.pop(SHARED_CONTEXTS, {}).items():
-                    schedule.seed_context(first_step, context)  # so that state_dict() refines nothing here
+                    planner.seed_context(first_step, context)  # so that state_dict() refines nothing here
                 self._last = (int(item["step"]), int(item["slot"]))
                 yield item
         except WeirError as e:

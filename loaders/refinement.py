@@ -10,7 +10,7 @@ from the other sees one source too often (up to 2â€“3 full-length pieces, 0.015â
 window). :func:`refine_steps` removes most of it: with the compositions of the training steps just before
 the window fixed (the *context*), it swaps pairs of sequences of close cost between the window's steps while
 that lowers the mixture error of the windows ending inside it, and never lets a step's balance (max/mean
-cost) rise above ``max(its own, slack)``. So each window depends on the one before it: the schedule
+cost) rise above ``max(its own, slack)``. So each window depends on the one before it: the planner
 computes windows in order and the loader's state carries the context (a few integers per source).
 
 Phase boundaries (issue 16): a window of ``period`` steps across a boundary holds the last steps of one
@@ -24,7 +24,7 @@ they may swap sequences of different cost and source, under the least balance bo
 :data:`EDGE_SLACKS` that brings their windows within :data:`EDGE_GOAL`. Balance is given up only there,
 but on real lengths a handover from mixed steps to the one-class template needs several blocks, so the
 windows after the edges miss again unless the edges cover the whole phase, and then the balance is about the
-build's: edges are opt-in (:class:`loaders.schedule.Schedule`'s ``edge_windows``; figures in
+build's: edges are opt-in (:class:`loaders.planner.StepPlanner`'s ``edge_windows``; figures in
 ``benchmarks/balance.py``).
 
 Pure numpy, deterministic (ties broken by index).

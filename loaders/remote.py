@@ -20,14 +20,14 @@ import fsspec
 import numpy as np
 
 from loaders.integrity import CorruptShardError, VerifiedShardSet, Verifier
-from mixing.layout import atomic_path
-from mixing.shards import ShardError, ShardSet, sha256_file
+from mixing.format.layout import atomic_path
+from mixing.format.shards import ShardError, ShardSet, sha256_file
 
 __all__ = ["RemoteShardSet", "open_remote"]
 
 
 class RemoteShardSet(VerifiedShardSet):
-    """A :class:`~mixing.shards.ShardSet` whose shard files live at ``remote`` on ``fs`` and are cached in
+    """A :class:`~mixing.format.shards.ShardSet` whose shard files live at ``remote`` on ``fs`` and are cached in
     ``local`` (which holds ``manifest.json``), at most ``cache_bytes`` of shard files at a time. Fetched
     files are always checked; ``verifier`` (None: off) checks those found already in the cache."""
 

@@ -29,7 +29,7 @@ class LoaderState:
     already delivered. ``dp_rank``/``dp_size``/``cp_size`` record where it was saved; ``seed``, ``window``,
     ``period`` and ``slack`` fix the training steps (``slack`` is 0 when nothing is refined); ``context``
     is the refinement's input for the window holding ``step`` (tokens per source of the training steps just
-    before it, :meth:`loaders.schedule.Schedule.context_at`), so that a resume needs no earlier window."""
+    before it, :meth:`loaders.planner.StepPlanner.context_at`), so that a resume needs no earlier window."""
 
     build_id: str
     seed: int

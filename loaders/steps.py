@@ -135,7 +135,7 @@ class StepLoader:
     def __len__(self) -> int:
         """Optimizer steps left from the loader's position (a step begun counts)."""
         state = self.loader.state_dict()
-        return self.dataset.schedule.steps - int(state["step"])
+        return self.dataset.planner.steps - int(state["step"])
 
     def __iter__(self) -> Iterator[Step]:
         ds, build = self.dataset, stack if self.layout == "stacked" else _varlen
@@ -162,7 +162,7 @@ class StepLoader:
     def state_at(self, step: int) -> dict[str, Any]:
         """The state at the start of training ``step`` (``0 ≤ step ≤ facts.steps``), whatever was read: what
         a trainer that reads ahead saves after training ``step − 1``. It resumes on any world."""
-        ds, steps = self.dataset, self.dataset.schedule.steps
+        ds, steps = self.dataset, self.dataset.planner.steps
         if not 0 <= step <= steps:
             raise ValueError(f"step {step} is outside this build's 0…{steps} steps")
         return ds.state_at(step, -1) if step < steps else ds.state_at(steps - 1, ds.count(steps - 1) - 1)

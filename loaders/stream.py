@@ -1,9 +1,9 @@
 """The mixture the trainer receives: tokens per source of every *training* step, and its ``mixture_error``.
 
-A build's own ``mixture_error`` (:func:`mixing.mixture.shards_mixture_error`) measures its steps as built;
-the loader regroups them (``balance.regroup``: :mod:`loaders.schedule`), so the stream a trainer reads can
+A build's own ``mixture_error`` (:func:`mixing.plan.mixture.shards_mixture_error`) measures its steps as built;
+the loader regroups them (``balance.regroup``: :mod:`loaders.planner`), so the stream a trainer reads can
 stray further, most where a regrouping window meets a phase boundary. This computes the composition of each
-training step from the schedule and the shards' segment index only (no token is read), and judges it with
+training step from the planner and the shards' segment index only (no token is read), and judges it with
 the same metric against the plan's quotas (``plan/quotas.parquet``). World-independent: a training step's
 sequences do not depend on the number of ranks.
 """
@@ -17,11 +17,11 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from loaders.planner import StepPlanner
 from loaders.refinement import SLACK
-from loaders.schedule import Schedule
-from mixing.layout import BuildLayout
-from mixing.mixture import WINDOW, MixtureError, mixture_error, planned_tokens
-from mixing.shards import ShardSet
+from mixing.format.layout import BuildLayout
+from mixing.format.shards import ShardSet
+from mixing.plan.mixture import WINDOW, MixtureError, mixture_error, planned_tokens
 
 __all__ = ["regroup_settings", "stream_compositions", "stream_mixture_error", "stream_report"]
 
@@ -33,15 +33,15 @@ def regroup_settings(manifest: dict[str, Any]) -> tuple[int, int, float]:
     return int(regroup.get("window", 1)), int(regroup.get("period", 0)), float(regroup.get("slack", SLACK))
 
 
-def stream_compositions(schedule: Schedule) -> np.ndarray:
+def stream_compositions(planner: StepPlanner) -> np.ndarray:
     """Tokens of each source (the manifest's order) in each training step, int64 [steps, sources]."""
-    shards = schedule.shards
+    shards = planner.shards
     offs, segs = shards.segments
-    per_seq = np.zeros((len(shards), schedule.n_sources), dtype=np.int64)
+    per_seq = np.zeros((len(shards), planner.n_sources), dtype=np.int64)
     np.add.at(per_seq, (np.repeat(np.arange(len(shards)), np.diff(offs)), segs[:, 0]), segs[:, 3])
-    out = np.zeros((schedule.steps, schedule.n_sources), dtype=np.int64)
-    for t in range(schedule.steps):
-        out[t] = per_seq[schedule.step_sequences(t)].sum(axis=0)
+    out = np.zeros((planner.steps, planner.n_sources), dtype=np.int64)
+    for t in range(planner.steps):
+        out[t] = per_seq[planner.step_sequences(t)].sum(axis=0)
     return out
 
 
@@ -57,7 +57,7 @@ def stream_mixture_error(
     """``mixture_error`` of the training steps a :class:`loaders.PackedDataset` with these settings reads
     (default: the manifest's ``regroup``), against the plan's ``quotas`` (a ``plan_quotas`` frame)."""
     w, p, s = regroup_settings(shards.manifest)
-    schedule = Schedule(
+    planner = StepPlanner(
         shards,
         w if window is None else window,
         seed,
@@ -69,7 +69,7 @@ def stream_mixture_error(
     col = {name: k for k, name in enumerate(sources)}
     remap = np.array([col[name] for name in shards.manifest["sources"]], dtype=np.int64)
     realized = np.zeros_like(planned)
-    comps = stream_compositions(schedule)
+    comps = stream_compositions(planner)
     for k in range(comps.shape[1]):
         realized[: len(comps), remap[k]] += comps[:, k]
     return mixture_error(realized, planned, phase, sources, phases, steps)
@@ -78,7 +78,7 @@ def stream_mixture_error(
 def stream_report(root: str | Path) -> dict[str, Any]:
     """``mixture_error`` of the trainer's stream of the finished build at ``root`` under its mix file's
     ``balance.regroup`` (what ``weir inspect``, the build summary and the Dagster check show beside the
-    build's own): the keys of :func:`mixing.packed.inspect_build`'s ``mixture_error`` plus ``regroup``
+    build's own): the keys of :func:`mixing.pack.packed.inspect_build`'s ``mixture_error`` plus ``regroup``
     (the window, period and slack it was measured with)."""
     layout = BuildLayout(Path(root))
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:

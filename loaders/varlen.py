@@ -52,20 +52,20 @@ def by_step(loader: PackedLoader | PackedDataset) -> Iterator[dict[str, Any]]:
     """:func:`concat` of each step's items of ``loader`` (a :class:`~loaders.loader.PackedLoader` or a
     :class:`~loaders.dataset.PackedDataset` iterated in this process), this rank's share of every step.
 
-    A micro-batch is yielded as soon as its step's last item arrives (the schedule says how many items
+    A micro-batch is yielded as soon as its step's last item arrives (the planner says how many items
     this rank reads in each step), never after reading ahead: ``loader.state_dict()`` after each one is
     the next step's start, so a resume from it (in this world or, at that boundary, any other) continues
     with the next micro-batch.
     """
     ds: Any = getattr(loader, "dataset", loader)
-    schedule = getattr(ds, "schedule", None)
-    if schedule is None:
+    planner = getattr(ds, "planner", None)
+    if planner is None:
         raise TypeError(f"by_step takes a PackedLoader or PackedDataset, not {type(loader).__name__}")
     group: list[dict[str, Any]] = []
     for item in loader:
         group.append(item)
         step = int(item["step"])
-        if int(item["slot"]) + 1 == schedule.count(step, ds.dp_size, ds.dp_rank):
+        if int(item["slot"]) + 1 == planner.count(step, ds.dp_size, ds.dp_rank):
             yield concat(group)
             group = []
     if group:  # cannot happen with a whole stream; kept rather than dropped

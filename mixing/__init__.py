@@ -4,7 +4,7 @@ Never imports Dagster or torch.
 """
 
 from mixing.errors import WeirError
-from mixing.layout import BuildLayout
-from mixing.mixfile import Mix, MixError, load_mix
+from mixing.format.layout import BuildLayout
+from mixing.spec.mixfile import Mix, MixError, load_mix
 
 __all__ = ["BuildLayout", "Mix", "MixError", "WeirError", "load_mix"]

@@ -12,18 +12,18 @@ from typing import Any
 
 import polars as pl
 
-from mixing import envvars
-from mixing.audit import PlanAudit, audit_plan
-from mixing.documents import TokenizeReport, tokenize_source
-from mixing.layout import BuildLayout, atomic_path
-from mixing.mixfile import Mix
-from mixing.packed import write_packed
-from mixing.packing import pack_plan
-from mixing.plan import Plan, make_plan
-from mixing.sources import SourceIndexError, index_source, read_records
-from mixing.stats import LengthStats, compute_length_stats
-from mixing.tokenizer import TextTokenizer, load_tokenizer
-from mixing.tokenizer import prepare_tokenizer as _prepare
+from mixing.format.layout import BuildLayout, atomic_path
+from mixing.ingest.documents import TokenizeReport, tokenize_source
+from mixing.ingest.sources import SourceIndexError, index_source, read_records
+from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
+from mixing.ingest.tokenizer import prepare_tokenizer as _prepare
+from mixing.pack.packed import write_packed
+from mixing.pack.packing import pack_plan
+from mixing.plan.audit import PlanAudit, audit_plan
+from mixing.plan.curriculum_plan import Plan, make_plan
+from mixing.plan.stats import LengthStats, compute_length_stats
+from mixing.spec import envvars
+from mixing.spec.mixfile import Mix
 
 __all__ = [
     "fingerprints",
@@ -43,7 +43,7 @@ StorageOptions = dict[str, Any] | None  # fsspec options (s3 endpoint, credentia
 def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOptions = None) -> pl.DataFrame:
     """List and fingerprint the files of ``source``; write ``sources/<source>/index.parquet``.
 
-    Paths (and every other text) are in their shown form: ``{env_NAME}`` values hidden (:mod:`mixing.envvars`).
+    Paths (and every other text) are in their shown form: ``{env_NAME}`` values hidden (:mod:`mixing.spec.envvars`).
     """
     try:
         df = index_source(mix, source, storage_options)
@@ -97,7 +97,7 @@ def tokenize(
 ) -> TokenizeReport:
     """Tokenize every indexed file of ``source`` into ``sources/<source>/`` (reusing unchanged chunks).
 
-    Raises :class:`mixing.documents.DocumentsError` when records were read but none was kept."""
+    Raises :class:`mixing.ingest.documents.DocumentsError` when records were read but none was kept."""
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     files = pl.read_parquet(layout.source_dir(source) / "index.parquet")
     return tokenize_source(

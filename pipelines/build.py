@@ -10,7 +10,7 @@ replaces the output only when the whole build succeeded.
 A build that fails (an infeasible plan after minutes of tokenizing) keeps its work: its staging folder, less
 its shards, becomes the hidden sibling ``.<dest>.cache`` (see :func:`work_cache`), never ``dest`` itself,
 so no reader sees a partial build. The next build seeds from it as from the previous output (reused
-chunks are verified against their checksums, :mod:`mixing.documents`), ``weir plan`` plans from its
+chunks are verified against their checksums, :mod:`mixing.ingest.documents`), ``weir plan`` plans from its
 documents in seconds, and a successful build removes it.
 """
 
@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from assets import mix_assets
 from mixing import Mix, WeirError
-from mixing.layout import file_mode
+from mixing.format.layout import file_mode
 from pipelines.resources import storage_resource
 
 __all__ = [

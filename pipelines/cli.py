@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mixing import MixError, WeirError, load_mix
-from mixing.envvars import redact
+from mixing.spec.envvars import redact
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 
@@ -82,7 +82,7 @@ def build(
     """
     import dagster as dg
 
-    from mixing.packed import inspect_build, saved_report
+    from mixing.pack.packed import inspect_build, saved_report
     from pipelines.build import BuildBusy, build_output, progress_display, work_cache
     from pipelines.instance import dagster_home, project_instance
     from pipelines.summary import print_summary
@@ -144,7 +144,7 @@ def inspect(
     the build cannot be read (a missing, damaged or edited manifest, shard file or DuckDB file) or a
     shard's checksum does not match the manifest; with --strict, exits 4 when a goal is missed.
     """
-    from mixing.packed import inspect_build
+    from mixing.pack.packed import inspect_build
     from pipelines.summary import missed_goals, print_summary
 
     root = build_dir
@@ -198,8 +198,8 @@ def export_megatron(
     unit: Annotated[str, typer.Option(help="segment (one Megatron sequence per document) or sequence")] = "segment",
 ) -> None:
     """Write the build's shards as a Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx."""
-    from mixing.megatron import export_megatron as _export
-    from mixing.shards import ShardError, ShardSet
+    from mixing.format.megatron import export_megatron as _export
+    from mixing.format.shards import ShardError, ShardSet
 
     root = build_dir / "shards" if (build_dir / "shards").is_dir() else build_dir
     if unit not in ("segment", "sequence"):
@@ -235,8 +235,8 @@ def plan_cmd(
     finished build, else into .NAME.cache, which the next build reuses), showing progress. Exit 1 when the
     plan is infeasible (the error names phase, source and tokens).
     """
-    from mixing.layout import BuildLayout
-    from mixing.plan import preview_plan
+    from mixing.format.layout import BuildLayout
+    from mixing.plan.curriculum_plan import preview_plan
     from pipelines.freshness import stats_folders
     from pipelines.resources import mix_storage_options
 
@@ -346,7 +346,7 @@ def demo_data(
     / "demo-data",
 ) -> None:
     """Generate the demo mix's synthetic corpora (prose and qa); deterministic."""
-    from mixing.synthetic import write_demo_data
+    from mixing.ingest.synthetic import write_demo_data
 
     counts = write_demo_data(out_dir)
     out.print(f"demo data in {out_dir}: {counts}")

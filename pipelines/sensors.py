@@ -1,6 +1,6 @@
 """A sensor per mix that starts a build when a source's files change (new, modified or removed files).
 
-Files are listed with :func:`mixing.sources.index_source` (fsspec: local paths, ``s3://`` …), the same
+Files are listed with :func:`mixing.ingest.sources.index_source` (fsspec: local paths, ``s3://`` …), the same
 listing and fingerprints (size + mtime or ETag) the ``source_index`` asset records. The cursor holds one
 digest per source, so a change triggers exactly once: the tick that sees it stores the new digest.
 """
@@ -15,7 +15,7 @@ import dagster as dg
 import fsspec
 
 from mixing import Mix
-from mixing.sources import SourceIndexError, index_source
+from mixing.ingest.sources import SourceIndexError, index_source
 
 if TYPE_CHECKING:  # the class of define_asset_job's result is not exported by dagster
     from dagster._core.definitions.unresolved_asset_job_definition import (

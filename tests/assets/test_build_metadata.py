@@ -9,7 +9,7 @@ import dagster as dg
 
 from assets import WeirStorage, mix_assets
 from mixing import load_mix
-from mixing.shards import ShardSet
+from mixing.format.shards import ShardSet
 
 
 def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, tmp_path: Path) -> None:

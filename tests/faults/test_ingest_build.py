@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 
 from mixing import load_mix
-from mixing.documents import DocumentsError
-from mixing.layout import BuildLayout
+from mixing.format.layout import BuildLayout
+from mixing.ingest.documents import DocumentsError
 from pipelines.build import build_mix
 
 

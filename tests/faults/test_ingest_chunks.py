@@ -11,9 +11,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from mixing.documents import tokenize_source
-from mixing.mixfile import SourceSpec, TokenizerSpec
-from mixing.tokenizer import load_tokenizer
+from mixing.ingest.documents import tokenize_source
+from mixing.ingest.tokenizer import load_tokenizer
+from mixing.spec.mixfile import SourceSpec, TokenizerSpec
 from tests.pipelines.test_incremental import build, same_outputs
 
 FILES = ("tokens.bin", "docs.parquet", "quarantine.jsonl", "report.json")

@@ -9,10 +9,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from mixing.documents import tokenize_source
-from mixing.mixfile import MixError, SourceSpec, TokenizerSpec, parse_mix
-from mixing.sources import read_records
-from mixing.tokenizer import load_tokenizer
+from mixing.ingest.documents import tokenize_source
+from mixing.ingest.sources import read_records
+from mixing.ingest.tokenizer import load_tokenizer
+from mixing.spec.mixfile import MixError, SourceSpec, TokenizerSpec, parse_mix
 
 BOM = b"\xef\xbb\xbf"
 TOK = load_tokenizer(TokenizerSpec(kind="bytes"), Path("."))

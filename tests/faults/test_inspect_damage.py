@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from mixing.layout import BuildLayout
-from mixing.packed import inspect_build
-from mixing.shards import ShardError, ShardSet
+from mixing.format.layout import BuildLayout
+from mixing.format.shards import ShardError, ShardSet
+from mixing.pack.packed import inspect_build
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
-from tests.mixing.test_packing import _build
+from tests.mixing.pack.test_packing import _build
 
 TOKENS, META, MANIFEST, DB = "shard-00000.tokens.npy", "shard-00000.meta.npz", "manifest.json", "weir.duckdb"
 
@@ -74,7 +74,7 @@ def edit(change: Callable[[dict], None], reseal: bool = False) -> Callable[[Path
         m = json.loads(p.read_text())
         change(m)
         if reseal:
-            from mixing.manifest import write_manifest
+            from mixing.format.manifest import write_manifest
 
             write_manifest(p.parent, m)
         else:
@@ -89,7 +89,7 @@ def short_step_array(root: Path) -> None:
 
     import numpy as np
 
-    from mixing.manifest import write_manifest
+    from mixing.format.manifest import write_manifest
 
     p = root / "shards" / META
     with np.load(p) as z:

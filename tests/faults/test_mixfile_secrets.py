@@ -18,7 +18,7 @@ import pytest
 from dagster._serdes import serialize_value
 
 from mixing import MixError, WeirError, load_mix
-from mixing.mixfile import parse_mix
+from mixing.spec.mixfile import parse_mix
 from pipelines.build import build_mix
 from tests.conftest import TINY_MIX, write_tiny_sources
 

@@ -33,7 +33,10 @@ def sharded_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("sharded")
     write_tiny_sources(base / "data")
     (base / "tiny.yaml").write_text(TINY_MIX.format(root=base / "data"))
-    code = "import sys, mixing.packed as p; p._SHARD_TOKENS = 8 * 64; from pipelines.cli import app; app(sys.argv[1:])"
+    code = (
+        "import sys, mixing.pack.packed as p; p._SHARD_TOKENS = 8 * 64; "
+        "from pipelines.cli import app; app(sys.argv[1:])"
+    )
     out = base / "build"
     subprocess.run(
         [sys.executable, "-c", code, "build", str(base / "tiny.yaml"), "--out", str(out)],

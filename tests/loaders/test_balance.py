@@ -89,7 +89,7 @@ def test_period_template_repeats_in_every_block(blocks: int, period: int, size: 
 
 
 def test_period_template_keeps_every_window_on_the_mixture() -> None:
-    # 40% heavy (source 1) in every build step; three windows regrouped independently, as the schedule does
+    # 40% heavy (source 1) in every build step; three windows regrouped independently, as the planner does
     period = 10  # five sequences per step
     base = np.array([10.0] * 2 + [1.0] * 3)
     stream = []
@@ -139,7 +139,7 @@ def test_regroup_bounds_cover_the_phase_and_absorb_a_short_tail(
 
 def phase_stream(steps: int, size: int, seed: int, merge_tail: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per training step tokens per source of a synthetic phase regrouped window by window (window = period
-    = 10) as the schedule does, and the build's tokens per source. Long-tailed (Pareto) costs, the same
+    = 10) as the planner does, and the build's tokens per source. Long-tailed (Pareto) costs, the same
     profile in every build step; the source follows the cost band (heaviest = books-like)."""
     rng = np.random.default_rng(seed)
     base = (1 - (np.arange(size) + 0.5) / size) ** (-1 / 1.5)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from loaders import IGNORE_INDEX, PackedDataset, PackedLoader, StateError, World
-from mixing.manifest import write_manifest
-from mixing.shards import ShardSet
+from mixing.format.manifest import write_manifest
+from mixing.format.shards import ShardSet
 
 
 def items(ds, n: int | None = None) -> list[dict]:

@@ -10,7 +10,7 @@ import pytest
 
 from loaders import PackedDataset, RunFacts
 from loaders.facts import CostModel, PhaseFacts
-from mixing.shards import ShardSet
+from mixing.format.shards import ShardSet
 
 
 def test_facts_are_the_builds_and_match_what_the_loader_yields(tiny_build: Path) -> None:
@@ -22,7 +22,7 @@ def test_facts_are_the_builds_and_match_what_the_loader_yields(tiny_build: Path)
         facts.steps = 1  # type: ignore[misc]  # frozen
     items = list(ds)
     shards = ShardSet(tiny_build / "shards")
-    assert facts.steps == m["steps"] == 8 == len({it["step"] for it in items})  # the LR schedule's length
+    assert facts.steps == m["steps"] == 8 == len({it["step"] for it in items})  # the LR planner's length
     assert facts.sequences == len(items) == facts.steps * facts.global_batch
     assert facts.tokens == sum(it["num_tokens"] for it in items) == int(shards.seq_tokens.sum())
     assert (facts.seq_len, facts.global_batch, facts.tokens_per_step) == (64, 4, 256)

@@ -18,8 +18,8 @@ import torch
 
 from loaders import PackedDataset, PackedLoader
 from loaders.index import index_folder
-from mixing.index import ARRAYS, INDEX
-from mixing.store import sha256_file
+from mixing.format.index import ARRAYS, INDEX
+from mixing.format.store import sha256_file
 from tests.loaders.segmentations import random_build
 
 LEAN = ("input_ids", "cu_seqlens")
@@ -61,7 +61,7 @@ def test_the_index_arrays_are_memory_mapped_not_copied(sharded_build: Path, tmp_
     cu, at = ds._chunks._cu_all
     arrays = [shards.steps, shards.seq_tokens, shards.seq_cost, offs, segs, cu, at, shards.sequence(5).segments]
     assert all(mapped(a) for a in arrays)
-    assert shards.steps is shards.steps and ds.schedule.shards is shards  # the schedule reads the same maps
+    assert shards.steps is shards.steps and ds.planner.shards is shards  # the planner reads the same maps
     assert all(meta == {} for _, meta in shards._open.values())  # no shard's meta.npz was read into memory
     assert {p.name for p in folder_of(ds, tmp_path).iterdir()} == {INDEX, *(f"{a}.npy" for a in ARRAYS)}
 

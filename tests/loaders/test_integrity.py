@@ -15,7 +15,7 @@ import torch
 
 from loaders import PackedDataset, PackedLoader
 from loaders.integrity import CorruptShardError
-from mixing.index import ARRAYS
+from mixing.format.index import ARRAYS
 
 DAMAGED = 2  # the shard whose file is damaged: two sound shards come before it
 
@@ -65,7 +65,7 @@ def test_a_flipped_bit_is_named_before_any_token_of_its_file(
     assert not set(seen) & set(damaged)  # not one item of the damaged shard
     if kind == "tokens.npy":  # the sound shards before it were read (a chunk of 4 may stop short)
         assert len(seen) >= 8 * DAMAGED - 4
-    # (a meta file fails when the dataset opens: the schedule reads every shard's segments and steps)
+    # (a meta file fails when the dataset opens: the planner reads every shard's segments and steps)
 
 
 @pytest.mark.parametrize("change", ["truncated", "grown"])

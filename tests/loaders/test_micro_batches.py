@@ -19,9 +19,9 @@ from loaders import PackedDataset, varlen
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance
 from loaders.state import StateError
 from mixing import MixError
-from mixing.manifest import write_manifest
-from mixing.mixfile import parse_mix
-from mixing.shards import ShardSet
+from mixing.format.manifest import write_manifest
+from mixing.format.shards import ShardSet
+from mixing.spec.mixfile import parse_mix
 
 
 @settings(max_examples=80, deadline=None)

@@ -18,10 +18,10 @@ import pytest
 
 from loaders import PackedDataset
 from loaders.balance import dp_imbalance
-from loaders.schedule import Schedule
+from loaders.planner import StepPlanner
 from loaders.stream import stream_compositions, stream_mixture_error
-from mixing.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, shards_mixture_error
-from mixing.shards import ShardSet, write_shards
+from mixing.format.shards import ShardSet, write_shards
+from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, shards_mixture_error
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 S, BATCH = 64, 8
@@ -75,8 +75,8 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> ShardSet:
 
 
 def test_every_window_and_phase_of_the_stream_on_the_build_mixture(shards: ShardSet) -> None:
-    schedule = Schedule(shards, window=10, period=10, slack=1.15, edge_windows=2)
-    got, want = stream_compositions(schedule), build_compositions(shards)
+    planner = StepPlanner(shards, window=10, period=10, slack=1.15, edge_windows=2)
+    got, want = stream_compositions(planner), build_compositions(shards)
     phase = np.repeat(np.arange(3), [n for _, n, *_ in PHASES])
     names = [p[0] for p in PHASES]
     me = mixture_error(got, want, phase, ["books", "a", "b", "c", "d"], names)
@@ -84,7 +84,7 @@ def test_every_window_and_phase_of_the_stream_on_the_build_mixture(shards: Shard
     assert me.phase <= GOAL_PHASE, me
     # what it gives up for it: steps mix cost classes only where windows need it (here most steps, a run
     # this short at 8 sequences a step has no room to reach the one-class template), never more than built
-    imb = [dp_imbalance(shards.seq_cost[schedule.step_sequences(t)], np.arange(BATCH), BATCH) for t in range(50)]
+    imb = [dp_imbalance(shards.seq_cost[planner.step_sequences(t)], np.arange(BATCH), BATCH) for t in range(50)]
     built = [dp_imbalance(c, np.arange(BATCH), BATCH) for c in _build_costs(shards)]
     assert np.mean(imb) <= np.mean(built) + 1e-9, (np.mean(imb), np.mean(built))
 
@@ -94,10 +94,10 @@ def _build_costs(shards: ShardSet) -> list[np.ndarray]:
 
 
 def test_each_sequence_once_and_phases_kept(shards: ShardSet) -> None:
-    schedule = Schedule(shards, window=10, period=10, slack=1.15, edge_windows=2)
-    rows = np.stack([schedule.step_sequences(t) for t in range(schedule.steps)])
+    planner = StepPlanner(shards, window=10, period=10, slack=1.15, edge_windows=2)
+    rows = np.stack([planner.step_sequences(t) for t in range(planner.steps)])
     assert sorted(rows.ravel().tolist()) == list(range(len(shards)))  # every sequence exactly once
-    assert (shards.steps[rows] == np.arange(schedule.steps)[:, None]).sum() < rows.size  # it did regroup
+    assert (shards.steps[rows] == np.arange(planner.steps)[:, None]).sum() < rows.size  # it did regroup
     for ph in shards.manifest["phases"]:  # no sequence leaves its phase
         a, b = ph["first_step"], ph["first_step"] + ph["steps"]
         assert ((shards.steps[rows[a:b]] >= a) & (shards.steps[rows[a:b]] < b)).all()
@@ -111,7 +111,7 @@ def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
     for item in itertools.chain.from_iterable(ranks):
         lo, hi = offs[item["sequence"]], offs[item["sequence"] + 1]
         np.add.at(got[item["step"]], segs[lo:hi, 0], segs[lo:hi, 3])
-    assert np.array_equal(got, stream_compositions(ranks[0].schedule))
+    assert np.array_equal(got, stream_compositions(ranks[0].planner))
     quotas = pl.DataFrame(
         [
             {"step": t, "phase": ph["phase"], "source": s, "quota": int(v)}
@@ -127,9 +127,9 @@ def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
 
 @pytest.mark.parametrize("stop", [0, 5, 9, 10, 13, 38, 41, 49])
 def test_resume_at_any_step_across_the_edges(shards: ShardSet, stop: int) -> None:
-    def make() -> PackedDataset:  # with edges (Schedule's edge_windows; the loader's default is off)
+    def make() -> PackedDataset:  # with edges (StepPlanner's edge_windows; the loader's default is off)
         ds = PackedDataset(shards.dir, 1, 4, seed=2, fields=("input_ids",))
-        ds.schedule = Schedule(ds.shards, ds.window, ds.seed, ds.period, slack=ds.schedule.slack, edge_windows=2)
+        ds.planner = StepPlanner(ds.shards, ds.window, ds.seed, ds.period, slack=ds.planner.slack, edge_windows=2)
         return ds
 
     def seqs(ds: PackedDataset, n: int | None = None) -> list[tuple[int, int]]:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from loaders import PackedDataset, PackedLoader, StateError
 from loaders.balance import regroup_window
 from loaders.refinement import refine_steps
-from mixing.manifest import write_manifest
+from mixing.format.manifest import write_manifest
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 
@@ -100,7 +100,7 @@ def test_resume_from_the_states_context_equals_the_uninterrupted_stream(tiny_bui
     state = first.state_dict()
     assert state["slack"] > 0 and (state["context"] is not None or state["step"] >= 8)
     resumed = make(tiny_build)
-    resumed.load_state_dict(state)  # a fresh schedule: the context replaces the windows before
+    resumed.load_state_dict(state)  # a fresh planner: the context replaces the windows before
     assert head + items(resumed) == reference
     loader = PackedLoader(make(tiny_build), num_workers=2)
     loader.load_state_dict(state)
@@ -108,8 +108,8 @@ def test_resume_from_the_states_context_equals_the_uninterrupted_stream(tiny_bui
 
 
 def test_refinement_changes_steps_only_with_period_and_window(tiny_build: Path) -> None:
-    assert PackedDataset(tiny_build, 0, 2, window=2, period=0).schedule.slack == 0
-    assert PackedDataset(tiny_build, 0, 2, window=1, period=2).schedule.slack == 0
+    assert PackedDataset(tiny_build, 0, 2, window=2, period=0).planner.slack == 0
+    assert PackedDataset(tiny_build, 0, 2, window=1, period=2).planner.slack == 0
     on = [s for r in range(2) for *_, s in items(PackedDataset(tiny_build, r, 2, window=2, period=2))]
     assert sorted(on) == list(range(len(make(tiny_build).shards)))  # every sequence once over the ranks
 
@@ -121,7 +121,7 @@ def test_a_foreign_or_older_state_is_refused(tiny_build: Path) -> None:
     assert state["context"], "this point should lie after the first window"
     bad = dict(state, context=[[v + 1 for v in row] for row in state["context"]])
     warm = make(tiny_build)
-    items(warm)  # its schedule knows every window's context
+    items(warm)  # its planner knows every window's context
     with pytest.raises(StateError, match="context"):
         warm.load_state_dict(bad)
     with pytest.raises(StateError, match="context"):
@@ -141,8 +141,8 @@ def test_the_mix_files_regroup_is_the_loaders_default(tiny_build: Path, tmp_path
     manifest["regroup"] = {"window": 2, "period": 2, "slack": 1.2}
     write_manifest(copy / "shards", manifest)
     ds = PackedDataset(copy, 0, 2)
-    assert (ds.window, ds.period, ds.schedule.slack) == (2, 2, 1.2)
-    assert PackedDataset(copy, 0, 2, window=1).schedule.slack == 0  # arguments override it
+    assert (ds.window, ds.period, ds.planner.slack) == (2, 2, 1.2)
+    assert PackedDataset(copy, 0, 2, window=1).planner.slack == 0  # arguments override it
 
 
 def test_a_build_with_balance_options_reaches_the_loader(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_a_build_with_balance_options_reaches_the_loader(tmp_path: Path) -> None
     assert manifest["regroup"] == {"window": 2, "period": 2, "slack": 1.15}
     assert manifest["micro_batches"] == "unequal"
     ranks = [PackedDataset(tmp_path / "b", r, 3) for r in range(3)]  # 4 sequences per step over 3 ranks
-    assert all((d.window, d.period, d.micro_batches, d.schedule.slack) == (2, 2, "unequal", 1.15) for d in ranks)
+    assert all((d.window, d.period, d.micro_batches, d.planner.slack) == (2, 2, "unequal", 1.15) for d in ranks)
     seen = sorted(s for d in ranks for *_, s in items(d))
     assert seen == list(range(len(ranks[0].shards)))
     (tmp_path / "m.yaml").write_text(mix.replace("steps: 4", "steps: 5"))
@@ -169,11 +169,11 @@ def test_a_loader_with_workers_saves_states_without_refining_in_the_main_process
     loader = PackedLoader(make(tiny_build), num_workers=2)
     got = []
     for k, item in enumerate(loader):
-        assert "_schedule_contexts" not in item  # what the workers pass along never reaches the trainer
+        assert "_planner_contexts" not in item  # what the workers pass along never reaches the trainer
         got.append(item)
         if k == 10:
             break
     state = loader.state_dict()
-    assert not loader.dataset.schedule._arranged  # the contexts came from the workers
+    assert not loader.dataset.planner._arranged  # the contexts came from the workers
     items(reference, 11)
     assert state == reference.state_dict()  # the same state an in-process pass computes itself

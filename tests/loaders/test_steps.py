@@ -85,7 +85,7 @@ def test_a_step_is_the_ranks_items_of_the_step(
                 assert torch.equal(
                     mb["input_ids"], torch.stack([it["input_ids"] for it in items[: len(mb["sequences"])]])
                 )
-        assert seen == list(range(steps.dataset.schedule.steps))
+        assert seen == list(range(steps.dataset.planner.steps))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

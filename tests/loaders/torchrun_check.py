@@ -15,7 +15,7 @@ import numpy as np
 import torch.distributed as dist
 
 from loaders import PackedDataset
-from mixing.shards import ShardSet
+from mixing.format.shards import ShardSet
 
 
 def main(build: str, out: str) -> None:

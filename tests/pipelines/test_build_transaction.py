@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mixing import load_mix
-from mixing.packed import inspect_build
+from mixing.pack.packed import inspect_build
 from pipelines.build import build_output, reuse_previous
 
 ROOT = Path(__file__).resolve().parents[2]

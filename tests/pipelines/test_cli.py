@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from mixing import load_mix
-from mixing.shards import ShardSet
+from mixing.format.shards import ShardSet
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]

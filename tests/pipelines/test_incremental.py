@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from mixing import load_mix
-from mixing.layout import BuildLayout
+from mixing.format.layout import BuildLayout
 from pipelines.build import build_mix, reuse_previous
 
 

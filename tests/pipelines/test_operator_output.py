@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from assets.mix_assets import STAGES
 from mixing import load_mix
-from mixing.packed import REPORT, inspect_build, saved_report
-from mixing.shards import ShardSet
+from mixing.format.shards import ShardSet
+from mixing.pack.packed import REPORT, inspect_build, saved_report
 from pipelines import cli
 from pipelines.build import build_output
 from pipelines.cli import app

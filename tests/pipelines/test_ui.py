@@ -25,7 +25,7 @@ import dagster as dg
 import pytest
 
 from mixing import load_mix
-from mixing.synthetic import write_demo_data
+from mixing.ingest.synthetic import write_demo_data
 from pipelines.build import build_mix
 
 ROOT = Path(__file__).resolve().parents[2]

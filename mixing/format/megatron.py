@@ -1,0 +1,80 @@
+"""Export a build's packed shards as a Megatron-LM indexed dataset (``PREFIX.bin`` + ``PREFIX.idx``).
+
+Layout written (Megatron-Core ``IndexedDataset``, index version 1, all integers little-endian):
+
+``.idx``: ``b"MMIDIDX\\x00\\x00"`` (9 bytes) · version ``<Q`` = 1 · dtype code ``<B`` (8 = uint16,
+4 = int32) · sequence count ``<Q`` · document count ``<Q`` (= len(document_indices)) · sequence lengths
+int32 [sequences] · sequence pointers int64 [sequences] (byte offsets into ``.bin``) · document indices
+int64 [documents] (the first sequence of each document, starting at 0 and ending with the sequence count).
+
+``.bin``: the token ids of every sequence back to back, in that dtype.
+
+Mapping (``unit="segment"``, default): each Megatron *sequence* is one segment of a packed sequence (a
+document, or an S-sized piece of a longer one), in packed order; each Megatron *document* is one packed
+sequence, so ``document_indices`` = the shards' ``seg_offsets``. Padding is not exported.
+With ``unit="sequence"`` each packed sequence, padding included, is one sequence and one document.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from mixing.format.layout import atomic_path
+from mixing.format.shards import ShardSet
+
+__all__ = ["DTYPE_CODES", "INDEX_HEADER", "export_megatron"]
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+# Megatron-Core's DType enum: numpy dtype -> code stored in the index
+_CODES = ("uint8", 1), ("int8", 2), ("int16", 3), ("int32", 4), ("int64", 5), ("float64", 6), ("float32", 7)
+DTYPE_CODES = {np.dtype(t): code for t, code in (*_CODES, ("uint16", 8))}
+
+
+def export_megatron(
+    shards: ShardSet, prefix: Path | str, unit: Literal["segment", "sequence"] = "segment"
+) -> dict[str, Any]:
+    """Write ``prefix.bin`` then ``prefix.idx`` (each atomically; the index last); return counts.
+
+    Token dtype: uint16 when the build's shards are uint16, else int32 (Megatron has no uint32; ids of
+    vocabularies ≤ 2³¹ fit). Deterministic: the same build gives the same bytes.
+    """
+    prefix = Path(prefix)
+    dtype = np.dtype(np.uint16) if shards.manifest["dtype"] == "uint16" else np.dtype(np.int32)
+    seq_len = int(shards.manifest["seq_len"])
+    n = len(shards)
+    offs, segs = shards.segments
+    if unit == "segment":
+        lengths = segs[:, 3].astype(np.int32)
+        doc_idx = offs.astype(np.int64)
+    else:
+        lengths = np.full(n, seq_len, np.int32)
+        doc_idx = np.arange(n + 1, dtype=np.int64)
+    used = shards.seq_tokens if unit == "segment" else np.full(n, seq_len, np.int64)
+    with atomic_path(prefix.with_name(prefix.name + ".bin")) as tmp, tmp.open("wb") as f:
+        for k, sh in enumerate(shards.manifest["shards"]):
+            lo, cnt = sh["first_sequence"], sh["sequences"]
+            block = np.asarray(shards.shard_tokens(k))  # [cnt, S]
+            keep = np.arange(seq_len)[None, :] < used[lo : lo + cnt, None]
+            f.write(block[keep].astype(dtype).tobytes())  # row-major: each sequence's real tokens in order
+    pointers = np.concatenate([[0], np.cumsum(lengths.astype(np.int64) * dtype.itemsize)[:-1]]).astype(np.int64)
+    pointers = pointers[: len(lengths)]
+    with atomic_path(prefix.with_name(prefix.name + ".idx")) as tmp, tmp.open("wb") as f:
+        f.write(INDEX_HEADER)
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", DTYPE_CODES[dtype]))
+        f.write(struct.pack("<Q", len(lengths)))
+        f.write(struct.pack("<Q", len(doc_idx)))
+        f.write(lengths.astype("<i4").tobytes())
+        f.write(pointers.astype("<i8").tobytes())
+        f.write(doc_idx.astype("<i8").tobytes())
+    return {
+        "prefix": str(prefix),
+        "dtype": str(dtype),
+        "sequences": len(lengths),
+        "documents": len(doc_idx) - 1,
+        "tokens": int(lengths.astype(np.int64).sum()),
+    }

@@ -1,0 +1,170 @@
+"""Source index: the files a source's URI matches, each with a fingerprint, and reading their records."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import queue
+import stat
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+import polars as pl
+
+from mixing.errors import WeirError
+from mixing.ingest.formats import is_code_file, read_file
+from mixing.ingest.records import Record, bad
+from mixing.spec.mixfile import Mix, SourceSpec
+
+__all__ = ["Record", "SourceIndexError", "index_source", "read_ahead", "read_records", "skipped_record"]
+
+
+class SourceIndexError(WeirError, RuntimeError):
+    """A source whose URI matches no file, or whose storage cannot be listed."""
+
+
+def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = None) -> pl.DataFrame:
+    """List the files of source ``name`` with a fingerprint each.
+
+    Returns columns ``path`` (full URI, sorted), ``size`` (bytes), ``fingerprint`` (hex of size + mtime or
+    etag: a file rewritten with other bytes gets another one) and ``skipped``: null for a file to read,
+    else why the matched path is not read (``"dangling symlink: ..."``, ``"symlink loop: ..."``, ``"is a
+    directory: ..."``, ``"not a regular file: ..."``; a reason of :data:`mixing.ingest.records.REASONS` and its
+    detail), so that every path the URI matched is accounted for (the documents stage quarantines skipped
+    ones). A symlink to a file is read (fingerprinted by its target). A ``code`` source's URI may name a
+    folder (every file below it with a known extension, and ``.tar`` archives); folders a ``**`` glob
+    walks through are not listed. ``storage_options`` go to fsspec (for ``s3://``: endpoint and
+    credentials from the Dagster resource, never from the mix file). Deterministic for unchanged
+    storage. Raises :class:`SourceIndexError` when no file to read matches.
+    """
+    uri = mix.source_uri(name)
+    spec = mix.sources[name]
+    try:
+        fs, pattern = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        if spec.format == "code" and not _is_glob(pattern) and fs.isdir(pattern):
+            pattern = pattern.rstrip("/") + "/**"
+        infos = fs.glob(pattern, detail=True) if _is_glob(pattern) else _single(fs, pattern)
+    except (OSError, ValueError) as e:
+        raise SourceIndexError(f"source {name!r}: cannot list {uri!r}: {type(e).__name__}: {e}") from None
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    local = protocol in ("file", "local")
+    walked = pattern.rstrip("/").endswith("**")  # folders a ** glob walks through are not "matches"
+    rows: list[dict[str, Any]] = []
+    for p, listed in sorted(infos.items()):
+        if spec.format == "code" and not is_code_file(p, spec):
+            continue
+        info, skipped = _classify(p, listed, local)
+        if skipped is None and info.get("type") == "directory" and walked and not listed.get("islink"):
+            continue
+        if skipped is None and info.get("type") != "file":
+            kind = info.get("type")
+            skipped = "is a directory: it matches the glob" if kind == "directory" else f"not a regular file: {kind}"
+        stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
+        fp = hashlib.sha256((skipped or f"{info.get('size')}|{stamp}").encode()).hexdigest()[:16]
+        full = p if local else f"{protocol}://{p}"
+        size = 0 if skipped else int(info.get("size") or 0)
+        rows.append({"path": full, "size": size, "fingerprint": fp, "skipped": skipped})
+    if not any(r["skipped"] is None for r in rows):
+        why = "; ".join(f"{r['path']}: {r['skipped']}" for r in rows[:3])
+        why = f" (skipped: {why})" if why else ""
+        raise SourceIndexError(
+            f"source {name!r}: no file matches {uri!r}{why}; expected at least one "
+            "(for the demo mix, run `weir demo-data` first)"
+        )
+    schema = {"path": pl.String, "size": pl.Int64, "fingerprint": pl.String, "skipped": pl.String}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _classify(path: str, info: dict[str, Any], local: bool) -> tuple[dict[str, Any], str | None]:
+    """A listed path's info (a local symlink's target's) and why it is skipped, or None to read it."""
+    if not (local and info.get("islink")):
+        return info, None
+    try:
+        st = os.stat(path)  # follows the link
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return info, f"symlink loop: it points to {info.get('destination')!r}, which never reaches a file"
+        return info, f"dangling symlink: it points to {info.get('destination')!r} ({e.strerror})"
+    if stat.S_ISDIR(st.st_mode):
+        return info, "is a directory: a symlink to a folder (not followed)"
+    kind = "file" if stat.S_ISREG(st.st_mode) else "other"
+    return {**info, "type": kind, "size": st.st_size, "mtime": st.st_mtime}, None
+
+
+def _single(fs: Any, path: str) -> dict[str, dict[str, Any]]:
+    return {path: fs.info(path)} if fs.exists(path) else {}
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def read_records(path: str, spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> Iterator[Record]:
+    """Yield the records of one file in order; malformed ones carry ``error`` instead of ``text``.
+
+    Streams (memory bounded by ``spec.batch_rows`` / ``spec.max_record_bytes``); see :mod:`mixing.ingest.formats`.
+    """
+    return read_file(path, spec, storage_options)
+
+
+_AHEAD_BYTES = 256 << 10  # text per hand-over from the reader thread (four are queued at most)
+_DONE = object()
+
+
+def read_ahead(
+    groups: list[list[str | Record]], spec: SourceSpec, storage_options: dict[str, Any] | None = None
+) -> Iterator[tuple[int, Record | None]]:
+    """``(group index, record)`` for every record of every group's files in order; ``(index, None)`` after
+    each file. An item that is a :class:`Record` already (a skipped path's) is passed on as the file's
+    only record.
+
+    Reading and parsing run in a background thread, a few small batches ahead (bounded queue), so they
+    overlap tokenizing, which releases the GIL. Errors in the reader are raised here.
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=4)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            buf: list[tuple[int, Record | None]] = []
+            size = 0
+            for gi, group in enumerate(groups):
+                for path in group:
+                    recs = [path] if isinstance(path, Record) else read_records(path, spec, storage_options)
+                    for rec in recs:
+                        buf.append((gi, rec))
+                        size += len(rec.text or "")
+                        if size >= _AHEAD_BYTES or len(buf) >= 4096:
+                            q.put(buf)
+                            buf, size = [], 0
+                            if stop.is_set():
+                                return
+                    buf.append((gi, None))
+            q.put(buf)
+            q.put(_DONE)
+        except BaseException as e:  # handed to the consumer, which raises it
+            q.put(e)
+
+    t = threading.Thread(target=produce, name="weir-read-ahead", daemon=True)
+    t.start()
+    try:
+        while (item := q.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.05)
+        t.join()
+
+
+def skipped_record(path: str, skipped: str) -> Record:
+    """The quarantined record that accounts for a path :func:`index_source` skipped (``reason: detail``)."""
+    reason, detail = skipped.split(": ", 1)
+    return bad(path, 0, reason, detail)

@@ -1,0 +1,332 @@
+"""Packing a plan's units into fixed-length sequences, step by step, never across a phase boundary.
+
+Each step has ``global_batch`` sequences (bins) of ``S`` token slots. Units (whole documents, or the
+S-sized pieces the plan cut from documents longer than S, and only those) are never split here:
+``truncated_docs`` is 0 by construction.
+
+The realized mixture tracks the plan's quotas (docs/design.md's ``mixture_error``). Within a phase the packer
+keeps, per source, the cumulative quota ``Q_s`` and the cumulative tokens placed ``R_s``. A step is due
+``want_s = Q_s·ρ − R_s`` tokens of source s, where ρ = (ΣR + step capacity) ÷ ΣQ, so that Σ want = the
+step's capacity and a full step puts every source exactly on its share. The step is filled from a pool of
+the phase's unplaced units (those carried from earlier steps, this step's, and the next step's) by
+**best-fit decreasing, steered by the mixture**: the next unit is the longest one that fits some bin
+among the sources still behind their due tokens (counting only units that bring their source closer to
+it), and goes into the bin whose free space is the smallest that still holds it; among bins with that
+same free space the one whose attention cost so far is the lowest wins, so the sequences' costs come out
+more even for the sampler that later balances whole sequences across ranks. Only when no source behind
+has such a unit does the longest unit that fits from any source fill the gap (padding does not grow; the
+next steps' dues make up for it).
+
+Units left in the pool are carried to the next step of the phase; those left at a phase end are dropped
+and reported per source. Because every step is steered by the cumulative deficit, what one step could not
+place is made up by the next, and what is dropped at a phase end is what the plan drew beyond the phase's
+share of each source (and the padding), spread over the sources instead of falling on the shortest units.
+
+The packer streams: ``pack_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (about
+``chunk_units`` units, in Arrow batches; a helper thread reads the next block while the current one is
+packed), and the pool holds only a phase's carry (what earlier steps of the phase could not place) plus two
+steps of units. Its memory is therefore bounded by the block size and the largest steps, not the plan; what
+grows with the plan is the result, 32 bytes per segment, allocated once. The inner loop
+(:mod:`mixing.pack.pool`) is compiled with numba where it is installed (about 20× the pure-Python
+reference :mod:`mixing.pack.reference` on ``benchmarks/packing.py``; see docs/scale-packing.md) and gives
+the same packing, unit for unit, either way.
+
+Deterministic for the same plan, whatever the engine and however the units are read (ties broken by
+length, due tokens, source, step, draw order, then bin index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from mixing.pack.pool import default_engine, make_pool
+
+__all__ = ["Packing", "pack_plan", "pack_units"]
+
+_CHUNK_UNITS = 1 << 18  # units read from DuckDB per block of steps (12 MB as int64 rows; two in flight)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Sequences in step order.
+
+    ``seq_step`` int64 [n_seq]; ``seg_offsets`` int64 [n_seq+1] into ``segments``; ``segments`` int64
+    [n_seg, 4] = (source index, doc_id, start, length) in placement order inside each sequence.
+    ``dropped`` int64 [n_drop, 4] in the same layout. ``sources`` names the source indices.
+    ``cost`` = (attention, linear): a unit of l tokens costs attention·l² + linear·l.
+    """
+
+    sources: tuple[str, ...]
+    seq_len: int
+    seq_step: np.ndarray
+    seg_offsets: np.ndarray
+    segments: np.ndarray
+    dropped: np.ndarray
+    cost: tuple[float, float] = (1.0, 0.0)
+
+    @property
+    def seg_cost(self) -> np.ndarray:
+        """float64 [n_seg]: the cost of each segment."""
+        length = self.segments[:, 3].astype(np.float64)
+        return self.cost[0] * length * length + self.cost[1] * length
+
+    @property
+    def seq_cost(self) -> np.ndarray:
+        """float64 [n_seq]: Σ segment cost per sequence."""
+        cum = np.concatenate([[0.0], np.cumsum(self.seg_cost)])
+        return cum[self.seg_offsets[1:]] - cum[self.seg_offsets[:-1]]
+
+    @property
+    def seq_tokens(self) -> np.ndarray:
+        """int64 [n_seq]: real (non-padding) tokens per sequence."""
+        cum = np.concatenate([[0], np.cumsum(self.segments[:, 3])])
+        return cum[self.seg_offsets[1:]] - cum[self.seg_offsets[:-1]]
+
+
+def pack_plan(
+    db_path: Path,
+    seq_len: int,
+    global_batch: int,
+    cost: tuple[float, float] = (1.0, 0.0),
+    *,
+    engine: str | None = None,
+    chunk_units: int = _CHUNK_UNITS,
+) -> Packing:
+    """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file; deterministic for the same plan.
+
+    Reads ``plan_quotas(step, phase, source, quota)`` whole (steps × sources rows) and ``plan_units(step,
+    source, doc_id, start, length, ord)`` a block of about ``chunk_units`` units at a time, by step range,
+    in Arrow batches. ``engine``: ``"compiled"`` or ``"python"`` (default: compiled where numba is installed).
+    """
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        q = con.sql("SELECT step, phase, source, quota FROM plan_quotas ORDER BY step, source").fetchnumpy()
+        per_step = con.sql("SELECT step, count(*) AS n FROM plan_units GROUP BY 1 ORDER BY 1").fetchnumpy()
+        sources = tuple(sorted(set(q["source"].tolist())))
+        q_step = np.asarray(q["step"], np.int64)
+        step_values, first = np.unique(q_step, return_index=True)
+        steps = [(int(s), str(q["phase"][i])) for s, i in zip(step_values.tolist(), first.tolist(), strict=True)]
+        src_idx = {s: i for i, s in enumerate(sources)}
+        quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
+        quotas[np.searchsorted(step_values, q_step), [src_idx[s] for s in q["source"]]] = q["quota"]
+        unit_steps = np.asarray(per_step["step"], np.int64)
+        if not np.isin(unit_steps, step_values).all():
+            lost = unit_steps[~np.isin(unit_steps, step_values)]
+            raise ValueError(f"{db_path}: plan_units has units at step {int(lost[0])}, which plan_quotas lacks")
+        counts = np.zeros(len(steps), np.int64)  # units per step, to cut blocks of about chunk_units
+        counts[np.searchsorted(step_values, unit_steps)] = per_step["n"]
+        blocks = _prefetched(con, sources, _step_ranges(step_values, counts, chunk_units))
+        n_units = int(np.asarray(per_step["n"], np.int64).sum())
+        try:
+            return _pack(
+                _by_step(blocks, step_values, seq_len),
+                steps,
+                sources,
+                seq_len,
+                global_batch,
+                cost,
+                quotas,
+                engine,
+                n_units,
+            )
+        finally:
+            blocks.close()  # on an error: wait for a read in flight before the connection closes
+
+
+def pack_units(
+    units: np.ndarray,
+    steps: list[tuple[int, str]],
+    sources: tuple[str, ...],
+    seq_len: int,
+    global_batch: int,
+    cost: tuple[float, float] = (1.0, 0.0),
+    quotas: np.ndarray | None = None,
+    *,
+    engine: str | None = None,
+) -> Packing:
+    """Pack ``units`` int64 [n, 6] = (length, source index, doc_id, start, step, ord), each length ≤ S.
+
+    ``steps`` lists (step, phase) in order; every step gets exactly ``global_batch`` sequences.
+    ``quotas`` [len(steps), len(sources)]: planned tokens per step (row i is ``steps[i]``) and source, the
+    shares the realized mixture tracks; by default the units' own lengths per planned step. The order of
+    ``units`` does not matter.
+    """
+    units = np.asarray(units, dtype=np.int64).reshape(-1, 6)
+    step_values = np.array([s for s, _p in steps], dtype=np.int64)
+    if quotas is None:
+        quotas = np.zeros((len(steps), len(sources)))
+        if len(units):
+            np.add.at(quotas, (_rows_of(step_values, units[:, 4]), units[:, 1]), units[:, 0])
+    return _pack(
+        _by_step([units], step_values, seq_len), steps, sources, seq_len, global_batch, cost, quotas, engine, len(units)
+    )
+
+
+def _pack(
+    step_units: Iterator[tuple[int, np.ndarray]],
+    steps: list[tuple[int, str]],
+    sources: tuple[str, ...],
+    seq_len: int,
+    global_batch: int,
+    cost: tuple[float, float],
+    quotas: np.ndarray,
+    engine: str | None,
+    n_units: int,
+) -> Packing:
+    """The step loop: ``step_units`` yields (row in ``steps``, that step's units) in increasing row order,
+    each step's units sorted by (source, ord, doc_id, start); steps without units may be skipped.
+    ``n_units``: how many units there are in all (room for the segments, allocated once)."""
+    n_src = len(sources)
+    quotas = np.asarray(quotas, dtype=np.float64).reshape(len(steps), n_src)
+    cap = float(seq_len * global_batch)
+    counts = np.zeros(len(steps) * global_batch, np.int64)
+    segments = np.zeros((n_units, 4), np.int64)
+    n_seg = 0
+    dropped: list[np.ndarray] = []
+    pool = make_pool(engine or default_engine(), n_src, seq_len, cost)
+    pending = _Lookahead(step_units)
+    q_cum = np.zeros(n_src)
+    r_cum = np.zeros(n_src)
+    for i, (_step, phase) in enumerate(steps):
+        if i == 0 or steps[i - 1][1] != phase:  # a phase starts: its own pool and its own shares
+            q_cum[:], r_cum[:] = 0.0, 0.0
+            pool.add(pending.take(i))
+        last_of_phase = i + 1 == len(steps) or steps[i + 1][1] != phase
+        if not last_of_phase:
+            pool.add(pending.take(i + 1))  # lookahead: the next step's units may fill gaps
+        q_cum += quotas[i]
+        total = q_cum.sum()
+        want = q_cum * ((r_cum.sum() + cap) / total) - r_cum if total > 0 else np.full(n_src, cap / max(n_src, 1))
+        if len(segments) < n_seg + len(pool):  # more units than announced: make room
+            segments = np.concatenate([segments, np.zeros((n_seg + len(pool) - len(segments), 4), np.int64)])
+        n, placed = pool.fill(want, segments[n_seg:], counts[i * global_batch : (i + 1) * global_batch])
+        n_seg += n
+        r_cum += placed
+        if last_of_phase:
+            dropped.append(pool.drain())
+    pending.finish()
+    return Packing(
+        sources=sources,
+        seq_len=seq_len,
+        seq_step=np.repeat(np.array([s for s, _p in steps], dtype=np.int64), global_batch),
+        seg_offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
+        segments=segments[:n_seg],  # a view: the room left is what was dropped
+        dropped=np.concatenate(dropped).astype(np.int64).reshape(-1, 4) if dropped else np.zeros((0, 4), np.int64),
+        cost=(float(cost[0]), float(cost[1])),
+    )
+
+
+class _Lookahead:
+    """Hands out each step's units by row, pulling blocks from the iterator only as far as needed."""
+
+    def __init__(self, step_units: Iterator[tuple[int, np.ndarray]]) -> None:
+        self.it, self.held = step_units, dict[int, np.ndarray]()
+        self.seen = -1
+
+    def take(self, row: int) -> np.ndarray:
+        while self.seen < row:
+            nxt = next(self.it, None)
+            if nxt is None:
+                self.seen = 1 << 62
+                break
+            self.seen = nxt[0]
+            self.held[nxt[0]] = nxt[1]
+        return self.held.pop(row, np.zeros((0, 6), np.int64))
+
+    def finish(self) -> None:
+        """Exhaust the iterator (so that a unit planned at an unknown step raises)."""
+        for _ in self.it:
+            pass
+
+
+def _by_step(blocks: Iterable[np.ndarray], step_values: np.ndarray, seq_len: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(row, that step's units sorted by (source, ord, doc_id, start)) from blocks of whole steps, sorted
+    or not inside a block (sorted ones skip the sort); the blocks' step ranges increase and do not overlap."""
+    for u in blocks:
+        if not len(u):
+            continue
+        if int(u[:, 0].max()) > seq_len:
+            raise ValueError(f"a unit of {int(u[:, 0].max())} tokens is longer than S={seq_len}")
+        rows = _rows_of(step_values, u[:, 4])
+        keys = (rows, u[:, 1], u[:, 5], u[:, 2], u[:, 3])
+        if not _is_sorted(keys):
+            order = np.lexsort(keys[::-1])
+            u, rows = u[order], rows[order]
+        cut = np.flatnonzero(rows[1:] != rows[:-1]) + 1
+        for part, r in zip(np.split(u, cut), rows[np.concatenate([[0], cut])].tolist(), strict=True):
+            yield r, part
+
+
+def _is_sorted(keys: tuple[np.ndarray, ...]) -> bool:
+    """Whether rows are in lexicographic order of ``keys`` (most significant first)."""
+    later = np.zeros(len(keys[0]) - 1, np.bool_)  # pairs already ordered by a more significant key
+    for key in keys:
+        a, b = key[:-1], key[1:]
+        if ((a > b) & ~later).any():
+            return False
+        later |= a < b
+    return True
+
+
+def _rows_of(step_values: np.ndarray, step: np.ndarray) -> np.ndarray:
+    if len(step_values) and step_values[0] == 0 and step_values[-1] == len(step_values) - 1:
+        rows = step.copy()  # steps 0..n-1, the plan's: a step is its row
+    else:
+        rows = np.searchsorted(step_values, step)
+    bad = (rows < 0) | (rows >= len(step_values))
+    bad[~bad] = step_values[rows[~bad]] != step[~bad]
+    if len(step) and bad.any():
+        raise ValueError(f"a unit is planned at step {int(step[bad][0])}, which is not in the plan's steps")
+    return rows
+
+
+def _step_ranges(step_values: np.ndarray, counts: np.ndarray, chunk_units: int) -> list[tuple[int, int, int]]:
+    """Consecutive (first step, last step, units) ranges covering ``step_values`` (sorted), each of about
+    ``chunk_units`` units by ``counts`` (units per step), at least one step each."""
+    ranges, lo, held = [], 0, 0
+    for i, c in enumerate(counts.tolist()):
+        held += c
+        if held >= chunk_units or i + 1 == len(counts):
+            ranges.append((int(step_values[lo]), int(step_values[i]), held))
+            lo, held = i + 1, 0
+    return ranges
+
+
+def _prefetched(
+    con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], ranges: list[tuple[int, int, int]]
+) -> Generator[np.ndarray, None, None]:
+    """The blocks of ``ranges`` in order, each read by a helper thread (on a cursor of ``con``) while the
+    caller packs the one before: DuckDB and the compiled kernel both run without the GIL. Holds at most two
+    blocks."""
+    with con.cursor() as cur, ThreadPoolExecutor(1, thread_name_prefix="weir-pack-read") as pool:
+        ahead = pool.submit(_read_block, cur, sources, *ranges[0]) if ranges else None
+        for k in range(len(ranges)):
+            assert ahead is not None
+            block = ahead.result()
+            ahead = pool.submit(_read_block, cur, sources, *ranges[k + 1]) if k + 1 < len(ranges) else None
+            yield block
+
+
+def _read_block(con: duckdb.DuckDBPyConnection, sources: tuple[str, ...], lo: int, hi: int, n: int) -> np.ndarray:
+    """The ``n`` rows of ``plan_units`` of steps ``lo..hi`` as int64 [n, 6] (length, source index, doc_id,
+    start, step, ord), sorted by (step, source, ord, doc_id, start), fetched in Arrow batches."""
+    rel = con.sql(
+        "SELECT length, list_position($names, source) - 1 AS src, doc_id, start, step, ord FROM plan_units "
+        "WHERE step BETWEEN $lo AND $hi ORDER BY step, src, ord, doc_id, start",
+        params={"names": list(sources), "lo": lo, "hi": hi},
+    )
+    out, at = np.empty((n, 6), np.int64), 0
+    for batch in rel.to_arrow_reader(1 << 16):
+        if batch.column(1).null_count:
+            raise ValueError("plan_units has a source that plan_quotas lacks")
+        if at + batch.num_rows > len(out):  # more rows than counted: grow (never, for a read-only file)
+            out = np.concatenate([out, np.empty((at + batch.num_rows - len(out), 6), np.int64)])
+        for c in range(6):
+            out[at : at + batch.num_rows, c] = batch.column(c).to_numpy()
+        at += batch.num_rows
+    return out[:at]

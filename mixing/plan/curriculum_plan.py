@@ -1,0 +1,415 @@
+"""The curriculum plan: per-step token quotas per source, and which document pieces each step draws.
+
+Documents longer than the sequence length S are cut into S-sized pieces (only those); a *unit* is a whole
+document or one such piece. Tables written to the build's DuckDB file, all at once and only when the whole
+plan is feasible:
+
+- ``plan_quotas(step, phase, source, quota, cum_quota, share)``: tokens of ``source`` planned for ``step``
+  from the (ramped) mixture; ``cum_quota`` is the rounded cumulative ideal, so rounding error is carried
+  forward and never accumulates (Σ quota over any prefix of steps is within 0.5 token of ideal).
+- ``plan_units(step, phase, source, doc_id, piece, start, length, epoch, ord)``: the units each step draws.
+  Each source's units come in a seeded order (a fresh permutation of its documents for every epoch);
+  a phase with ``max_doc_tokens`` skips longer documents, which stay available to later phases.
+- ``plan_phases``, ``plan_sources``: the summaries :class:`Plan` returns.
+
+Deterministic for the same documents, mix and seed.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from mixing.errors import WeirError
+from mixing.plan.curriculum import PhaseSpan, length_segments, phase_spans, step_shares
+from mixing.plan.draws import SegmentQuota, draw_source
+from mixing.spec.mixfile import Mix
+
+__all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
+
+
+class PlanError(WeirError, ValueError):
+    """The mix cannot be planned with the documents there are (names phase, source, tokens)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan's summaries.
+
+    ``quotas``: the ``plan_quotas`` frame. ``per_source``: source, tokens_planned, tokens_drawn,
+    tokens_available, docs_available, epochs (tokens drawn ÷ available, float), epochs_started,
+    max_epochs. ``phases``: phase, first_step, steps, transition, max_doc_tokens, tokens_planned and one
+    ``tokens_<source>`` column per source. ``units``: rows of ``plan_units``. ``warnings``: sentences.
+    """
+
+    quotas: pl.DataFrame
+    per_source: pl.DataFrame
+    phases: pl.DataFrame
+    units: int
+    warnings: tuple[str, ...] = ()
+
+
+def step_quotas(mix: Mix) -> pl.DataFrame:
+    """Per step and source: ``quota`` tokens from the ramped mixture × S × global_batch (int64).
+
+    Cumulative quotas are rounded, so Σ quota over any prefix of steps is within 0.5 token of ideal.
+    """
+    sch = step_shares(mix)
+    cap = mix.sequence.length * mix.sequence.global_batch
+    k, n = len(sch.sources), len(sch.phase)
+    cum = np.floor(np.cumsum(sch.shares * cap, axis=0) + 0.5).astype(np.int64)
+    quota = np.diff(cum, axis=0, prepend=np.zeros((1, k), np.int64))
+    names = np.array([s.name for s in sch.spans])
+    return pl.DataFrame(
+        {
+            "step": np.repeat(np.arange(n, dtype=np.int64), k),
+            "phase": np.repeat(names[sch.phase] if n else np.array([], str), k),
+            "source": np.tile(np.array(sch.sources), n),
+            "quota": quota.reshape(-1),
+            "cum_quota": cum.reshape(-1),
+            "share": sch.shares.reshape(-1),
+        }
+    )
+
+
+def make_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None) -> Plan:
+    """Plan ``mix`` over the ``documents`` table of ``db_path`` and write the plan tables there.
+
+    Raises :class:`PlanError` before writing anything when a source with a positive share has no
+    documents, would need more epochs than its ``max_epochs``, or a length limit leaves too few tokens;
+    one error names every such phase and source. ``config``: DuckDB settings for the connection (e.g.
+    ``memory_limit``, ``threads``, ``temp_directory``): the draw streams, and DuckDB spills past its limit.
+    """
+    with duckdb.connect(str(db_path), config=dict(config or {})) as con:
+        return _plan(con, mix, persist=True)
+
+
+def preview_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None) -> Plan:
+    """The same plan as :func:`make_plan`, computed from ``db_path`` opened read-only; writes nothing
+    (what DuckDB spills goes to a temporary folder removed on return, not ``.tmp`` in the working folder)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="weir-preview-") as tmp,
+        duckdb.connect(config={"temp_directory": tmp, **(config or {})}) as con,
+    ):
+        path = str(db_path).replace("'", "''")
+        con.execute(f"ATTACH '{path}' AS build (READ_ONLY)")
+        tables = {
+            r[0] for r in con.sql("SELECT table_name FROM duckdb_tables() WHERE database_name='build'").fetchall()
+        }
+        if "documents" not in tables:
+            raise PlanError(f"{db_path}: no documents table; build the mix (weir build) up to length_stats first")
+        con.execute("CREATE TEMP VIEW documents AS SELECT * FROM build.documents")
+        return _plan(con, mix, persist=False)
+
+
+def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
+    quotas = step_quotas(mix)
+    spans = phase_spans(mix)
+    names = sorted(mix.sources)
+    demand = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
+    need = {(p, s): int(v[0][0]) for (p, s), v in demand.items()}
+    have = {r[0]: (int(r[1]), int(r[2])) for r in con.sql(_HAVE).fetchall()}
+    limits = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
+    short = _short_tokens(con, limits)
+    problems: list[str] = []
+    epochs: dict[str, int] = {}
+    for s in names:
+        epochs[s], found = _epochs_needed(mix, s, spans, need, have, short)
+        problems += found  # a source with a problem is not drawn (epochs 0): its problems are named already
+
+    _draw(con, mix, quotas, spans, epochs)
+    got = {(spans[r[0]].name, names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
+    # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
+    # demand: one short by more than a unit ran out of documents (possible only when max_epochs capped
+    # the epochs drawn below the sufficient count of _epochs_needed).
+    seq = mix.sequence.length
+    for seg in length_segments(spans):
+        for s in names:
+            if not epochs[s]:
+                continue
+            if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg) - seq:
+                sp = seg[-1]
+                limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
+                problems.append(
+                    f"phase {sp.name!r} runs out of source {s!r}{limit}: the phases up to it need "
+                    f"{_upto(need, spans, sp, s)} tokens of it, but only {_upto(got, spans, sp, s)} can be drawn "
+                    f"in order within max_epochs {mix.sources[s].max_epochs:g} "
+                    f"({have.get(s, (0, 0))[0]} tokens per epoch)"
+                )
+    if problems:  # every one at once: a fix for one should not reveal the next on the following run
+        raise PlanError(
+            problems[0]
+            if len(problems) == 1
+            else f"the plan cannot be met ({len(problems)} problems):\n" + "\n".join(f"- {p}" for p in problems)
+        )
+    per_source, phases = _summaries(con, mix, spans, quotas, have, epochs)
+    n_units = con.sql("SELECT count(*) FROM _taken").fetchall()[0][0]
+    if persist:
+        con.register("quotas_in", quotas.to_arrow())
+        con.register("per_source_in", per_source.to_arrow())
+        con.register("phases_in", phases.to_arrow())
+        con.execute("BEGIN TRANSACTION")  # readers see the old plan tables or all the new ones
+        try:
+            con.execute("CREATE OR REPLACE TABLE plan_quotas AS SELECT * FROM quotas_in ORDER BY step, source")
+            con.execute("CREATE OR REPLACE TABLE plan_units AS FROM _plan_units")  # ordered by step, source, ord
+            con.execute("CREATE OR REPLACE TABLE plan_sources AS SELECT * FROM per_source_in")
+            con.execute("CREATE OR REPLACE TABLE plan_phases AS SELECT * FROM phases_in")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+    return Plan(quotas, per_source, phases, int(n_units), tuple(_warnings(mix, per_source, have)))
+
+
+_HAVE = "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents GROUP BY 1"
+_TAKEN = "SELECT ph, src, sum(length)::BIGINT FROM _taken GROUP BY 1, 2"
+
+
+def _short_tokens(con: duckdb.DuckDBPyConnection, limits: list[int]) -> dict[tuple[int, str], tuple[int, int]]:
+    """(limit, source) → (tokens, docs) of documents of at most ``limit`` tokens."""
+    out: dict[tuple[int, str], tuple[int, int]] = {}
+    for lim in limits:
+        rows = con.sql(
+            "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents WHERE n_tokens <= ? GROUP BY 1",
+            params=[lim],
+        ).fetchall()
+        out.update({(lim, r[0]): (int(r[1]), int(r[2])) for r in rows})
+    return out
+
+
+def _epoch_cap(mix: Mix, source: str) -> int:
+    cap = mix.sources[source].max_epochs
+    return math.ceil(cap) if math.isfinite(cap) else 1 << 20
+
+
+def _epochs_needed(
+    mix: Mix,
+    source: str,
+    spans: tuple[PhaseSpan, ...],
+    need: dict[tuple[str, str], int],
+    have: dict[str, tuple[int, int]],
+    short: dict[tuple[int, str], tuple[int, int]],
+) -> tuple[int, list[str]]:
+    """Epochs of ``source`` to draw, and every way the caps make it infeasible (then 0 epochs)."""
+    total = sum(need.get((sp.name, source), 0) for sp in spans)
+    if total == 0:
+        return 0, []
+    segments, seq = length_segments(spans), mix.sequence.length
+    first = next(sp.name for sp in spans if need.get((sp.name, source), 0) > 0)
+    avail = have.get(source, (0, 0))[0]
+    cap = mix.sources[source].max_epochs
+    if avail == 0:
+        return 0, [f"phase {first!r} needs {total} tokens of source {source!r}, but it has no documents"]
+    problems = []
+    if total > cap * avail:
+        run, at = 0, first
+        for sp in spans:
+            run += need.get((sp.name, source), 0)
+            if run > cap * avail:
+                at = sp.name
+                break
+        problems.append(
+            f"source {source!r} runs out in phase {at!r}: the plan needs {total} tokens of it "
+            f"({total / avail:.2f} epochs) but it has {avail} tokens and max_epochs is {cap:g} "
+            f"({int(cap * avail)} tokens at most)"
+        )
+    limited = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
+    for lim in limited:
+        phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
+        want = sum(need.get((sp.name, source), 0) for sp in phases)
+        if want == 0:
+            continue
+        tokens = short.get((lim, source), (0, 0))[0]
+        names = ", ".join(repr(sp.name) for sp in phases)
+        if tokens == 0:
+            problems.append(
+                f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
+                f"tokens, but it has no document that short"
+            )
+        elif want > cap * tokens:
+            problems.append(
+                f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
+                f"tokens, but those hold {tokens} tokens and max_epochs is {cap:g} ({int(cap * tokens)} at most)"
+            )
+    if problems:
+        return 0, problems
+    # Enough epochs that every segment finds its tokens: segments before g take at most their demand plus
+    # half a unit (< S) each, so a stream holding Σ_{h ≤ g} (demand_h + S) tokens that g may draw suffices.
+    epochs, run = 1, 0
+    for seg in segments:
+        run += sum(need.get((sp.name, source), 0) for sp in seg) + seq
+        seg_limit = seg[0].max_doc_tokens
+        pool = avail if seg_limit is None else short.get((seg_limit, source), (0, 0))[0]
+        if pool and any(need.get((sp.name, source), 0) for sp in seg):
+            epochs = max(epochs, -(-run // pool))
+    return min(epochs, _epoch_cap(mix, source)), []
+
+
+def _upto(tokens: dict[tuple[str, str], int], spans: tuple[PhaseSpan, ...], last: PhaseSpan, source: str) -> int:
+    """Σ tokens of ``source`` over the phases up to and including ``last``."""
+    return sum(tokens.get((sp.name, source), 0) for sp in spans[: spans.index(last) + 1])
+
+
+def _draw(
+    con: duckdb.DuckDBPyConnection,
+    mix: Mix,
+    quotas: pl.DataFrame,
+    spans: tuple[PhaseSpan, ...],
+    epochs: dict[str, int],
+) -> None:
+    """Temp table ``_taken(step, ph, src, doc_id, piece, start, length, epoch, ord)``: the units each step
+    draws, ``ph`` and ``src`` indices into ``spans`` and the sources by name.
+
+    One source and one chunk of its draw order at a time (:func:`mixing.plan.draws.draw_source`): Python holds
+    one source's documents and one epoch's permutation, never every unit; DuckDB holds ``_taken`` and
+    spills it past its ``memory_limit``. Also the temp view ``_plan_units``, ``_taken`` as ``plan_units``.
+    """
+    names = sorted(mix.sources)
+    quota = quotas["quota"].to_numpy().reshape(-1, len(names))  # step_quotas: step-major, sources by name
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, ph SMALLINT, src SMALLINT, doc_id BIGINT, piece BIGINT, "
+        "start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
+    )
+    starts = np.array([sp.first_step for sp in spans], np.int64)
+    for i, s in enumerate(names):
+        if not epochs[s]:
+            continue
+        segments = []
+        for seg in length_segments(spans):
+            col = quota[seg[0].first_step : seg[-1].end_step, i]
+            pos = np.flatnonzero(col > 0)
+            segments.append(SegmentQuota(seg[0].max_doc_tokens, seg[0].first_step + pos, 2 * np.cumsum(col)[pos]))
+        ids, lens = _source_documents(con, s)
+        draw = draw_source(
+            ids, lens, seed=mix.seed, name=s, seq=mix.sequence.length, epochs=epochs[s], segments=segments
+        )
+        pending: list[dict[str, np.ndarray]] = []
+        for u in draw:
+            pending.append(u)
+            if sum(len(p["step"]) for p in pending) >= _FLUSH_ROWS:
+                _insert(con, pending, i, starts)
+        _insert(con, pending, i, starts)
+    sources = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
+    phases = ", ".join("'" + sp.name.replace("'", "''") + "'" for sp in spans)
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW _plan_units AS SELECT step, [{phases}][ph + 1] AS phase, "
+        f"[{sources}][src + 1] AS source, doc_id, piece, start, length, epoch, ord FROM _taken "
+        "ORDER BY step, src, ord"  # src follows name order: sorting ints is the cheap way to sort names
+    )
+
+
+def _source_documents(con: duckdb.DuckDBPyConnection, source: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """``source``'s (doc_id, n_tokens) in doc_id order, read in batches into arrays sized once: lengths as
+    int32 where they fit, and no ids (None) when doc_id is the row number, as tokenize writes it."""
+    n, longest, lo, hi = con.sql(
+        "SELECT count(*), coalesce(max(n_tokens), 0), min(doc_id), max(doc_id) FROM documents WHERE source = ?",
+        params=[source],
+    ).fetchall()[0]
+    lens = np.empty(n, np.int32 if longest < 1 << 31 else np.int64)
+    dense = n == 0 or (lo == 0 and hi == n - 1)  # checked batch by batch below (doc_ids could repeat)
+    ids = None if dense else np.empty(n, np.int64)
+    at = 0
+    reader = con.sql(
+        "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[source]
+    ).fetch_record_batch(_FLUSH_ROWS)
+    for batch in reader:
+        b_ids = batch.column(0).to_numpy()
+        m = len(b_ids)
+        lens[at : at + m] = batch.column(1).to_numpy()
+        if ids is None and not np.array_equal(b_ids, np.arange(at, at + m)):
+            ids = np.empty(n, np.int64)
+            ids[:at] = np.arange(at)
+        if ids is not None:
+            ids[at : at + m] = b_ids
+        at += m
+    return ids, lens
+
+
+_FLUSH_ROWS = 1 << 19  # units buffered before an INSERT: few statements for small plans, bounded for big ones
+
+
+def _insert(con: duckdb.DuckDBPyConnection, pending: list[dict[str, np.ndarray]], src: int, starts: np.ndarray) -> None:
+    """Append the ``pending`` chunks of source index ``src`` to ``_taken`` and empty the list (``starts``:
+    each phase's first step, ascending: a step's phase is the last one starting at or before it)."""
+    if not pending:
+        return
+    u = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+    pending.clear()
+    n = len(u["step"])
+    chunk = pa.table(
+        {
+            "step": u["step"],
+            "ph": (np.searchsorted(starts, u["step"], side="right") - 1).astype(np.int16),
+            "src": np.full(n, src, np.int16),
+            **{k: u[k] for k in ("doc_id", "piece", "start", "length")},
+            "epoch": u["epoch"].astype(np.int32),
+            "ord": u["ord"],
+        }
+    )
+    con.register("_chunk", chunk)
+    con.execute("INSERT INTO _taken SELECT * FROM _chunk")
+    con.unregister("_chunk")
+
+
+def _summaries(
+    con: duckdb.DuckDBPyConnection,
+    mix: Mix,
+    spans: tuple[PhaseSpan, ...],
+    quotas: pl.DataFrame,
+    have: dict[str, tuple[int, int]],
+    epochs: dict[str, int],
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    names = sorted(mix.sources)
+    drawn = {
+        names[r[0]]: (int(r[1]), int(r[2]))
+        for r in con.sql("SELECT src, sum(length)::BIGINT, max(epoch) + 1 FROM _taken GROUP BY 1").fetchall()
+    }
+    planned = dict(quotas.group_by("source").agg(pl.col("quota").sum()).iter_rows())
+    per_source = pl.DataFrame(
+        {
+            "source": names,
+            "tokens_planned": [int(planned.get(s, 0)) for s in names],
+            "tokens_drawn": [drawn.get(s, (0, 0))[0] for s in names],
+            "tokens_available": [have.get(s, (0, 0))[0] for s in names],
+            "docs_available": [have.get(s, (0, 0))[1] for s in names],
+            "epochs": [drawn.get(s, (0, 0))[0] / have[s][0] if have.get(s, (0, 0))[0] else 0.0 for s in names],
+            "epochs_started": [drawn.get(s, (0, 0))[1] for s in names],
+            "max_epochs": [float(mix.sources[s].max_epochs) for s in names],
+        },
+        schema_overrides={"tokens_planned": pl.Int64, "tokens_drawn": pl.Int64, "epochs_started": pl.Int64},
+    )
+    by_phase = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
+    phases = pl.DataFrame(
+        {
+            "phase": [sp.name for sp in spans],
+            "first_step": [sp.first_step for sp in spans],
+            "steps": [sp.steps for sp in spans],
+            "transition": [f"{sp.shape} {sp.ramp_steps}" if sp.ramp_steps else "step" for sp in spans],
+            "max_doc_tokens": [sp.max_doc_tokens for sp in spans],
+            "tokens_planned": [sum(int(by_phase.get((sp.name, s), [[0]])[0][0]) for s in names) for sp in spans],
+            **{f"tokens_{s}": [int(by_phase.get((sp.name, s), [[0]])[0][0]) for sp in spans] for s in names},
+        },
+        schema_overrides={"max_doc_tokens": pl.Int64},
+    )
+    return per_source, phases
+
+
+def _warnings(mix: Mix, per_source: pl.DataFrame, have: dict[str, tuple[int, int]]) -> list[str]:
+    out = []
+    for row in per_source.iter_rows(named=True):
+        s = row["source"]
+        if row["tokens_planned"] == 0:
+            out.append(f"source {s!r} is declared but no phase draws it")
+        elif row["epochs"] > 1 and not math.isfinite(mix.sources[s].max_epochs):
+            out.append(f"source {s!r} is repeated {row['epochs']:.2f} times (no max_epochs caps it)")
+        elif row["epochs"] > 0.999 * row["max_epochs"]:
+            out.append(f"source {s!r} is drawn {row['epochs']:.2f} epochs, at its max_epochs {row['max_epochs']:g}")
+    return out

@@ -1,0 +1,364 @@
+"""The mix file: the one declarative description of a build.
+
+A mix file is YAML, read with ``yaml.safe_load`` semantics only. ``load_mix`` validates it into a frozen
+:class:`Mix`; every problem raises :class:`MixError` whose message names the file, the line and the field
+path (``curriculum[1].mixture.math``) and says what was expected. Loading never touches the disk beyond
+reading the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import string
+import sysconfig
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from mixing.errors import WeirError
+from mixing.spec import envvars
+from mixing.spec.parts import (
+    MAX_STEPS,
+    NAME_PATTERN,
+    Balance,
+    Cost,
+    FrozenModel,
+    Phase,
+    SequenceSpec,
+    SourceSpec,
+    TokenizerSpec,
+    Transition,
+)
+
+__all__ = [
+    "Cost",
+    "Mix",
+    "MixError",
+    "Phase",
+    "SequenceSpec",
+    "SourceSpec",
+    "TokenizerSpec",
+    "Transition",
+    "load_mix",
+    "parse_mix",
+]
+
+
+class MixError(WeirError, ValueError):
+    """An invalid mix file. ``str(err)`` is one paragraph: ``FILE:LINE: FIELD: problem; expected ...``."""
+
+
+class Mix(FrozenModel):
+    """A validated mix file. ``path`` is where it was read from (absent for in-memory mixes)."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    sequence: SequenceSpec
+    sources: dict[str, SourceSpec]
+    curriculum: Annotated[list[Phase], Field(min_length=1)]
+    balance: Balance = Balance()
+    normalize: bool = False
+    path: str | None = Field(default=None, exclude=True)
+    _steps: tuple[int, ...] = PrivateAttr(default=())
+
+    @field_validator("sources")
+    @classmethod
+    def _source_names(cls, v: dict[str, SourceSpec]) -> dict[str, SourceSpec]:
+        if not v:
+            raise ValueError("no sources; expected at least one")
+        for name in v:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"source name {name!r} must match {NAME_PATTERN}")
+        names: set[str] = set()
+        for name, spec in v.items():
+            names |= _uri_variables(name, spec.uri)
+        envvars.register(names)
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Mix:
+        seen: set[str] = set()
+        for i, ph in enumerate(self.curriculum):
+            if ph.phase in seen:
+                raise _FieldError(("curriculum", i, "phase"), f"phase name {ph.phase!r} is used twice")
+            seen.add(ph.phase)
+            for src in ph.mixture:
+                if src not in self.sources:
+                    raise _FieldError(
+                        ("curriculum", i, "mixture", src),
+                        f"unknown source {src!r}; expected one of: {', '.join(sorted(self.sources))}",
+                    )
+            total = sum(ph.mixture.values())
+            normalize = self.normalize if ph.normalize is None else ph.normalize
+            if not normalize and not math.isclose(total, 1.0, abs_tol=1e-6):
+                raise _FieldError(
+                    ("curriculum", i, "mixture"),
+                    f"mixture weights sum to {total:g}; expected them to sum to 1 (or set normalize: true "
+                    "to divide them by their sum)",
+                )
+            if ph.transition is not None and i == 0 and ph.transition.shape != "step":
+                raise _FieldError(
+                    ("curriculum", 0, "transition"), "the first phase has no previous mixture to ramp from"
+                )
+        budget = self.balance.max_tokens
+        if budget is not None and budget < self.sequence.length:
+            raise _FieldError(
+                ("balance", "max_tokens"),
+                f"{budget} tokens is less than one sequence; expected at least sequence.length {self.sequence.length}",
+            )
+        object.__setattr__(self, "_steps", self._resolve_steps())
+        if sum(self._steps) > MAX_STEPS:
+            big = max(range(len(self._steps)), key=self._steps.__getitem__)
+            field = "tokens" if self.curriculum[big].tokens is not None else "steps"
+            raise _FieldError(
+                ("curriculum", big, field),
+                f"the run resolves to {sum(self._steps):,} steps ({self._steps[big]:,} in this phase); expected at "
+                f"most {MAX_STEPS:,} steps",
+            )
+        for i, (ph, n) in enumerate(zip(self.curriculum, self._steps, strict=True)):
+            if ph.transition is not None and ph.transition.steps > n:
+                raise _FieldError(
+                    ("curriculum", i, "transition", "steps"),
+                    f"the ramp is {ph.transition.steps} steps but the phase has only {n}",
+                )
+        return self
+
+    def _resolve_steps(self) -> tuple[int, ...]:
+        """Steps per phase: ints as given, tokens rounded up to whole steps, percentages of the whole run.
+
+        The whole run is ``fixed / (1 - Σ percent)`` steps where ``fixed`` is the other phases' steps, so
+        an ``anneal`` of ``15%`` is 15% of all steps, itself included (rounded to the nearest step, ≥ 1).
+        """
+        per_step = self.sequence.length * self.sequence.global_batch
+        fixed = 0
+        for ph in self.curriculum:
+            if isinstance(ph.steps, int):
+                fixed += ph.steps
+            elif ph.tokens is not None:
+                fixed += -(-(ph.token_count() or 0) // per_step)
+        pct = [ph.percent or 0.0 for ph in self.curriculum]
+        if sum(pct) > 0:
+            last = max(i for i, p in enumerate(pct) if p)
+            if sum(pct) >= 100:
+                raise _FieldError(
+                    ("curriculum", last, "steps"),
+                    f"the percentages of the phases sum to {sum(pct):g}%; expected less than 100%",
+                )
+            if fixed == 0:
+                raise _FieldError(
+                    ("curriculum", last, "steps"),
+                    "every phase is a percentage; expected at least one phase in steps or tokens to fix the length",
+                )
+        run = fixed / (1 - sum(pct) / 100)
+        # with regrouping, every phase is a whole number of template blocks: tokens round up, percentages
+        # to the nearest block, and steps given as such must already be a multiple
+        block = self.balance.regroup.period if self.balance.regroup else 1
+        out = []
+        for i, (ph, p) in enumerate(zip(self.curriculum, pct, strict=True)):
+            if isinstance(ph.steps, int):
+                if ph.steps % block:
+                    lower, upper = ph.steps - ph.steps % block, ph.steps - ph.steps % block + block
+                    raise _FieldError(
+                        ("curriculum", i, "steps"),
+                        f"{ph.steps} steps is not a multiple of balance.regroup.period {block}; expected "
+                        f"{' or '.join(str(n) for n in (lower, upper) if n > 0)}",
+                    )
+                out.append(ph.steps)
+            elif ph.tokens is not None:
+                out.append(-(-(ph.token_count() or 0) // (per_step * block)) * block)
+            else:
+                out.append(max(1, round(run * p / 100 / block)) * block)
+        return tuple(out)
+
+    @property
+    def phase_steps(self) -> tuple[int, ...]:
+        """Resolved number of steps of each phase, in curriculum order."""
+        return self._steps
+
+    @property
+    def total_steps(self) -> int:
+        return sum(self._steps)
+
+    @property
+    def mix_dir(self) -> Path:
+        return Path(self.path).resolve().parent if self.path else Path.cwd()
+
+    def source_uri(self, name: str) -> str:
+        """The source's glob with ``{mix_dir}``, ``{stdlib}`` and ``{env_NAME}`` expanded: for fsspec only.
+
+        Never show it: :meth:`shown_uri` is the same with the variables' values hidden (see
+        :mod:`mixing.spec.envvars`). Raises :class:`MixError` when a variable the URI names is not set.
+        """
+        env = {}
+        for var in _uri_variables(name, self.sources[name].uri):
+            if var not in os.environ:
+                raise MixError(
+                    f"{self.path}: sources.{name}.uri: environment variable {var} is not set; expected it set "
+                    f"where weir runs (the URI expands {{env_{var}}})"
+                )
+            env[f"env_{var}"] = os.environ[var]
+        return self._format_uri(name, env)
+
+    def shown_uri(self, name: str) -> str:
+        """The source's glob as messages show it: ``{mix_dir}`` and ``{stdlib}`` expanded, ``{env_NAME}`` kept."""
+        env = {f"env_{var}": f"{{env_{var}}}" for var in _uri_variables(name, self.sources[name].uri)}
+        return self._format_uri(name, env)
+
+    def _format_uri(self, name: str, env: dict[str, str]) -> str:
+        return self.sources[name].uri.format(mix_dir=str(self.mix_dir), stdlib=sysconfig.get_paths()["stdlib"], **env)
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of the validated mix (independent of formatting and comments)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _uri_variables(source: str, uri: str) -> set[str]:
+    """The ``{env_NAME}`` variables of a source URI; raise :class:`_FieldError` for any other placeholder."""
+    loc = (source, "uri")  # under ``sources``, where the field validator's error is placed
+    try:
+        fields = [(f, conv, fmt) for _text, f, fmt, conv in string.Formatter().parse(uri) if f is not None]
+    except ValueError as e:
+        raise _FieldError(loc, f"{e} (write {{{{ and }}}} for a literal brace)") from None
+    out = set()
+    for field, conv, fmt in fields:
+        m = envvars.PLACEHOLDER.fullmatch(f"{{{field}}}")
+        if (field not in ("mix_dir", "stdlib") and not m) or conv or fmt:
+            shown = field + (f"!{conv}" if conv else "") + (f":{fmt}" if fmt else "")
+            raise _FieldError(loc, f"unknown placeholder {{{shown}}}; expected {{mix_dir}}, {{stdlib}} or {{env_NAME}}")
+        if m:
+            if (why := envvars.refusal(m[1])) is not None:
+                raise _FieldError(loc, why)
+            out.add(m[1])
+    return out
+
+
+class _FieldError(ValueError):
+    """A cross-field error that knows its field path (pydantic only knows the model's)."""
+
+    def __init__(self, loc: tuple[str | int, ...], msg: str) -> None:
+        super().__init__(msg)
+        self.loc = loc
+        self.msg = msg
+
+
+def load_mix(path: str | os.PathLike[str]) -> Mix:
+    """Read and validate the mix file at ``path``; raise :class:`MixError` naming file, line and field."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MixError(f"{p}: cannot read the mix file: {e}") from None
+    return parse_mix(text, str(p))
+
+
+def parse_mix(text: str, filename: str = "<mix>") -> Mix:
+    """Validate mix-file ``text``; ``filename`` is used in messages and to resolve ``{mix_dir}``.
+
+    Every problem is a :class:`MixError` of one line; no input makes it raise anything else.
+    """
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _no_duplicate_keys(node, (), filename)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else "?"
+        problem = " ".join(str(e.problem or e).split())
+        raise MixError(f"{filename}:{line}: YAML syntax error: {problem}; expected valid YAML") from None
+    except MixError:
+        raise
+    except (yaml.YAMLError, RecursionError, ValueError) as e:  # e.g. nesting deeper than the parser's stack
+        raise MixError(f"{filename}:1: unreadable YAML: {type(e).__name__}; expected a plain YAML mapping") from None
+    if not isinstance(data, Mapping):
+        raise MixError(f"{filename}:1: the mix file must be a mapping of fields (name, sequence, ...)")
+    data = dict(data)
+    data.pop("path", None)
+    try:
+        return Mix.model_validate({**data, "path": filename})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc, msg = tuple(err["loc"]), err["msg"]
+        ctx = err.get("ctx") or {}
+        if isinstance(ctx.get("error"), _FieldError):
+            fe = ctx["error"]
+            loc, msg = loc + fe.loc, fe.msg
+        msg = msg.removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "field required but missing"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field; check its spelling against the mix-file reference in docs/mix-file.md"
+        elif err["type"] == "finite_number":
+            msg = f"{err.get('input')!r} is not a finite number; expected a number such as 0.25"
+        more = f" ({len(e.errors()) - 1} more problem(s) after fixing this)" if len(e.errors()) > 1 else ""
+        line = " ".join(f"{_dotted(loc)}: {msg}.{more}".split())  # one line whatever a value holds
+        raise MixError(f"{filename}:{_line_of(node, loc)}: {line}") from None
+    except (ArithmeticError, RecursionError, TypeError, ValueError) as e:  # a safety net: never a traceback
+        raise MixError(f"{filename}:1: cannot validate the mix file: {type(e).__name__}: {e}") from None
+
+
+def _no_duplicate_keys(node: yaml.Node | None, loc: tuple[Any, ...], filename: str) -> None:
+    """Raise :class:`MixError` at the second occurrence of a key in any mapping (YAML would keep the last)."""
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node | None, tuple[Any, ...]]] = [(node, loc)]
+    while todo:
+        node, loc = todo.pop()
+        if node is None or id(node) in seen:  # an alias repeats a node: check it once
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else None
+                if key is not None and key in first:
+                    raise MixError(
+                        f"{filename}:{k.start_mark.line + 1}: {_dotted((*loc, key))}: duplicate key {key!r} (first on "
+                        f"line {first[key]}); expected each field once"
+                    )
+                if key is not None:
+                    first[key] = k.start_mark.line + 1
+                todo.append((v, (*loc, key)))
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(v, (*loc, i)) for i, v in enumerate(node.value)]
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+    """1-based line of the deepest YAML node on ``loc`` (the parent's line when the field is missing)."""
+    if node is None:
+        return 1
+    line = node.start_mark.line + 1
+    for part in loc:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(part):
+                    child, line = v, k.start_mark.line + 1
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+            line = child.start_mark.line + 1
+        if child is None:
+            break
+        node = child
+    return line

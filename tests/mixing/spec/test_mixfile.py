@@ -1,0 +1,147 @@
+"""The mix file: valid files load; every invalid one names file, line and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mixing import MixError, load_mix
+from mixing.spec.mixfile import parse_mix
+
+ROOT = Path(__file__).resolve().parents[3]
+
+GOOD = """\
+name: m
+sequence: {length: 128, global_batch: 2}
+sources:
+  a: {uri: "x/*.txt"}
+  b: {uri: "y/*.jsonl", format: jsonl, field: body}
+curriculum:
+  - phase: one
+    steps: 10
+    mixture: {a: 0.5, b: 0.5}
+  - phase: two
+    steps: 5
+    mixture:
+      a: 0.25
+      b: 0.75
+"""
+
+
+def test_demo_mix_is_valid() -> None:
+    mix = load_mix(ROOT / "mixes" / "demo.yaml")
+    assert len(mix.curriculum) >= 3
+    assert len({tuple(sorted(p.mixture.items())) for p in mix.curriculum}) == len(mix.curriculum)
+
+
+def test_good_mix_round_trips() -> None:
+    mix = parse_mix(GOOD, "good.yaml")
+    assert mix.total_steps == 15
+    assert mix.sources["b"].field == "body"
+    assert mix.fingerprint() == parse_mix(GOOD.replace("\n", "\n\n"), "other.yaml").fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "field", "words"),
+    [
+        # unknown source in a mixture
+        (
+            ("a: 0.25\n      b: 0.75", "a: 0.25\n      c: 0.75"),
+            14,
+            "curriculum[1].mixture.c",
+            "unknown source 'c'",
+        ),
+        # weights that do not sum to 1
+        (("mixture: {a: 0.5, b: 0.5}", "mixture: {a: 0.5, b: 0.6}"), 9, "curriculum[0].mixture", "sum to 1"),
+        # negative steps
+        (("steps: 5", "steps: -5"), 11, "curriculum[1].steps", "greater than 0"),
+        # a missing field
+        (("sequence: {length: 128, global_batch: 2}\n", ""), 1, "sequence", "missing"),
+        # a field of the wrong type
+        (("length: 128", "length: lots"), 2, "sequence.length", "integer"),
+        # an unknown field
+        (("format: jsonl,", "fromat: jsonl,"), 5, "sources.b.fromat", "unknown field"),
+        # YAML syntax error
+        (("  - phase: two", "  - phase: [two"), 11, "YAML syntax error", "expected valid YAML"),
+    ],
+)
+def test_invalid_mix_names_line_and_field(edit: tuple[str, str], line: int, field: str, words: str) -> None:
+    text = GOOD.replace(*edit)
+    assert text != GOOD, "the edit did not apply"
+    with pytest.raises(MixError) as e:
+        parse_mix(text, "bad.yaml")
+    msg = str(e.value)
+    assert msg.startswith(f"bad.yaml:{line}: "), msg
+    assert field in msg and words in msg, msg
+    assert "\n" not in msg
+
+
+def test_unreadable_file_is_a_mix_error(tmp_path: Path) -> None:
+    with pytest.raises(MixError, match="cannot read"):
+        load_mix(tmp_path / "absent.yaml")
+
+
+def test_only_safe_yaml(tmp_path: Path) -> None:
+    with pytest.raises(MixError, match="YAML"):
+        parse_mix("!!python/object/apply:os.system ['true']\n", "evil.yaml")
+
+
+def test_regrouping_aligns_every_phase_to_whole_template_blocks() -> None:
+    text = GOOD.replace("steps: 10", "tokens: 2500").replace("steps: 5", "steps: '20%'")
+    text += "balance:\n  regroup: {window: 4, period: 4}\n"
+    mix = parse_mix(text, "good.yaml")  # 2500 tokens = 10 steps of 256 → 12; 20% of the run → 4 (one block)
+    assert mix.phase_steps == (12, 4)
+    assert mix.balance.regroup is not None and mix.balance.regroup.slack == 1.15
+    assert parse_mix(GOOD.replace("steps: 10", "tokens: 2500"), "good.yaml").phase_steps[0] == 10  # no regroup
+
+
+def test_steps_that_are_not_whole_template_blocks_name_the_phase() -> None:
+    text = GOOD + "balance:\n  regroup: {period: 4}\n"
+    with pytest.raises(MixError) as e:
+        parse_mix(text, "bad.yaml")
+    assert "bad.yaml:8: curriculum[0].steps" in str(e.value) and "expected 8 or 12" in str(e.value)
+    with pytest.raises(MixError, match=r"bad.yaml:16: balance.regroup.slack"):
+        parse_mix(GOOD + "balance:\n  regroup: {period: 5, slack: 0.5}\n", "bad.yaml")
+
+
+def test_a_token_budget_needs_unequal_micro_batches_and_room_for_a_sequence() -> None:
+    ok = parse_mix(GOOD + "balance: {micro_batches: unequal, max_tokens: 512}\n", "m.yaml")
+    assert ok.balance.max_tokens == 512
+    with pytest.raises(MixError, match=r"m.yaml:15: balance: .*micro_batches: unequal"):
+        parse_mix(GOOD + "balance: {max_tokens: 512}\n", "m.yaml")
+    with pytest.raises(MixError, match=r"m.yaml:15: balance.max_tokens: 100 tokens is less than one sequence"):
+        parse_mix(GOOD + "balance: {micro_batches: unequal, max_tokens: 100}\n", "m.yaml")
+
+
+# --- issue 15: no mix file gets past validation into a crash, and every problem is one line -------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "field", "words"),
+    [
+        # duplicate keys: YAML keeps the last silently; weir names the second one
+        (
+            ("  - phase: two\n    steps: 5", "  - phase: two\n    steps: 5\n    steps: 6"),
+            12,
+            "curriculum[1].steps",
+            "duplicate key",
+        ),
+        (("  b: {uri", "  a: {uri: z}\n  b: {uri"), 5, "sources.a", "first on line 4"),
+        (("name: m\n", "name: m\nname: n\n"), 2, "name", "duplicate key 'name'"),
+        # a run that cannot fit in memory: MemoryError at build time before
+        (("steps: 10\n", "steps: 10000000000000\n"), 8, "curriculum[0].steps", "limit of 10,000,000 steps"),
+        (("steps: 10\n", "steps: 1" + "0" * 400 + "\n"), 8, "curriculum[0].steps", "about 10^400 steps"),
+        (("steps: 10\n", "tokens: 1000000000000000\n"), 8, "curriculum[0].tokens", "expected at most 10,000,000"),
+        (("steps: 10\n", "tokens: '" + "9" * 400 + "T'\n"), 8, "curriculum[0].tokens", "limit of 1e+16 tokens"),
+        (("{length: 128, global_batch: 2}", "{length: 65536, global_batch: 8192}"), 2, "sequence", "tokens per step"),
+        # weights that are not numbers: before, NaN read "greater than or equal to 0"
+        (("mixture: {a: 0.5, b: 0.5}", "mixture: {a: .nan, b: 0.5}"), 9, "curriculum[0].mixture.a", "not a finite"),
+        (("mixture: {a: 0.5, b: 0.5}", "mixture: {a: .inf, b: 0.5}"), 9, "curriculum[0].mixture.a", "not a finite"),
+        (("name: m\n", "name: m\nseed: -1\n"), 2, "seed", "greater than or equal to 0"),
+    ],
+)
+def test_mix_faults_are_one_line_naming_file_line_and_field(
+    edit: tuple[str, str], line: int, field: str, words: str
+) -> None:
+    test_invalid_mix_names_line_and_field(edit, line, field, words)
