@@ -339,7 +339,12 @@ def _no_duplicate_keys(node: yaml.Node | None, loc: tuple[Any, ...], filename: s
 def _dotted(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).isprintable() or not str(part).strip() or " " in str(part):
+            out += f"[{str(part)!r}]"  # a key of spaces or control characters stays visible and on one line
+        else:
+            out += f".{part}" if out else str(part)
     return out or "(top level)"
 
 

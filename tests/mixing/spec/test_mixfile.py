@@ -145,3 +145,12 @@ def test_mix_faults_are_one_line_naming_file_line_and_field(
     edit: tuple[str, str], line: int, field: str, words: str
 ) -> None:
     test_invalid_mix_names_line_and_field(edit, line, field, words)
+
+
+def test_a_duplicate_key_of_whitespace_is_named_on_one_line(tmp_path: Path) -> None:
+    # found by the mutation fuzz: a key " \n" repeated put a newline into the message
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('name: x\nseed:\n  ? " \\n"\n  ? " \\n"\n')
+    with pytest.raises(MixError) as e:
+        load_mix(bad)
+    assert "\n" not in str(e.value) and "seed[' \\n']: duplicate key" in str(e.value)
