@@ -17,10 +17,11 @@ from collections.abc import Sequence
 import dagster as dg
 
 from mixing import Mix
+from mixing.stages import STAGES
 
 __all__ = ["CHAINED_STAGES", "automated", "automation_sensor"]
 
-CHAINED_STAGES = ("tokenizer", "documents", "length_stats", "plan", "packed_shards")
+CHAINED_STAGES = tuple(s.name for s in STAGES if s.deps)  # all but the index, which the mix's job runs
 
 
 def automated(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:

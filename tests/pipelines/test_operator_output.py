@@ -15,10 +15,10 @@ import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
-from assets.mix_assets import STAGES
 from mixing import load_mix
 from mixing.format.shards import ShardSet
 from mixing.pack.packed import REPORT, inspect_build, saved_report
+from mixing.stages import STAGES
 from pipelines import cli
 from pipelines.build import build_output
 from pipelines.cli import app
@@ -79,7 +79,7 @@ def test_weir_build_prints_warnings_marks_missed_goals_and_records_into_the_proj
     assert dagster_home == Path(os.environ["DAGSTER_HOME"])
     assert f"recorded in the Dagster instance at {dagster_home}" in r.stdout
     instance = dg.DagsterInstance.from_config(str(dagster_home))
-    for stage in STAGES:
+    for stage in (s.name for s in STAGES):
         assert instance.get_latest_materialization_event(dg.AssetKey(["tiny", stage])) is not None, stage
     docs = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey(["tiny", "documents"]), asset_partitions=["chat"]), limit=1
