@@ -19,10 +19,10 @@ from mixing import load_mix
 from mixing.format.shards import ShardSet
 from mixing.pack.packed import REPORT, inspect_build, saved_report
 from mixing.stages import STAGES
-from pipelines import cli
-from pipelines.build import build_output
+from pipelines import ui
 from pipelines.cli import app
 from pipelines.instance import dagster_home as project_home
+from pipelines.transaction import build_output
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]
@@ -101,11 +101,11 @@ def test_weir_ui_opens_the_instance_weir_build_records_into(
     assert project_home() == dagster_home.resolve()  # what `weir build` records into
     started: list[dict[str, str]] = []
 
-    def run_group(cmd: list[str], env: dict[str, str]) -> int:  # stands in for `dagster dev` (a UI per test is slow)
-        started.append(env)
+    def run_group(cmd: list[str], env: dict[str, str], *_consoles: object) -> int:  # stands in for `dagster dev`
+        started.append(env)  # (a UI per test is slow)
         return 0
 
-    monkeypatch.setattr(cli, "_run_group", run_group)
+    monkeypatch.setattr(ui, "run_group", run_group)
     r = CliRunner().invoke(app, ["ui", "--port", "3999"])
     assert r.exit_code == 0, r.output
     assert started[0]["DAGSTER_HOME"] == str(dagster_home.resolve())
