@@ -1,7 +1,8 @@
-"""Dagster assets of one mix: index → tokenizer → documents → length stats → plan → packed shards.
+"""Dagster assets of one mix, one per stage of :data:`mixing.stages.STAGES`.
 
-Every asset calls one function of :mod:`mixing.stages` and returns its summary as metadata. Per-source
-assets are partitioned by source name. Asset keys are ``[<mix name>, <stage>]``; the group is the mix name.
+Every asset calls one function of :mod:`mixing.stages` and returns its summary as metadata and checks. Its
+key (``[<mix name>, <stage>]``), partitioning (per-source stages by source name) and deps come from the
+stage table; the group is the mix name.
 """
 
 import json
@@ -22,9 +23,8 @@ from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
 from mixing.pack.packed import inspect_build, write_report
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW
 
-__all__ = ["MIN_PACKING_EFFICIENCY", "STAGES", "mix_assets"]
+__all__ = ["MIN_PACKING_EFFICIENCY", "mix_assets"]
 
-STAGES = ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards")
 MIN_PACKING_EFFICIENCY = 0.995  # docs/design.md goal
 _LOG = logging.getLogger("weir.documents")  # `weir build` prints this logger's warnings
 
@@ -86,17 +86,38 @@ def _stream_check(root: Path, built: dict[str, Any]) -> dg.AssetCheckResult:
 
 
 def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
-    """The six assets of ``mix`` (keys ``[mix.name, stage]`` for stage in :data:`STAGES`)."""
-    group = mix.name
+    """The assets of ``mix``, one per stage of :data:`mixing.stages.STAGES` and in its order (keys
+    ``[mix.name, stage]``). Raises ``LookupError`` for a stage of the table with no asset defined here."""
+    table = {s.name: s for s in stages.STAGES}
     parts = dg.StaticPartitionsDefinition(sorted(mix.sources))
+    made: dict[str, dg.AssetsDefinition] = {}
 
     def key(stage: str) -> dg.AssetKey:
         return dg.AssetKey([mix.name, stage])
 
-    @dg.asset(
-        key=key("source_index"),
-        group_name=group,
-        partitions_def=parts,
+    def asset(
+        stage: str, kinds: set[str], description: str, checks: dict[str, str] | None = None
+    ) -> Callable[[Callable[..., dg.MaterializeResult]], dg.AssetsDefinition]:
+        """``dg.asset`` for ``stage``: key, partitions and deps from its row of the table; ``checks`` as
+        ``name: description``. Records the asset for :func:`mix_assets`' result."""
+        row = table[stage]
+
+        def define(body: Callable[..., dg.MaterializeResult]) -> dg.AssetsDefinition:
+            made[stage] = dg.asset(
+                key=key(stage),
+                group_name=mix.name,
+                partitions_def=parts if row.per_source else None,
+                deps=[key(d) for d in row.deps],
+                kinds=kinds,
+                description=description,
+                check_specs=_check_specs(key(stage), checks or {}),
+            )(body)
+            return made[stage]
+
+        return define
+
+    @asset(
+        "source_index",
         kinds={"fsspec"},
         description="Files of one source with their fingerprints.",
     )
@@ -113,10 +134,8 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             }
         )
 
-    @dg.asset(
-        key=key("tokenizer"),
-        group_name=group,
-        deps=[key("source_index")],
+    @asset(
+        "tokenizer",
         kinds={"tokenizers"},
         description="The mix's tokenizer (a byte-level BPE trained on the sources by default).",
     )
@@ -131,19 +150,13 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             }
         )
 
-    @dg.asset(
-        key=key("documents"),
-        group_name=group,
-        partitions_def=parts,
-        deps=[key("source_index"), key("tokenizer")],
+    @asset(
+        "documents",
         kinds={"parquet"},
         description="Tokenized documents of one source; malformed records are quarantined.",
-        check_specs=_check_specs(
-            key("documents"),
-            {
-                "docs_accounted": "Every record read is kept or quarantined: docs_seen = docs_kept + docs_quarantined.",
-            },
-        ),
+        checks={
+            "docs_accounted": "Every record read is kept or quarantined: docs_seen = docs_kept + docs_quarantined.",
+        },
     )
     def documents(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
@@ -185,10 +198,8 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             ],
         )
 
-    @dg.asset(
-        key=key("length_stats"),
-        group_name=group,
-        deps=[key("documents")],
+    @asset(
+        "length_stats",
         kinds={"duckdb"},
         description="Per-source length summary and log2 histogram, in the build's DuckDB file.",
     )
@@ -205,20 +216,15 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             }
         )
 
-    @dg.asset(
-        key=key("plan"),
-        group_name=group,
-        deps=[key("length_stats")],
+    @asset(
+        "plan",
         kinds={"duckdb"},
         description="Per-step token quotas per source and the documents each step draws.",
-        check_specs=_check_specs(
-            key("plan"),
-            {
-                "mixture_error": "Planned shares vs the curriculum: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
-                "planned_documents_exist": "Every planned piece exists; none is drawn twice in an epoch of its source.",
-                "token_budget_per_phase": "Each phase draws the tokens its steps need.",
-            },
-        ),
+        checks={
+            "mixture_error": "Planned shares vs the curriculum: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
+            "planned_documents_exist": "Every planned piece exists; none is drawn twice in an epoch of its source.",
+            "token_budget_per_phase": "Each phase draws the tokens its steps need.",
+        },
     )
     def plan(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
@@ -258,21 +264,16 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             ],
         )
 
-    @dg.asset(
-        key=key("packed_shards"),
-        group_name=group,
-        deps=[key("plan")],
+    @asset(
+        "packed_shards",
         kinds={"numpy"},
         description="Packed fixed-length sequences with document boundaries, as checksummed shards.",
-        check_specs=_check_specs(
-            key("packed_shards"),
-            {
-                "packing_efficiency": "Real tokens ÷ (sequences × S) ≥ 0.995 (WARN).",
-                "truncated_docs": "No document of length ≤ S is split across sequences.",
-                "manifest_checksums": "Every shard file's size and sha256 match the manifest.",
-                "mixture_error": "Realized shares in the shards: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
-            },
-        ),
+        checks={
+            "packing_efficiency": "Real tokens ÷ (sequences × S) ≥ 0.995 (WARN).",
+            "truncated_docs": "No document of length ≤ S is split across sequences.",
+            "manifest_checksums": "Every shard file's size and sha256 match the manifest.",
+            "mixture_error": "Realized shares in the shards: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
+        },
     )
     def packed_shards(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
@@ -314,4 +315,6 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             ],
         )
 
-    return [source_index, tokenizer, documents, length_stats, plan, packed_shards]
+    if missing := sorted(table.keys() - made.keys()):
+        raise LookupError(f"stages of mixing.stages.STAGES without an asset: {missing}")
+    return [made[s.name] for s in stages.STAGES]

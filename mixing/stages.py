@@ -1,13 +1,17 @@
-"""One function per pipeline stage, each reading the previous stages' outputs from a build folder.
+"""The stages of a build: one function each, reading the previous stages' outputs from a build folder,
+and :data:`STAGES`, the one table of their names, partitioning and dependencies.
 
-Dagster assets and the CLI call exactly these; each writes only under ``layout.root`` (atomically, file by
-file) and returns a small summary for metadata. Order: ``index`` (per source) → ``prepare_tokenizer`` →
-``tokenize`` (per source) → ``length_stats`` → ``plan`` → ``pack``.
+Each function writes only under ``layout.root`` (atomically, file by file) and returns a small summary for
+metadata. :data:`STAGES` is what everything that runs or shows stages iterates: the Dagster asset factory
+(asset keys, partitions, deps), ``weir build`` (the order it materializes them in) and ``weir plan
+--compute`` (the stages up to ``length_stats``). Order: ``source_index`` (per source) → ``tokenizer`` →
+``documents`` (per source) → ``length_stats`` → ``plan`` → ``packed_shards``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -26,6 +30,8 @@ from mixing.spec import envvars
 from mixing.spec.mixfile import Mix
 
 __all__ = [
+    "STAGES",
+    "Stage",
     "fingerprints",
     "index",
     "length_stats",
@@ -33,6 +39,7 @@ __all__ = [
     "plan",
     "plan_audit",
     "prepare_tokenizer",
+    "stages_until",
     "tokenize",
 ]
 
@@ -159,3 +166,51 @@ def fingerprints(mix: Mix, layout: BuildLayout) -> dict[str, str]:
     """
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     return {"mix_fingerprint": mix.fingerprint(), "tokenizer_fingerprint": tok.fingerprint}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a build: the asset ``[<mix name>, name]`` and the function that computes it.
+
+    ``per_source``: partitioned by source name, run once per source (sorted); else once for the whole mix.
+    ``deps``: the stages whose outputs it reads, all earlier in :data:`STAGES`. ``reads_sources``: it reads
+    the sources' files, so ``fn`` takes the fsspec ``storage_options``.
+    """
+
+    name: str
+    per_source: bool
+    deps: tuple[str, ...]
+    fn: Callable[..., object]
+    reads_sources: bool = False
+
+    def partitions(self, mix: Mix) -> list[str | None]:
+        """The runs of this stage: each source name (sorted) if ``per_source``, else one run (``None``)."""
+        return [*sorted(mix.sources)] if self.per_source else [None]
+
+    def run(
+        self, mix: Mix, layout: BuildLayout, source: str | None = None, storage_options: StorageOptions = None
+    ) -> object:
+        """Run ``fn`` for one partition (``source`` for a per-source stage, else ``None``); return its summary."""
+        if (source is not None) != self.per_source:
+            raise ValueError(f"stage {self.name!r} runs {'per source' if self.per_source else 'once'}: {source=}")
+        args = (mix, layout, source) if self.per_source else (mix, layout)
+        return self.fn(*args, **({"storage_options": storage_options} if self.reads_sources else {}))
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("source_index", per_source=True, deps=(), fn=index, reads_sources=True),
+    Stage("tokenizer", per_source=False, deps=("source_index",), fn=prepare_tokenizer, reads_sources=True),
+    Stage("documents", per_source=True, deps=("source_index", "tokenizer"), fn=tokenize, reads_sources=True),
+    Stage("length_stats", per_source=False, deps=("documents",), fn=length_stats),
+    Stage("plan", per_source=False, deps=("length_stats",), fn=plan),
+    Stage("packed_shards", per_source=False, deps=("plan",), fn=pack),
+)
+"""Every stage, in an order that runs each after its ``deps``."""
+
+
+def stages_until(last: str) -> tuple[Stage, ...]:
+    """The stages of :data:`STAGES` up to and including the one named ``last`` (``KeyError`` if none is)."""
+    names = [s.name for s in STAGES]
+    if last not in names:
+        raise KeyError(f"no stage {last!r}; stages: {names}")
+    return STAGES[: names.index(last) + 1]

@@ -16,18 +16,18 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from mixing import Mix
+from mixing import Mix, stages
 
-__all__ = ["CHAINED_STAGES", "automated", "automation_sensor"]
-
-CHAINED_STAGES = ("tokenizer", "documents", "length_stats", "plan", "packed_shards")
+__all__ = ["automated", "automation_sensor"]
 
 
 def automated(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    """``assets`` with an ``eager`` automation condition on every stage after ``source_index``."""
+    """``assets`` with an ``eager`` automation condition on every stage of :data:`mixing.stages.STAGES` that
+    has deps: all but ``source_index``, which the mix's job runs."""
+    chained = {s.name for s in stages.STAGES if s.deps}
 
     def chain(spec: dg.AssetSpec) -> dg.AssetSpec:
-        if spec.key.path[-1] not in CHAINED_STAGES:
+        if spec.key.path[-1] not in chained:
             return spec
         return spec.replace_attributes(automation_condition=dg.AutomationCondition.eager())
 

@@ -7,17 +7,13 @@ The cheap loop: weir plan MIX (seconds, from tokenized documents), edit the mix 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from mixing import MixError, WeirError, load_mix
 from mixing.spec.envvars import redact
@@ -83,9 +79,10 @@ def build(
     import dagster as dg
 
     from mixing.pack.packed import inspect_build, saved_report
-    from pipelines.build import BuildBusy, build_output, progress_display, work_cache
+    from pipelines.build import progress_display
     from pipelines.instance import dagster_home, project_instance
     from pipelines.summary import print_summary
+    from pipelines.transaction import BuildBusy, build_output, kept_work
 
     m = _load(mix)
     dest = (out_dir or Path("build") / m.name).resolve()
@@ -108,8 +105,8 @@ def build(
         cause = getattr(e, "user_exception", None) or e
         shown = redact(f"{type(cause).__name__}: {cause}")  # no {env_NAME} value, whatever raised it
         err.print(f"[bold red]build failed[/]: {shown}", highlight=False, soft_wrap=True)
-        cache = work_cache(dest)
-        if any(cache.glob("sources/*/chunks/*/report.json")):
+        cache = kept_work(dest)
+        if cache is not None:
             err.print(
                 f"kept the tokenized documents in {cache}: fix the mix, check it with `weir plan {mix} --build "
                 f"{dest}` (seconds, no tokenizing), then build again (only changed files are tokenized)",
@@ -238,6 +235,7 @@ def plan_cmd(
     from mixing.format.layout import BuildLayout
     from mixing.plan.curriculum_plan import preview_plan
     from pipelines.freshness import stats_folders
+    from pipelines.plan_summary import plan_report, print_plan
     from pipelines.resources import mix_storage_options
 
     m = _load(mix)
@@ -270,60 +268,16 @@ def plan_cmd(
         err.print(f"[bold red]plan infeasible[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
-        report = {
-            "mix": m.name,
-            "build": str(layout.root),
-            "steps": m.total_steps,
-            "seq_len": m.sequence.length,
-            "global_batch": m.sequence.global_batch,
-            "tokens_per_step": m.sequence.length * m.sequence.global_batch,
-            "units": p.units,
-            "phases": p.phases.to_dicts(),
-            "sources": [
-                {k: (None if isinstance(v, float) and v == float("inf") else v) for k, v in row.items()}
-                for row in p.per_source.to_dicts()
-            ],
-            "warnings": list(p.warnings),
-        }
-        print(json.dumps(report, indent=2))
-        return
-    per_step = m.sequence.length * m.sequence.global_batch
-    out.print(
-        f"mix {m.name!r}: {m.total_steps} steps × {m.sequence.global_batch} sequences × {m.sequence.length} tokens "
-        f"= {m.total_steps * per_step:,} tokens; {p.units:,} document pieces drawn (from {layout.root})",
-        highlight=False,
-    )
-    names = sorted(m.sources)
-    t = Table("phase", "steps", "transition", "max_doc_tokens", "tokens", *names, title="phases (tokens per source)")
-    for r in p.phases.iter_rows(named=True):
-        t.add_row(
-            r["phase"],
-            f"{r['first_step']}–{r['first_step'] + r['steps'] - 1} ({r['steps']})",
-            r["transition"],
-            "—" if r["max_doc_tokens"] is None else f"{r['max_doc_tokens']:,}",
-            f"{r['tokens_planned']:,}",
-            *(f"{r[f'tokens_{s}']:,}" for s in names),
-        )
-    out.print(t)
-    t = Table("source", "documents", "tokens available", "tokens planned", "epochs", "max_epochs", title="sources")
-    for r in p.per_source.iter_rows(named=True):
-        t.add_row(
-            r["source"],
-            f"{r['docs_available']:,}",
-            f"{r['tokens_available']:,}",
-            f"{r['tokens_planned']:,}",
-            f"{r['epochs']:.3f}",
-            f"{r['max_epochs']:g}",
-        )
-    out.print(t)
-    for w in p.warnings:
-        out.print(f"[yellow]warning[/]: {w}", highlight=False)
+        print(json.dumps(plan_report(m, p, layout.root), indent=2))
+    else:
+        print_plan(out, m, p, layout.root)
 
 
 def _compute_stats(m, root: Path, options: dict[str, object] | None, console: Console) -> Path:  # type: ignore[no-untyped-def]
     """:func:`pipelines.freshness.compute_stats` with progress on ``console`` (stderr under --json)."""
-    from pipelines.build import BuildBusy, progress_display, warnings_to
+    from pipelines.build import progress_display, warnings_to
     from pipelines.freshness import compute_stats
+    from pipelines.transaction import BuildBusy
 
     def say(line: str) -> None:
         console.print(line, highlight=False, markup=False)
@@ -365,98 +319,11 @@ def ui(
     so command-line builds show there with their checks and plots.
     """
     from pipelines.instance import dagster_home
+    from pipelines.ui import dagster_dev
 
     home = dagster_home(home)
-    env = {**os.environ, "DAGSTER_HOME": str(home)}
     out.print(f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops it")
-    cmd = [
-        sys.executable,
-        "-m",
-        "dagster",
-        "dev",
-        "-m",
-        "pipelines.definitions",
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(port),
-    ]
-    raise typer.Exit(_run_group(cmd, env))
-
-
-def _run_group(cmd: list[str], env: dict[str, str], grace_s: float = 20.0) -> int:
-    """Run ``cmd`` in its own process group until it exits or this process gets SIGINT, SIGTERM or SIGHUP.
-
-    ``dagster dev`` starts a webserver, a daemon and code servers, all in its process group (none starts a
-    session of its own). A signal to this process is passed on to the whole group, so stopping ``weir ui``
-    stops every one of them and frees the port: the group gets ``grace_s`` seconds to shut down cleanly
-    (SIGTERM), then SIGKILL. Returns the command's exit status, or 0 after a stop that was asked for.
-    """
-    import signal
-    import time
-
-    asked: list[int] = []
-    started: list[subprocess.Popen[bytes]] = []
-
-    def stop(signum: int, _frame: object) -> None:
-        asked.append(signum)
-        for p in started:
-            _signal_group(p.pid, signal.SIGTERM)
-
-    # handlers first: a signal while the group starts must not leave it running without this process
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, start_new_session=True)
-    except BaseException:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        raise
-    started.append(proc)
-    if asked:  # asked to stop while it was starting
-        _signal_group(proc.pid, signal.SIGTERM)
-    try:
-        code = proc.wait()
-    finally:
-        _signal_group(proc.pid, signal.SIGTERM)  # what dagster dev left behind, or all of it on an error here
-        deadline = time.monotonic() + grace_s
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _group_alive(proc.pid):
-            err.print(f"[yellow]the Dagster processes did not stop within {grace_s:.0f} s; killing them[/]")
-            _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    if asked:
-        out.print("stopped the Dagster UI (webserver, daemon and code servers)")
-        return 0
-    return code
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the group is gone already
-        os.killpg(pgid, signum)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` is still alive (its leader, once exited, is a zombie until waited)."""
-    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    if not os.path.isdir("/proc"):  # no procfs (macOS): ask the kernel whether the group has members
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return False
+    raise typer.Exit(dagster_dev(port, home, out, err))
 
 
 if __name__ == "__main__":

@@ -17,13 +17,15 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from mixing import Mix, stages
+from mixing import Mix
 from mixing.format.layout import BuildLayout
 from mixing.ingest.documents import chunk_keys
 from mixing.ingest.sources import SourceIndexError, index_source
 from mixing.ingest.tokenizer import TokenizerError, load_tokenizer
 from mixing.spec import envvars
-from pipelines.build import output_lock, reuse_previous, work_cache
+from mixing.stages import stages_until
+from pipelines.build import step_line
+from pipelines.transaction import output_lock, reuse_previous, work_cache
 
 __all__ = ["compute_stats", "differences", "has_documents", "stats_folders"]
 
@@ -38,18 +40,19 @@ def has_documents(root: Path) -> bool:
 
 
 def stats_folders(mix: Mix, root: Path, storage_options: dict[str, Any] | None = None) -> dict[Path, list[str]]:
-    """``root`` and its work cache (:func:`pipelines.build.work_cache`), those holding documents, each with
+    """``root`` and its work cache (:func:`pipelines.transaction.work_cache`), those holding documents, each with
     :func:`differences` (empty: it fits ``mix``), in that order."""
     return {f: differences(mix, f, storage_options) for f in (root, work_cache(root)) if has_documents(f)}
 
 
 def compute_stats(mix: Mix, root: Path, storage_options: dict[str, Any] | None, say: Callable[[str], None]) -> Path:
-    """Run index, tokenizer, documents and length_stats for ``mix``; return the folder they went to.
+    """Run the stages up to ``length_stats`` (:data:`mixing.stages.STAGES`) for ``mix``; return the folder
+    they went to.
 
     Into ``root`` when it holds no finished build (no shards manifest), else into its work cache, seeded
     with ``root``'s chunks (only files whose chunks are missing are tokenized), so a finished build is
-    never changed. Holds ``root``'s build lock meanwhile: raises :class:`pipelines.build.BuildBusy` when a
-    build is writing there, and what the stages raise.
+    never changed. Holds ``root``'s build lock meanwhile: raises :class:`pipelines.transaction.BuildBusy`
+    when a build is writing there, and what the stages raise.
     """
     finished = BuildLayout(root).manifest.exists()
     target = work_cache(root) if finished else root
@@ -58,16 +61,10 @@ def compute_stats(mix: Mix, root: Path, storage_options: dict[str, Any] | None, 
         if finished:
             reuse_previous(root, target)
         layout = BuildLayout(target)
-        for name in sorted(mix.sources):
-            say(f"  source_index [{name}]")
-            stages.index(mix, layout, name, storage_options)
-        say("  tokenizer")
-        stages.prepare_tokenizer(mix, layout, storage_options)
-        for name in sorted(mix.sources):
-            say(f"  documents [{name}]")
-            stages.tokenize(mix, layout, name, storage_options=storage_options)
-        say("  length_stats")
-        stages.length_stats(mix, layout)
+        for stage in stages_until("length_stats"):
+            for partition in stage.partitions(mix):
+                say(step_line(stage.name, partition))
+                stage.run(mix, layout, partition, storage_options)
     return target
 
 
@@ -120,7 +117,7 @@ def differences(mix: Mix, root: Path, storage_options: dict[str, Any] | None = N
 
 
 def _index(mix: Mix, name: str, storage_options: dict[str, Any] | None) -> pl.DataFrame:
-    """The source's index as ``stages.index`` writes it (``{env_NAME}`` values in their shown form)."""
+    """The source's index as :func:`mixing.stages.index` writes it (``{env_NAME}`` values in their shown form)."""
     df = index_source(mix, name, storage_options)
     for value, placeholder in envvars.replacements():
         df = df.with_columns(pl.col(pl.String).str.replace_all(value, placeholder, literal=True))

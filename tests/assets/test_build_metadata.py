@@ -10,6 +10,7 @@ import dagster as dg
 from assets import WeirStorage, mix_assets
 from mixing import load_mix
 from mixing.format.shards import ShardSet
+from mixing.stages import STAGES
 
 
 def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, tmp_path: Path) -> None:
@@ -18,17 +19,17 @@ def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, 
     resources = {"storage": WeirStorage(root=str(tmp_path / "build"), per_mix=False)}
     instance = dg.DagsterInstance.ephemeral()
     meta: dict[tuple[str, str | None], dict] = {}
-    for stage in ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards"):
-        for part in sorted(mix.sources) if stage in ("source_index", "documents") else [None]:
+    for stage in STAGES:
+        for part in stage.partitions(mix):
             result = dg.materialize(
                 defs,
-                selection=[dg.AssetKey([mix.name, stage])],
+                selection=[dg.AssetKey([mix.name, stage.name])],
                 partition_key=part,
                 resources=resources,
                 instance=instance,
             )
             event = result.get_asset_materialization_events()[0]
-            meta[stage, part] = event.materialization.metadata
+            meta[stage.name, part] = event.materialization.metadata
 
     manifest = ShardSet(tmp_path / "build" / "shards").manifest
     tok_fp = meta["tokenizer", None]["fingerprint"].value

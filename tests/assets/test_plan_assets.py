@@ -11,6 +11,7 @@ import polars as pl
 from assets import WeirStorage, mix_assets
 from assets.plots import length_histogram_md, mixture_area_md
 from mixing import load_mix
+from mixing.stages import stages_until
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -57,9 +58,9 @@ def test_plan_asset_checks_pass_and_metadata_has_plots(tiny_mix_path: Path, tmp_
             instance=instance,
         )
 
-    for stage in ("source_index", "tokenizer", "documents", "length_stats"):
-        for part in sorted(mix.sources) if stage in ("source_index", "documents") else [None]:
-            result = run(stage, part)
+    for stage in stages_until("length_stats"):
+        for part in stage.partitions(mix):
+            result = run(stage.name, part)
     stats_meta = result.get_asset_materialization_events()[0].materialization.metadata
     assert png_of(stats_meta["histogram"].value).startswith(PNG)  # type: ignore[arg-type]
     result = run("plan")

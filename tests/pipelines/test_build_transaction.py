@@ -15,7 +15,7 @@ import pytest
 
 from mixing import load_mix
 from mixing.pack.packed import inspect_build
-from pipelines.build import build_output, reuse_previous
+from pipelines.transaction import build_output, reuse_previous
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]

@@ -9,8 +9,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets import STAGES, WeirStorage, mix_assets
+from assets import WeirStorage, mix_assets
 from mixing import load_mix
+from mixing.stages import STAGES
 from pipelines.automation import automation_sensor
 from pipelines.definitions import defs, load_definitions
 from pipelines.executors import ExecutorChoiceError, executor_from_env
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_project_definitions_load_with_the_demo_mix() -> None:
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert {f"demo/{s}" for s in STAGES} <= keys
+    assert {f"demo/{s.name}" for s in STAGES} <= keys
     assert defs.resolve_job_def("build_demo") is not None
 
 
@@ -97,7 +98,7 @@ def test_definitions_are_loadable_as_the_ui_loads_them() -> None:
 def test_every_stage_after_the_index_is_automated() -> None:
     graph = defs.resolve_asset_graph()
     automated = {k.path[-1] for k in graph.get_all_asset_keys() if graph.get(k).automation_condition is not None}
-    assert automated == set(STAGES) - {"source_index"}
+    assert automated == {s.name for s in STAGES} - {"source_index"}
 
 
 def _tiny_defs(tmp_path: Path, tiny_mix_path: Path) -> dg.Definitions:
@@ -192,7 +193,7 @@ def test_a_broken_mix_file_is_a_group_showing_its_error_and_the_others_load(
     dg.Definitions.validate_loadable(d)
     graph = d.resolve_asset_graph()
     groups = {k.to_user_string(): graph.get(k).group_name for k in graph.get_all_asset_keys()}
-    assert {f"tiny/{s}" for s in STAGES} <= set(groups)  # the good mix is whole
+    assert {f"tiny/{s.name}" for s in STAGES} <= set(groups)  # the good mix is whole
     assert groups["broken/mix_file"] == "broken" and groups["z_twin/mix_file"] == "z_twin"
     assert d.resolve_job_def("build_tiny") is not None
     node = graph.get(dg.AssetKey(["broken", "mix_file"]))

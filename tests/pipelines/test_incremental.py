@@ -10,7 +10,8 @@ import polars as pl
 
 from mixing import load_mix
 from mixing.format.layout import BuildLayout
-from pipelines.build import build_mix, reuse_previous
+from pipelines.build import build_mix
+from pipelines.transaction import reuse_previous
 
 
 def build(mix_path: Path, out: Path, previous: Path | None = None) -> BuildLayout:

@@ -15,14 +15,14 @@ import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
-from assets.mix_assets import STAGES
 from mixing import load_mix
 from mixing.format.shards import ShardSet
 from mixing.pack.packed import REPORT, inspect_build, saved_report
-from pipelines import cli
-from pipelines.build import build_output
+from mixing.stages import STAGES
+from pipelines import ui
 from pipelines.cli import app
 from pipelines.instance import dagster_home as project_home
+from pipelines.transaction import build_output
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]
@@ -79,7 +79,7 @@ def test_weir_build_prints_warnings_marks_missed_goals_and_records_into_the_proj
     assert dagster_home == Path(os.environ["DAGSTER_HOME"])
     assert f"recorded in the Dagster instance at {dagster_home}" in r.stdout
     instance = dg.DagsterInstance.from_config(str(dagster_home))
-    for stage in STAGES:
+    for stage in (s.name for s in STAGES):
         assert instance.get_latest_materialization_event(dg.AssetKey(["tiny", stage])) is not None, stage
     docs = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey(["tiny", "documents"]), asset_partitions=["chat"]), limit=1
@@ -101,11 +101,11 @@ def test_weir_ui_opens_the_instance_weir_build_records_into(
     assert project_home() == dagster_home.resolve()  # what `weir build` records into
     started: list[dict[str, str]] = []
 
-    def run_group(cmd: list[str], env: dict[str, str]) -> int:  # stands in for `dagster dev` (a UI per test is slow)
-        started.append(env)
+    def run_group(cmd: list[str], env: dict[str, str], *_consoles: object) -> int:  # stands in for `dagster dev`
+        started.append(env)  # (a UI per test is slow)
         return 0
 
-    monkeypatch.setattr(cli, "_run_group", run_group)
+    monkeypatch.setattr(ui, "run_group", run_group)
     r = CliRunner().invoke(app, ["ui", "--port", "3999"])
     assert r.exit_code == 0, r.output
     assert started[0]["DAGSTER_HOME"] == str(dagster_home.resolve())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mixing import load_mix
-from pipelines.build import build_output
+from pipelines.transaction import build_output
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from mixing import load_mix
+from mixing import load_mix, stages
 from mixing.ingest.synthetic import write_demo_data
 from pipelines.build import build_mix
 
@@ -43,7 +43,7 @@ CHROMIUM_ARGS = [
 ]
 # Before any fixture starts a server: without playwright there is nothing to drive the browser with.
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-STAGES = ("source_index", "tokenizer", "documents", "length_stats", "plan", "packed_shards")
+STAGES = [s.name for s in stages.STAGES]
 
 pytestmark = [
     pytest.mark.slow,

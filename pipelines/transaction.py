@@ -1,0 +1,266 @@
+"""The transaction behind ``weir build``: one build at a time per output, and never a partial output.
+
+:func:`build_output` takes the output's lock (:func:`output_lock`), removes what killed builds left beside
+it, builds (:func:`pipelines.build.build_mix`) into a staging folder beside the output, and swaps it in only
+when the build succeeded. :func:`reuse_previous` seeds a fresh staging folder with the previous output's
+tokenized chunks and trained tokenizer (hard links; those files are only ever replaced, never written in
+place), so that an incremental rebuild re-tokenizes only chunks whose files changed, while the staging
+folder still replaces the output only when the whole build succeeded.
+
+A build that fails (an infeasible plan after minutes of tokenizing) keeps its work: its staging folder, less
+its shards, becomes the hidden sibling ``.<dest>.cache`` (see :func:`work_cache`, :func:`kept_work`), never
+``dest`` itself, so no reader sees a partial build. The next build seeds from it as from the previous output
+(reused chunks are verified against their checksums, :mod:`mixing.ingest.documents`), ``weir plan`` plans
+from its documents in seconds, and a successful build removes it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from mixing import Mix, WeirError
+from mixing.format.layout import file_mode
+from pipelines.build import build_mix
+
+__all__ = [
+    "BuildBusy",
+    "BuildOutcome",
+    "build_output",
+    "kept_work",
+    "output_lock",
+    "reuse_previous",
+    "work_cache",
+]
+
+
+class BuildBusy(WeirError):
+    """Another ``weir build`` holds the output's lock (it is building into the same folder right now)."""
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """What :func:`build_output` did besides building: files reused, leftovers of killed builds removed."""
+
+    dest: Path
+    reused_files: int
+    leftovers: int
+    leftover_bytes: int
+
+
+def build_output(
+    mix: Mix,
+    dest: Path,
+    *,
+    fresh: bool = False,
+    wait: bool = False,
+    say: Callable[[str], None] = print,
+    instance: dg.DagsterInstance | None = None,
+) -> BuildOutcome:
+    """Build ``mix`` into the folder ``dest`` as one transaction; a failure or a kill never leaves a partial output.
+
+    Holds ``.<dest>.lock`` (an ``flock``, released by the kernel even on ``kill -9``) for the whole build
+    and removes it at the end;
+    a second build into the same ``dest`` raises :class:`BuildBusy` naming the holder's pid, or with ``wait``
+    blocks until the lock is free. Under the lock, the staging folders that killed builds left beside
+    ``dest`` (``.<dest>.building-<pid>``, ``.<dest>.old-<pid>``) are removed; if a build was killed between
+    the two renames of its swap, the previous output is put back first. The build runs in
+    ``.<dest>.building-<pid>`` (seeded by :func:`reuse_previous` unless ``fresh``) and replaces ``dest`` only
+    when it succeeded. Raises what :func:`build_mix` raises; then the staging folder, less its shards, is
+    kept as :func:`work_cache` (when it holds tokenized chunks) for the next build and ``weir plan``.
+    Materializations go to ``instance`` (default: a throwaway one).
+    """
+    dest = dest.resolve()
+    cache = work_cache(dest)
+    with output_lock(dest, wait, say):
+        n, size = _remove_leftovers(dest, say)
+        if n:
+            say(f"removed {n} leftover{'s' if n > 1 else ''} of killed builds ({_human(size)})")
+        stage = dest.with_name(f".{dest.name}.building-{os.getpid()}")
+        try:
+            reused = 0
+            if not fresh:  # the newest work first: a failed build's tokenizer wins over the output's
+                reused += reuse_previous(cache, stage) if cache.is_dir() else 0
+                reused += reuse_previous(dest, stage) if dest.is_dir() else 0
+            if cache.is_dir() and not fresh:
+                say(f"reusing the work a failed build kept in {cache} ({reused} files with the output's)")
+            build_mix(mix, stage, say=say, instance=instance)
+            _swap(stage, dest)
+        except BaseException:
+            _keep_work(stage, cache)
+            raise
+        shutil.rmtree(cache, ignore_errors=True)  # its chunks live on in dest (or were stale)
+    return BuildOutcome(dest, reused, n, size)
+
+
+def work_cache(dest: Path) -> Path:
+    """``.<dest>.cache`` beside ``dest``: a failed build's (or ``weir plan --compute``'s) work, stages up to
+    the documents (and their length stats, if reached), for the next build to reuse."""
+    return dest.with_name(f".{dest.name}.cache")
+
+
+def kept_work(dest: Path) -> Path | None:
+    """:func:`work_cache` of ``dest`` if it holds tokenized chunks (what a failed build kept), else ``None``."""
+    cache = work_cache(dest)
+    return cache if _tokenized(cache) else None
+
+
+def _tokenized(folder: Path) -> bool:
+    return any(folder.glob("sources/*/chunks/*/report.json"))
+
+
+def _keep_work(stage: Path, cache: Path) -> None:
+    """Make the failed build's ``stage`` the new ``cache`` if it tokenized anything, else remove it."""
+    if not _tokenized(stage):
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    try:
+        shutil.rmtree(stage / "shards", ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)  # the stage was seeded from it: nothing of use is lost
+        stage.rename(cache)
+    except OSError:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextmanager
+def output_lock(dest: Path, wait: bool, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``.<dest>.lock``; the holder removes it when done, so a failed build leaves nothing beside ``dest``.
+
+    Removing a lock file is safe because a process that got the flock checks that the file it locked is
+    still the one at the path (not one its holder has just removed) and otherwise starts over.
+    """
+    lock = dest.with_name(f".{dest.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    waiting = False
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # another user's lock file: reading is enough to take the flock
+            fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            if not wait:
+                os.close(fd)
+                raise BuildBusy(
+                    f"{dest}: another weir build (pid {holder}) is building into this folder; "
+                    f"wait for it, or pass --wait to start when it is done (lock {lock})"
+                ) from None
+            if not waiting:
+                say(f"waiting for the build of pid {holder} into {dest} to finish")
+                waiting = True
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            st = os.stat(lock)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+            break
+        os.close(fd)  # we locked a file its holder removed meanwhile: take the one at the path now
+    try:
+        with suppress(OSError):  # opened read-only: the lock holds, only the pid is not shown to others
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with suppress(OSError):  # removed while still held (see above); a folder we may not write: kept
+            lock.unlink()
+        os.close(fd)
+
+
+def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int]:
+    """Remove the staging folders of dead builds beside ``dest`` (call with the lock held); (count, bytes)."""
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.(building|old)-\d+")
+    found = sorted(p for p in dest.parent.iterdir() if pattern.fullmatch(p.name)) if dest.parent.is_dir() else []
+    olds = [p for p in found if ".old-" in p.name[len(dest.name) + 1 :]]
+    if olds and not dest.exists():  # killed between the swap's two renames: the previous output is whole
+        back = max(olds, key=lambda p: p.stat().st_mtime)
+        back.rename(dest)
+        found.remove(back)
+        say(f"restored {dest} from {back.name} (a build was killed while replacing it)")
+    size = 0
+    for p in found:
+        size += _tree_bytes(p)
+        shutil.rmtree(p, ignore_errors=True)
+    return len(found), size
+
+
+def _swap(stage: Path, dest: Path) -> None:
+    """Replace ``dest`` by ``stage`` (two renames; a kill between them is repaired by the next build)."""
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        dest.rename(old)
+    try:
+        stage.rename(dest)
+    except BaseException:
+        if old.exists() and not dest.exists():
+            old.rename(dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _tree_bytes(root: Path) -> int:
+    n = 0
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            with suppress(OSError):  # removed meanwhile
+                n += os.lstat(os.path.join(d, f)).st_size
+    return n
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    raise AssertionError
+
+
+def reuse_previous(previous: Path, stage: Path) -> int:
+    """Hard-link (or copy) ``previous``'s reusable work into the empty build folder ``stage``.
+
+    Reusable: ``sources/*/chunks/`` (tokenized chunks, keyed by file, tokenizer and spec fingerprints)
+    and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked. Seeding
+    from several folders: files ``stage`` already has are kept, and ``tokenizer/`` comes from the first
+    folder that has one (one tokenizer's files are never mixed with another's).
+    Temporary files and folders a killed writer left (``.NAME.*.tmp``) are not carried over. Folders are
+    created afresh and a file whose mode is not what the umask gives now is copied rather than linked,
+    so the new build's modes follow the umask whatever the previous one's were.
+    """
+    n = 0
+    want = file_mode()
+    tok = [] if (stage / "tokenizer").exists() else [previous / "tokenizer"]
+    parts = [*tok, *sorted((previous / "sources").glob("*/chunks"))]
+    for src in parts:
+        for d, dirs, files in os.walk(src):
+            dirs[:] = [x for x in dirs if not _is_temp(x)]
+            to = stage / Path(d).relative_to(previous)
+            to.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                if _is_temp(f):
+                    continue
+                a, b = os.path.join(d, f), to / f
+                if b.exists():
+                    continue
+                n += 1
+                try:
+                    if os.stat(a).st_mode & 0o7777 != want:
+                        raise OSError("mode differs")
+                    os.link(a, b)
+                except OSError:  # another file system, or another mode: copy (mode from the umask)
+                    shutil.copyfile(a, b)
+    return n
+
+
+def _is_temp(name: str) -> bool:
+    """A writer's temporary name (``layout.atomic_path``'s files, ``documents``' chunk folders)."""
+    return name.startswith(".") and name.endswith(".tmp")

@@ -1,0 +1,97 @@
+"""``weir ui``: ``dagster dev`` in a process group of its own, stopped whole when ``weir ui`` is stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+__all__ = ["dagster_dev", "run_group"]
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def dagster_dev(port: int, home: Path, out: Console, err: Console) -> int:
+    """Run the Dagster UI on 127.0.0.1:``port`` over the instance in ``home`` (:func:`run_group`); its exit status."""
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", "127.0.0.1", "-p", str(port)]
+    return run_group(cmd, env, out, err)
+
+
+def run_group(cmd: list[str], env: dict[str, str], out: Console, err: Console, grace_s: float = 20.0) -> int:
+    """Run ``cmd`` in its own process group until it exits or this process gets SIGINT, SIGTERM or SIGHUP.
+
+    ``dagster dev`` starts a webserver, a daemon and code servers, all in its process group (none starts a
+    session of its own). A signal to this process is passed on to the whole group, so stopping ``weir ui``
+    stops every one of them and frees the port: the group gets ``grace_s`` seconds to shut down cleanly
+    (SIGTERM), then SIGKILL; ``err`` says so when it comes to that, ``out`` says when a stop asked for is
+    done. Returns the command's exit status, or 0 after a stop that was asked for.
+    """
+    asked: list[int] = []
+    started: list[subprocess.Popen[bytes]] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        asked.append(signum)
+        for p in started:
+            _signal_group(p.pid, signal.SIGTERM)
+
+    # handlers first: a signal while the group starts must not leave it running without this process
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, start_new_session=True)
+    except BaseException:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        raise
+    started.append(proc)
+    if asked:  # asked to stop while it was starting
+        _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        code = proc.wait()
+    finally:
+        _signal_group(proc.pid, signal.SIGTERM)  # what dagster dev left behind, or all of it on an error here
+        deadline = time.monotonic() + grace_s
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(proc.pid):
+            err.print(f"[yellow]the Dagster processes did not stop within {grace_s:.0f} s; killing them[/]")
+            _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if asked:
+        out.print("stopped the Dagster UI (webserver, daemon and code servers)")
+        return 0
+    return code
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(pgid, signum)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is still alive (its leader, once exited, is a zombie until waited)."""
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    if not os.path.isdir("/proc"):  # no procfs (macOS): ask the kernel whether the group has members
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return False
