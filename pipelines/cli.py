@@ -17,6 +17,7 @@ from rich.console import Console
 
 from mixing import MixError, WeirError, load_mix
 from mixing.spec.envvars import redact
+from pipelines import PROJECT_ROOT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 
@@ -31,8 +32,6 @@ def _console(stderr: bool = False) -> Console:
 out = _console()
 err = _console(stderr=True)
 STRICT_EXIT = 4  # --strict: the build is whole but a goal (packing, truncation, mixture_error) was missed
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load(mix_path: Path):  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ import dagster as dg
 from assets import mix_assets
 from assets.invalid_mix import invalid_mix_assets, invalid_mix_group
 from mixing import Mix, MixError, WeirError, load_mix
+from pipelines import PROJECT_ROOT
 from pipelines.automation import automated, automation_sensor
 from pipelines.executors import executor_from_env
 from pipelines.resources import storage_resource
@@ -29,8 +30,6 @@ if TYPE_CHECKING:  # the class of define_asset_job's result is not exported by d
     )
 
 __all__ = ["defs", "load_definitions", "mix_job"]
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def mix_job(mix: Mix) -> AssetJob:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import dagster as dg
 
-__all__ = ["dagster_home", "project_instance"]
+from pipelines import PROJECT_ROOT
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["dagster_home", "project_instance"]
 
 
 def dagster_home(home: Path | None = None) -> Path:

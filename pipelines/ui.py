@@ -12,9 +12,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-__all__ = ["dagster_dev", "run_group"]
+from pipelines import PROJECT_ROOT
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["dagster_dev", "run_group"]
 
 
 def dagster_dev(port: int, home: Path, out: Console, err: Console) -> int:
