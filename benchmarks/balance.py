@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from loaders import refinement
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
+from loaders.order import first_block, match_order
 from loaders.planner import EDGE_WINDOWS
 from loaders.refinement import SLACK, boundary_error, refine_steps
 from mixing.plan.curriculum import ramp
@@ -243,33 +244,48 @@ def regrouped_steps(
     slack: float = 0.0,
     starts: list[int] | None = None,
     edge_windows: int = EDGE_WINDOWS,
+    match: bool = True,
 ) -> list[list[list[tuple[int, int]]]]:
     """The training steps after regrouping windows of ``window`` steps as ``loaders.planner`` does, each
     window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it.
     ``starts``: first step of each phase (default: the run is one phase); ``edge_windows`` as
-    ``loaders.planner.StepPlanner``'s (0: phase boundaries refined like the other windows)."""
+    ``loaders.planner.StepPlanner``'s (0: phase boundaries refined like the other windows); ``match``: each
+    phase after the first lays its template out in the order matched to the steps before it
+    (``loaders.order``, the planner's), else heaviest first (before issue 16)."""
     out: list[list[list[tuple[int, int]]]] = []
     build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
     done: list[np.ndarray] = []  # tokens per source of each training step so far
     phases = [*(starts or [0]), len(packed)]
-    units: list[tuple[int, int, int]] = []  # (first, end, tail)
+    units: list[tuple[int, int, int, int]] = []  # (first, end, tail, phase)
     rank: list[int] = []  # index of each unit within its phase
-    for p0, p1 in itertools.pairwise(phases):
+    for k, (p0, p1) in enumerate(itertools.pairwise(phases)):
         cut = regroup_bounds(p0, p1, window, period)
-        units += [(a, b, (p1 - p0) % period if period else 0) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
+        tail = (p1 - p0) % period if period else 0
+        units += [(a, b, tail, k) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
         rank += list(range(len(cut)))
+    orders: dict[int, np.ndarray | None] = {}  # phase → its template order (None: heaviest first)
 
-    def regrouped(a: int, b: int, tail: int) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+    def regrouped(a: int, b: int, tail: int, k: int) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
         flat = [s for st in packed[a:b] for s in st.seqs]
         costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
         new = np.repeat(np.arange(b - a), batch)
         if b - a > 1 and window > 1:
-            new = regroup_window(costs, src, b - a, period=period, tail=tail)
+            new = regroup_window(costs, src, b - a, period=period, tail=tail, order=orders.get(k))
         return flat, costs, src, new
 
-    def comps(unit: tuple[int, int, int]) -> np.ndarray:
+    def comps(unit: tuple[int, int, int, int]) -> np.ndarray:
         _, _, src, new = regrouped(*unit)
         return np.stack([src[new == g].sum(axis=0) for g in range(unit[1] - unit[0])])
+
+    for u in range(1, len(units)):  # as loaders.planner.StepPlanner._template_order
+        a, b, tail, k = units[u]
+        if match and period and window > 1 and rank[u] == 0 and b - a >= period:
+            flat = [s for st in packed[a:b] for s in st.seqs]
+            costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
+            before = comps(units[u - 1])[-period:]
+            r = (b - a) % period or tail % period
+            classes = first_block(costs, src, b - a, period, tail)
+            orders[k] = match_order(classes, build[a : a + period], before, build[a - len(before) : a], r)
 
     mixes = set()  # the boundaries that need edges (as loaders.planner.StepPlanner.boundary_mixes)
     for u in range(len(units) - 1):
@@ -281,8 +297,8 @@ def regrouped_steps(
             if err > refinement.EDGE_BOUNDARY:
                 mixes.add(b)
 
-    for u, (a, b, tail) in enumerate(units):
-        flat, costs, src, new = regrouped(a, b, tail)
+    for u, (a, b, tail, k) in enumerate(units):
+        flat, costs, src, new = regrouped(a, b, tail, k)
         n = b - a
         if slack and period and n > 1 and window > 1:
             k = min(period - 1, a)
@@ -428,12 +444,13 @@ def curriculum_regime(
     streams = {
         "B3 (off)": [st.seqs for st in packed],
         "weir": regrouped_steps(packed, batch, window, period, slack, starts),  # edges off (the default)
+        "weir, heaviest 1st": regrouped_steps(packed, batch, window, period, slack, starts, match=False),
     }
     for e in edge_windows:  # the trade-off: edges over more windows after each boundary
         streams[f"weir, edges {e}"] = regrouped_steps(packed, batch, window, period, slack, starts, e)
     desc = ", ".join(f"{p[0]} {p[1]}" + (f" ramp {p[3]} {p[4]}" if p[3] else "") for p in phases)
     print(f"\nS={seq_len} global_batch={batch} dp={dp} curriculum {kind}: {desc}")
-    print(f"{'':16} {'dp_imb mean':>11} {'dp_imb p95':>10} {'mix_err/10':>10} {'over 0.01':>9} {'mix_err/phase':>13}")
+    print(f"{'':20} {'dp_imb mean':>11} {'dp_imb p95':>10} {'mix_err/10':>10} {'over 0.01':>9} {'mix_err/phase':>13}")
     for name, st in streams.items():
         per_step = [np.array([cost(s) for s in x]) for x in st]
         imb = [dp_imbalance(c, assign_ranks(c, dp), dp) for c in per_step]
@@ -444,7 +461,7 @@ def curriculum_regime(
             for r, p in ((realized[a : a + 10].sum(0), planned[a : a + 10].sum(0)) for a in range(n - 9))
         )
         print(
-            f"{name:16} {np.mean(imb):11.3f} {np.percentile(imb, 95):10.3f} {me.window:10.4f} "
+            f"{name:20} {np.mean(imb):11.3f} {np.percentile(imb, 95):10.3f} {me.window:10.4f} "
             f"{over:>4}/{n - 9:<4} {me.phase:13.4f}"
         )
 

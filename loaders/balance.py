@@ -46,6 +46,7 @@ __all__ = [
     "regroup_window",
     "segment_cost",
     "tail_classes",
+    "template_order",
     "template_slots",
 ]
 
@@ -122,6 +123,7 @@ def regroup_window(
     band: float = 0.02,
     period: int = 0,
     tail: int = 0,
+    order: np.ndarray | None = None,
 ) -> np.ndarray:
     """Regroup one window's sequences into ``steps`` steps of equal size; returns the new step (0-based
     within the window, int64 [n]) of each sequence, in the window's original order.
@@ -134,7 +136,9 @@ def regroup_window(
     to the build's running counts. With ``period`` > 0 the runs are instead laid out by
     :func:`template_slots`: every block of ``period`` steps, and a last partial block, follow the same cost
     template (see the module's docstring); ``tail`` is the phase's ``steps mod period``, which fixes the
-    template of all the phase's windows. Deterministic; independent of the world size.
+    template of all the phase's windows; ``order`` (default heaviest first) is the phase's class at each
+    template position (:func:`template_order`, :mod:`loaders.order`). Deterministic; independent of the
+    world size.
     """
     costs = np.asarray(costs, dtype=np.float64)
     n = len(costs)
@@ -145,10 +149,10 @@ def regroup_window(
     # costs within ``band`` of each other are interchangeable for balance: inside a band keep the build's
     # order, which mixes sources, instead of sorting them apart (that would make single-source steps)
     level = np.floor(np.log(np.maximum(costs, 1e-300)) / np.log1p(band)) if band > 0 else costs
-    order = np.lexsort((np.arange(n), -level))
-    group[order] = np.repeat(np.arange(steps), size)
+    by_cost = np.lexsort((np.arange(n), -level))
+    group[by_cost] = np.repeat(np.arange(steps), size)
     if period > 0:
-        slots = template_slots(steps, period, tail)
+        slots = template_slots(steps, period, tail, order)
         pos = slots % period  # template position of each run
         copies = np.bincount(pos, minlength=period)
         first = np.full(period, steps)
@@ -156,7 +160,7 @@ def regroup_window(
         # the runs of one class are dealt sequence by sequence over its copies (blocks), so that every
         # block, and the partial block, gets the same share of the class's cost range and thus of its mix
         rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n)
+        rank[by_cost] = np.arange(n)
         p = pos[group]
         return (rank - first[p] * size) % copies[p] * period + p
     src = np.asarray(source_tokens, dtype=np.float64)
@@ -173,7 +177,7 @@ def regroup_window(
     return placed[group]
 
 
-def template_slots(steps: int, period: int, tail: int = 0) -> np.ndarray:
+def template_slots(steps: int, period: int, tail: int = 0, order: np.ndarray | None = None) -> np.ndarray:
     """Step (int64 [steps]) of each of ``steps`` cost runs, heaviest run first, under the per-block template.
 
     ``steps = m·period + r`` (``0 ≤ r < period``): ``m`` whole blocks and a partial block of ``r`` steps.
@@ -186,16 +190,25 @@ def template_slots(steps: int, period: int, tail: int = 0) -> np.ndarray:
     partial block keeps about the unit's mixture. Units with ``r = 0`` order their classes as a unit with
     ``r = tail`` would (pass the phase's ``steps mod period``), so that all units of one phase share one
     template. A unit shorter than ``period`` (``m = 0``) holds one step of each of its ``r`` classes.
+    ``order``: the classes in template order instead of heaviest first (see :func:`template_order`).
     """
     if steps < 1 or period < 1:
         raise ValueError(f"need steps ≥ 1 and period ≥ 1, got {steps} and {period}")
-    r = steps % period
-    first = tail_classes(period, r or tail % period)
-    rest = np.setdiff1d(np.arange(period), first)
-    position = np.argsort(np.concatenate([first, rest]))  # class → template position
+    position = np.argsort(template_order(period, steps % period or tail % period, order))  # class → position
     cls = ((np.arange(steps) + 0.5) * period // steps).astype(np.int64)
     copy = np.arange(steps) - np.searchsorted(cls, cls)  # runs are heaviest first: classes ascend
     return copy * period + position[cls]
+
+
+def template_order(period: int, r: int = 0, order: np.ndarray | None = None) -> np.ndarray:
+    """Class (0 = heaviest) at each position of the template of a unit with ``r`` steps over whole blocks:
+    ``order`` (int [period], a permutation; default heaviest first) with the unit's :func:`tail_classes`
+    moved to the front, each part keeping its order (the partial block repeats the first ``r`` positions)."""
+    seq = np.arange(period) if order is None else np.asarray(order, dtype=np.int64)
+    if sorted(seq.tolist()) != list(range(period)):
+        raise ValueError(f"order must be a permutation of the {period} classes, got {seq.tolist()}")
+    first = np.isin(seq, tail_classes(period, r))
+    return np.concatenate([seq[first], seq[~first]])
 
 
 def tail_classes(period: int, r: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window, segment_cost
+from loaders.order import first_block, match_order
 from loaders.refinement import EDGE_BOUNDARY, SLACK, boundary_error, refine_steps
 from mixing.format.shards import ShardSet
 
@@ -136,9 +137,7 @@ class StepPlanner:
         lo, hi = int(self.first[a]), int(self.first[b])
         seqs = np.arange(lo, hi, dtype=np.int64)
         _, costs, src = self._facts(w)
-        new_step = np.repeat(np.arange(b - a), self.global_batch)
-        if b - a > 1 and self.window > 1:
-            new_step = regroup_window(costs, src, b - a, period=self.period, tail=int(self.window_tail[w]))
+        new_step = self._regroup(w)
         if self.slack:
             context = self._context(w)
             assert context is not None
@@ -185,13 +184,36 @@ class StepPlanner:
         """Tokens per source of window ``w``'s steps as regrouped, before refinement (float64 [steps, sources]):
         what a phase's last window expects of the next phase's first steps."""
         a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
-        _, costs, src = self._facts(w)
-        new_step = np.repeat(np.arange(b - a), self.global_batch)
-        if b - a > 1 and self.window > 1:
-            new_step = regroup_window(costs, src, b - a, period=self.period, tail=int(self.window_tail[w]))
+        _, _, src = self._facts(w)
         out = np.zeros((b - a, src.shape[1]))
-        np.add.at(out, new_step, src)
+        np.add.at(out, self._regroup(w), src)
         return out
+
+    def _regroup(self, w: int) -> np.ndarray:
+        """Window ``w``'s regrouped step (0-based) of each of its sequences, before refinement (int64 [n]),
+        under its phase's template order."""
+        a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
+        _, costs, src = self._facts(w)
+        if b - a < 2 or self.window < 2:
+            return np.repeat(np.arange(b - a), self.global_batch)
+        order = self._template_order(int(self.phase_windows[w, 0]))
+        return regroup_window(costs, src, b - a, period=self.period, tail=int(self.window_tail[w]), order=order)
+
+    @lru_cache(maxsize=64)  # noqa: B019 -- one entry per phase
+    def _template_order(self, first: int) -> np.ndarray | None:
+        """The template order (:mod:`loaders.order`) of the phase whose first window is ``first``: matched to
+        the steps before it as the previous phase lays them out (its own order, unrefined: a function of the
+        build, no chain); None (heaviest first) for the run's first phase, without a template, or when the
+        phase's first window has no whole block."""
+        a, b = int(self.window_starts[first]), int(self.window_starts[first + 1])
+        if not self.period or self.window < 2 or first == 0 or b - a < self.period:
+            return None
+        _, costs, src = self._facts(first)
+        r = (b - a) % self.period or int(self.window_tail[first]) % self.period
+        classes = first_block(costs, src, b - a, self.period, int(self.window_tail[first]))
+        before = self._regrouped_comps(first - 1)[-self.period :]
+        built = self._build_comps(a - len(before), a + self.period)
+        return match_order(classes, built[len(before) :], before, built[: len(before)], r)
 
     def _context(self, w: int) -> np.ndarray | None:
         """Tokens per source (int64 [k, sources]) of the ``k = min(period − 1, start)`` training steps before
