@@ -259,7 +259,7 @@ def regrouped_steps(
     units: list[tuple[int, int, int, int]] = []  # (first, end, tail, phase)
     rank: list[int] = []  # index of each unit within its phase
     for k, (p0, p1) in enumerate(itertools.pairwise(phases)):
-        cut = regroup_bounds(p0, p1, window, period)
+        cut = regroup_bounds(p0, p1, window, period, lead=match and p0 > 0)
         tail = (p1 - p0) % period if period else 0
         units += [(a, b, tail, k) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
         rank += list(range(len(cut)))

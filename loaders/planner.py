@@ -80,7 +80,7 @@ class StepPlanner:
         bounds: list[int] = []
         tails: list[int] = []  # per window, its phase's steps mod period: fixes the phase's cost template
         for a, b in itertools.pairwise(starts):
-            cut = regroup_bounds(a, b, window, period)
+            cut = regroup_bounds(a, b, window, period, lead=a > 0)
             bounds += cut
             tails += [(b - a) % period if period else 0] * len(cut)
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
