@@ -277,12 +277,12 @@ def regrouped_steps(
         _, _, src, new = regrouped(*unit)
         return np.stack([src[new == g].sum(axis=0) for g in range(unit[1] - unit[0])])
 
-    for u in range(1, len(units)):  # as loaders.planner.StepPlanner._template_order
+    for u in range(len(units)):  # as loaders.planner.StepPlanner._template_order
         a, b, tail, k = units[u]
         if match and period and window > 1 and rank[u] == 0 and b - a >= period:
             flat = [s for st in packed[a:b] for s in st.seqs]
             costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
-            before = comps(units[u - 1])[-period:]
+            before = comps(units[u - 1])[-period:] if u else np.zeros((0, len(MIXTURE)))
             r = (b - a) % period or tail % period
             classes = first_block(costs, src, b - a, period, tail)
             orders[k] = match_order(classes, build[a : a + period], before, build[a - len(before) : a], r)

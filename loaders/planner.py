@@ -203,15 +203,15 @@ class StepPlanner:
     def _template_order(self, first: int) -> np.ndarray | None:
         """The template order (:mod:`loaders.order`) of the phase whose first window is ``first``: matched to
         the steps before it as the previous phase lays them out (its own order, unrefined: a function of the
-        build, no chain); None (heaviest first) for the run's first phase, without a template, or when the
-        phase's first window has no whole block."""
+        build, no chain; the run's first phase keeps each prefix of a block nearest the build's); None
+        (heaviest first) without a template or when the phase's first window has no whole block."""
         a, b = int(self.window_starts[first]), int(self.window_starts[first + 1])
-        if not self.period or self.window < 2 or first == 0 or b - a < self.period:
+        if not self.period or self.window < 2 or b - a < self.period:
             return None
         _, costs, src = self._facts(first)
         r = (b - a) % self.period or int(self.window_tail[first]) % self.period
         classes = first_block(costs, src, b - a, self.period, int(self.window_tail[first]))
-        before = self._regrouped_comps(first - 1)[-self.period :]
+        before = self._regrouped_comps(first - 1)[-self.period :] if first else np.zeros((0, self.n_sources))
         built = self._build_comps(a - len(before), a + self.period)
         return match_order(classes, built[len(before) :], before, built[: len(before)], r)
 
