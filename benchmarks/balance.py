@@ -62,7 +62,7 @@ from loaders import refinement
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
 from loaders.context_parallel import attention_work, split
 from loaders.order import first_block, match_order
-from loaders.planner import EDGE_WINDOWS
+from loaders.planner import EDGE_WINDOWS, LAYOUT
 from loaders.refinement import SLACK, boundary_error, refine_steps
 from mixing.plan.curriculum import ramp
 from mixing.plan.mixture import mixture_error as phase_error
@@ -244,14 +244,14 @@ def regrouped_steps(
     slack: float = 0.0,
     starts: list[int] | None = None,
     edge_windows: int = EDGE_WINDOWS,
-    match: bool = True,
+    layout: int = LAYOUT,
 ) -> list[list[list[tuple[int, int]]]]:
     """The training steps after regrouping windows of ``window`` steps as ``loaders.planner`` does, each
     window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it.
     ``starts``: first step of each phase (default: the run is one phase); ``edge_windows`` as
-    ``loaders.planner.StepPlanner``'s (0: phase boundaries refined like the other windows); ``match``: each
-    phase after the first lays its template out in the order matched to the steps before it
-    (``loaders.order``, the planner's), else heaviest first (before issue 16)."""
+    ``loaders.planner.StepPlanner``'s (0: phase boundaries refined like the other windows); ``layout`` as
+    its (1: each phase's template in the order matched to the steps before it, ``loaders.order``, a phase
+    after another opening with a one-block unit; 0: heaviest class first, as before issue 16)."""
     out: list[list[list[tuple[int, int]]]] = []
     build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
     done: list[np.ndarray] = []  # tokens per source of each training step so far
@@ -259,7 +259,7 @@ def regrouped_steps(
     units: list[tuple[int, int, int, int]] = []  # (first, end, tail, phase)
     rank: list[int] = []  # index of each unit within its phase
     for k, (p0, p1) in enumerate(itertools.pairwise(phases)):
-        cut = regroup_bounds(p0, p1, window, period, lead=match and p0 > 0)
+        cut = regroup_bounds(p0, p1, window, period, lead=layout > 0 and p0 > 0)
         tail = (p1 - p0) % period if period else 0
         units += [(a, b, tail, k) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
         rank += list(range(len(cut)))
@@ -279,7 +279,7 @@ def regrouped_steps(
 
     for u in range(len(units)):  # as loaders.planner.StepPlanner._template_order
         a, b, tail, k = units[u]
-        if match and period and window > 1 and rank[u] == 0 and b - a >= period:
+        if layout and period and window > 1 and rank[u] == 0 and b - a >= period and len(phases) > 2:
             flat = [s for st in packed[a:b] for s in st.seqs]
             costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
             before = comps(units[u - 1])[-period:] if u else np.zeros((0, len(MIXTURE)))
@@ -444,7 +444,7 @@ def curriculum_regime(
     streams = {
         "B3 (off)": [st.seqs for st in packed],
         "weir": regrouped_steps(packed, batch, window, period, slack, starts),  # edges off (the default)
-        "weir, heaviest 1st": regrouped_steps(packed, batch, window, period, slack, starts, match=False),
+        "weir, heaviest 1st": regrouped_steps(packed, batch, window, period, slack, starts, layout=0),
     }
     for e in edge_windows:  # the trade-off: edges over more windows after each boundary
         streams[f"weir, edges {e}"] = regrouped_steps(packed, batch, window, period, slack, starts, e)

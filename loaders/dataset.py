@@ -302,6 +302,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             period=self.period,
             micro_batches=self.micro_batches,
             slack=self.planner.slack,
+            layout=self.planner.layout,
             context=context,
             step=self._step,
             consumed=self._consumed,

@@ -31,9 +31,14 @@ from loaders.order import first_block, match_order
 from loaders.refinement import EDGE_BOUNDARY, SLACK, boundary_error, refine_steps
 from mixing.format.shards import ShardSet
 
-__all__ = ["EDGE_WINDOWS", "MICRO_BATCHES", "StepPlanner"]
+__all__ = ["EDGE_WINDOWS", "LAYOUT", "LAYOUTS", "MICRO_BATCHES", "StepPlanner"]
 
 MICRO_BATCHES = ("equal", "unequal")
+# how regrouped windows are laid out: 1 (issue 16) each phase's template in the order matched to the steps
+# before it (loaders.order), a phase after another opening with a one-block unit; 0 heaviest class first (the
+# layout of loader states that do not name one, which resume only on it)
+LAYOUTS = (0, 1)
+LAYOUT = 1
 # windows after a boundary that needs edges that may mix cost classes: 0 (edges off) by default, since
 # on real lengths edges keep the curriculum only by giving up most of the balance (benchmarks/balance.py)
 EDGE_WINDOWS = 0
@@ -51,6 +56,7 @@ class StepPlanner:
         micro_batches: str = "equal",
         slack: float = SLACK,
         edge_windows: int = EDGE_WINDOWS,
+        layout: int = LAYOUT,
     ) -> None:
         if micro_batches not in MICRO_BATCHES:
             raise ValueError(f"micro_batches must be one of {MICRO_BATCHES}, got {micro_batches!r}")
@@ -61,6 +67,9 @@ class StepPlanner:
             raise ValueError(f"period must be ≥ 0 steps, got {period}")
         self.period = period
         self.edge_windows = edge_windows  # see EDGE_WINDOWS; > 0 also turns on a phase's last edge window
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout}")
+        self.layout = layout if period > 0 and window > 1 else 0  # see LAYOUT; alike without a template
         m = shards.manifest
         self.shards, self.window, self.seed = shards, window, seed
         self.global_batch = int(m["global_batch"])
@@ -80,7 +89,7 @@ class StepPlanner:
         bounds: list[int] = []
         tails: list[int] = []  # per window, its phase's steps mod period: fixes the phase's cost template
         for a, b in itertools.pairwise(starts):
-            cut = regroup_bounds(a, b, window, period, lead=a > 0)
+            cut = regroup_bounds(a, b, window, period, lead=self.layout > 0 and a > 0)
             bounds += cut
             tails += [(b - a) % period if period else 0] * len(cut)
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)
@@ -203,10 +212,11 @@ class StepPlanner:
     def _template_order(self, first: int) -> np.ndarray | None:
         """The template order (:mod:`loaders.order`) of the phase whose first window is ``first``: matched to
         the steps before it as the previous phase lays them out (its own order, unrefined: a function of the
-        build, no chain; the run's first phase keeps each prefix of a block nearest the build's); None
-        (heaviest first) without a template or when the phase's first window has no whole block."""
+        build, no chain; the run's first phase keeps each prefix of a block nearest the build's, so that the
+        next can match it); None (heaviest first) in a run of one phase (no boundary: its layout stays the one
+        before issue 16), without a template, or when the phase's first window has no whole block."""
         a, b = int(self.window_starts[first]), int(self.window_starts[first + 1])
-        if not self.period or self.window < 2 or b - a < self.period:
+        if not self.layout or b - a < self.period or not (first or self.inner):
             return None
         _, costs, src = self._facts(first)
         r = (b - a) % self.period or int(self.window_tail[first]) % self.period
