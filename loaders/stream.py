@@ -21,7 +21,7 @@ from loaders.planner import StepPlanner
 from loaders.refinement import SLACK
 from mixing.format.layout import BuildLayout
 from mixing.format.shards import ShardSet
-from mixing.plan.mixture import WINDOW, MixtureError, mixture_error, planned_tokens
+from mixing.plan.mixture import WINDOW, MixtureError, largest_sequence, mixture_error, planned_tokens
 
 __all__ = ["regroup_settings", "stream_compositions", "stream_mixture_error", "stream_report"]
 
@@ -72,7 +72,7 @@ def stream_mixture_error(
     comps = stream_compositions(planner)
     for k in range(comps.shape[1]):
         realized[: len(comps), remap[k]] += comps[:, k]
-    return mixture_error(realized, planned, phase, sources, phases, steps)
+    return mixture_error(realized, planned, phase, sources, phases, steps, largest_sequence(shards))
 
 
 def stream_report(root: str | Path) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from assets.mix_assets import MIN_PACKING_EFFICIENCY
+from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, goal_text
 
 __all__ = ["missed_goals", "print_summary"]
 
@@ -21,9 +22,10 @@ def missed_goals(r: dict[str, Any]) -> list[str]:
         missed.append(f"truncated_docs {r['truncated_docs']:.4f} > 0")
     me = r.get("mixture_error")
     if me and me["window"] > me["goal_window"]:
-        missed.append(f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window > {me['goal_window']}")
+        steps, goal = me["window_steps"], me["goal_window"]
+        missed.append(f"mixture_error {me['window']:.4f} per {steps}-step window > {goal:.4g}")
     if me and me["phase"] > me["goal_phase"]:
-        missed.append(f"mixture_error {me['phase']:.4f} per phase > {me['goal_phase']}")
+        missed.append(f"mixture_error {me['phase']:.4f} per phase > {me['goal_phase']:.4g}")
     st = r.get("mixture_error_stream")
     if st and not st["ok"]:
         missed.append(
@@ -56,9 +58,11 @@ def print_summary(out: Console, r: dict[str, Any]) -> list[str]:
     if "mixture_error" in r:  # realized vs planned token shares
         me = r["mixture_error"]
         out.print(
-            f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window (goal ≤ {me['goal_window']})"
+            f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window "
+            f"(goal {goal_text(GOAL_WINDOW, me.get('unit_window', 0.0), 'a window')})"
             + (" [goal missed]" if me["window"] > me["goal_window"] else "")
-            + f", {me['phase']:.4f} per phase (goal ≤ {me['goal_phase']})"
+            + f", {me['phase']:.4f} per phase "
+            f"(goal {goal_text(GOAL_PHASE, me.get('unit_phase', 0.0), 'the smallest phase')})"
             + (" [goal missed]" if me["phase"] > me["goal_phase"] else ""),
             highlight=False,
             markup=False,
