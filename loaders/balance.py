@@ -23,7 +23,9 @@ Pure numpy, deterministic; only :func:`assign_ranks` depends on the world size. 
    of ``1/(P + r)`` or ``2/(P + r)`` of its sequences against ``1/P`` in the blocks before, and the ``r``
    repeated classes need not hold the mixture; windows reaching into that unit drift by ~0.02 on real
    lengths (0.2 before), the rest as before. With ``m > 1`` copies of a class in a unit, its sequences
-   are dealt one by one over the copies so that every block gets the same part of the class.
+   are dealt one by one over the copies so that every block gets the same part of the class. Which class
+   takes which position (``order``; heaviest first by default) changes neither the balance nor the windows
+   inside a phase, only those across a phase boundary: :mod:`loaders.order` chooses it there.
 
 3. :func:`assign_unequal` (``micro_batches: unequal`` in the mix file, after ByteScale): the counts per rank
    may differ, which balances a step of several long-context sequences per rank without moving sequences

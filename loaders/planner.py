@@ -11,6 +11,12 @@ world: training steps stay the same across an elastic resume. Within a step, seq
 (``micro_batches="unequal"``); the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window, period and world.
 
+With ``layout`` 1 (:data:`LAYOUT`, issue 16) each phase's template takes the order of its positions that
+keeps the windows across the boundary before it nearest the build's (:func:`loaders.order.match_order`,
+against the previous phase's last block as regrouped: a function of the build only, computed once per
+phase), and a phase after another opens with a one-block window (``regroup_bounds(lead=True)``) so that the
+ramp into it stays in its first block. The order moves whole steps: DP balance is the same.
+
 With ``edge_windows`` > 0 (default :data:`EDGE_WINDOWS`, 0: off), across a phase boundary whose phases'
 templates do not line up (:meth:`StepPlanner.boundary_mixes`), the phase's last window and the next phase's
 first ``edge_windows`` windows are refined as edges (:mod:`loaders.refinement`): their steps may mix cost
