@@ -250,8 +250,8 @@ def regrouped_steps(
     window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it.
     ``starts``: first step of each phase (default: the run is one phase); ``edge_windows`` as
     ``loaders.planner.StepPlanner``'s (0: phase boundaries refined like the other windows); ``layout`` as
-    its (1: each phase's template in the order matched to the steps before it, ``loaders.order``, a phase
-    after another opening with a one-block unit; 0: heaviest class first, as before issue 16)."""
+    its (1: each phase's template in the order matched to the steps before it, ``loaders.order``; 0: heaviest
+    class first, as before issue 16)."""
     out: list[list[list[tuple[int, int]]]] = []
     build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
     done: list[np.ndarray] = []  # tokens per source of each training step so far
@@ -259,7 +259,7 @@ def regrouped_steps(
     units: list[tuple[int, int, int, int]] = []  # (first, end, tail, phase)
     rank: list[int] = []  # index of each unit within its phase
     for k, (p0, p1) in enumerate(itertools.pairwise(phases)):
-        cut = regroup_bounds(p0, p1, window, period, lead=layout > 0 and p0 > 0)
+        cut = regroup_bounds(p0, p1, window, period)
         tail = (p1 - p0) % period if period else 0
         units += [(a, b, tail, k) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
         rank += list(range(len(cut)))

@@ -220,19 +220,14 @@ def tail_classes(period: int, r: int) -> np.ndarray:
     return np.flatnonzero(np.bincount(cls, minlength=period) == 2).astype(np.int64)
 
 
-def regroup_bounds(first: int, last: int, window: int, period: int = 0, lead: bool = False) -> list[int]:
+def regroup_bounds(first: int, last: int, window: int, period: int = 0) -> list[int]:
     """First step of each regroup unit of the phase holding steps ``first``…``last − 1`` (ascending).
 
     Units of ``window`` steps; with ``period`` > 0 a last unit shorter than ``period`` joins the one before
     it (so the phase's partial block of the template regroups together with a whole block and can repeat
-    its first positions, see :func:`template_slots`). With ``lead`` (a phase after another: its first steps
-    follow the ramp from the previous mixture, which a unit of several blocks would spread over all of them,
-    since every block holds each cost class once) the first unit is one block of ``period`` steps when
-    ``window`` is longer and the phase has two blocks or more. Units never cross the phase; pure function of
-    its arguments (no world size).
+    its first positions, see :func:`template_slots`). Units never cross the phase; pure function of its
+    arguments (no world size).
     """
-    if lead and 0 < period < window and last - first >= 2 * period:
-        return [first, *regroup_bounds(first + period, last, window, period)]
     starts = list(range(first, last, window))
     if period > 0 and len(starts) > 1 and last - starts[-1] < period:
         starts.pop()

@@ -14,8 +14,7 @@ rank's sequences. Deterministic for the same build, seed, window, period and wor
 With ``layout`` 1 (:data:`LAYOUT`, issue 16) each phase's template takes the order of its positions that
 keeps the windows across the boundary before it nearest the build's (:func:`loaders.order.match_order`,
 against the previous phase's last block as regrouped: a function of the build only, computed once per
-phase), and a phase after another opens with a one-block window (``regroup_bounds(lead=True)``) so that the
-ramp into it stays in its first block. The order moves whole steps: DP balance is the same.
+phase). The order moves whole steps: DP balance is the same.
 
 With ``edge_windows`` > 0 (default :data:`EDGE_WINDOWS`, 0: off), across a phase boundary whose phases'
 templates do not line up (:meth:`StepPlanner.boundary_mixes`), the phase's last window and the next phase's
@@ -41,8 +40,8 @@ __all__ = ["EDGE_WINDOWS", "LAYOUT", "LAYOUTS", "MICRO_BATCHES", "StepPlanner"]
 
 MICRO_BATCHES = ("equal", "unequal")
 # how regrouped windows are laid out: 1 (issue 16) each phase's template in the order matched to the steps
-# before it (loaders.order), a phase after another opening with a one-block unit; 0 heaviest class first (the
-# layout of loader states that do not name one, which resume only on it)
+# before it (loaders.order); 0 heaviest class first (the layout of loader states that do not name one, which
+# resume only on it)
 LAYOUTS = (0, 1)
 LAYOUT = 1
 # windows after a boundary that needs edges that may mix cost classes: 0 (edges off) by default, since
@@ -95,7 +94,7 @@ class StepPlanner:
         bounds: list[int] = []
         tails: list[int] = []  # per window, its phase's steps mod period: fixes the phase's cost template
         for a, b in itertools.pairwise(starts):
-            cut = regroup_bounds(a, b, window, period, lead=self.layout > 0 and a > 0)
+            cut = regroup_bounds(a, b, window, period)
             bounds += cut
             tails += [(b - a) % period if period else 0] * len(cut)
         self.window_starts = np.array([*bounds, self.steps], dtype=np.int64)

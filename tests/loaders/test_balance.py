@@ -137,18 +137,6 @@ def test_regroup_bounds_cover_the_phase_and_absorb_a_short_tail(
         assert sizes[-1] >= period
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 50), st.integers(1, 80), st.integers(1, 25), st.integers(0, 12))
-def test_a_lead_unit_is_one_block_and_the_rest_as_without_it(first: int, length: int, window: int, period: int) -> None:
-    starts = regroup_bounds(first, first + length, window, period, lead=True)
-    plain = regroup_bounds(first, first + length, window, period)
-    if 0 < period < window and length >= 2 * period:
-        assert starts == [first, *regroup_bounds(first + period, first + length, window, period)]
-        assert starts[1] - starts[0] == period and first + length - starts[-1] >= period
-    else:
-        assert starts == plain
-
-
 def phase_stream(steps: int, size: int, seed: int, merge_tail: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per training step tokens per source of a synthetic phase regrouped window by window (window = period
     = 10) as the planner does, and the build's tokens per source. Long-tailed (Pareto) costs, the same
