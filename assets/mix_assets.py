@@ -69,8 +69,8 @@ def _mixture_check(
         check_name="mixture_error",
         passed=bool(window <= goal_w and phase <= goal_p),
         severity=dg.AssetCheckSeverity.WARN,
-        description=f"{what}: window {window:.4f} (goal {goal_text(GOAL_WINDOW, units[0], 'a window', unit)}), "
-        f"phase {phase:.4f} (goal {goal_text(GOAL_PHASE, units[1], 'the smallest phase', unit)})",
+        description=f"{what}: window {window:.4f} (goal {goal_text(GOAL_WINDOW, units[0], window, 'a window', unit)}), "
+        f"phase {phase:.4f} (goal {goal_text(GOAL_PHASE, units[1], phase, 'the smallest phase', unit)})",
         metadata={"window": window, "phase": phase, "goal_window": goal_w, "goal_phase": goal_p},
     )
 

@@ -59,10 +59,10 @@ def print_summary(out: Console, r: dict[str, Any]) -> list[str]:
         me = r["mixture_error"]
         out.print(
             f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window "
-            f"(goal {goal_text(GOAL_WINDOW, me.get('unit_window', 0.0), 'a window')})"
+            f"(goal {goal_text(GOAL_WINDOW, me.get('unit_window', 0.0), me['window'], 'a window')})"
             + (" [goal missed]" if me["window"] > me["goal_window"] else "")
             + f", {me['phase']:.4f} per phase "
-            f"(goal {goal_text(GOAL_PHASE, me.get('unit_phase', 0.0), 'the smallest phase')})"
+            f"(goal {goal_text(GOAL_PHASE, me.get('unit_phase', 0.0), me['phase'], 'the smallest phase')})"
             + (" [goal missed]" if me["phase"] > me["goal_phase"] else ""),
             highlight=False,
             markup=False,

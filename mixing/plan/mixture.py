@@ -7,10 +7,10 @@ largest absolute difference over every source and every window of ``WINDOW`` con
 
 Tokens come in whole units (a sequence of the shards, a document of the plan) that a span holds or not:
 where one unit is a large share of a window (small global batches: 4 sequences of 8192 tokens a step make
-a 10-step window of 40 sequences, one of them 0.025 of it), no layout reaches 0.01. ``unit_window`` is that
-share (the largest unit's tokens ÷ the fewest planned tokens of a window), ``unit_phase`` the same of the
-smallest phase, and each goal that applies is the larger of docs/design.md's and that share
-(:func:`unit_goal`), stated in every report (:func:`goal_text`).
+a 10-step window of 40 sequences, one of them 0.025 of it), a layout of whole units cannot promise 0.01.
+``unit_window`` is that share (the largest unit's tokens ÷ the fewest planned tokens of a window),
+``unit_phase`` the same of the smallest phase, and each goal that applies is the larger of docs/design.md's
+and that share (:func:`unit_goal`), which the reports state where it decides (:func:`goal_text`).
 
 Works on the plan (``plan_units`` against ``plan_quotas``) and on packed shards (their segments against
 the same quotas). Pure numpy plus DuckDB reads; deterministic.
@@ -101,12 +101,13 @@ def unit_goal(goal: float, unit: float) -> float:
     return max(float(goal), float(unit) * (1 + 1e-9))
 
 
-def goal_text(goal: float, unit: float, span: str, what: str = "sequence") -> str:
-    """How reports state a goal: ``≤ 0.01``, or the share one whole unit (``what``: sequence, document) is
-    of ``span``, and that the goal is out of reach."""
-    if unit <= goal:
+def goal_text(goal: float, unit: float, value: float, span: str, what: str = "sequence") -> str:
+    """How reports state a goal beside a figure ``value``: ``≤ 0.01`` where it is met or whole units are
+    finer; else the share one whole unit (``what``: sequence, document) is of ``span``, which is then the
+    goal that applies (:func:`unit_goal`)."""
+    if value <= goal or unit <= goal:
         return f"≤ {goal}"
-    return f"≤ {unit:.4f}, one whole {what}'s share of {span}: {goal} is out of reach"
+    return f"≤ {unit:.4f}: one whole {what} is that share of {span}, more than {goal}"
 
 
 def _share_error(realized: np.ndarray, planned: np.ndarray) -> np.ndarray:

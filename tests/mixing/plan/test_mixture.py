@@ -78,10 +78,12 @@ def test_the_check_and_the_summary_state_the_bound() -> None:
     from mixing.plan.mixture import goal_text
 
     small = _mixture_check(0.0127, 0.0058, "realized after packing", (0.025, 0.03125))
-    assert small.passed and "goal ≤ 0.0250, one whole sequence's share of a window" in (small.description or "")
-    assert "0.01 is out of reach" in (small.description or "")
+    described = small.description or ""
+    assert small.passed and "window 0.0127 (goal ≤ 0.0250: one whole sequence is that share of a window" in described
+    assert "phase 0.0058 (goal ≤ 0.0312: one whole sequence is that share of the smallest phase" in described
     assert not _mixture_check(0.0127, 0.0001, "planned", (0.00625, 0.0005)).passed  # 0.01 applies here
-    assert goal_text(GOAL_WINDOW, 0.00625, "a window") == "≤ 0.01"
+    assert goal_text(GOAL_WINDOW, 0.00625, 0.0127, "a window") == "≤ 0.01"  # a sequence is finer than the goal
+    assert goal_text(GOAL_WINDOW, 0.025, 0.008, "a window") == "≤ 0.01"  # met: nothing to explain
 
 
 def test_the_shards_unit_is_their_fullest_sequence(demo_build: Path) -> None:
