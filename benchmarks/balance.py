@@ -25,8 +25,9 @@ the whole run. Cost of a document: l² + 49152·l.
 Then three-phase curricula at one sequence per rank (S = 32768 and 131072, global batch 16, dp 16): a warmup
 of short documents (``max_doc_tokens`` 4096, 10 %), the main mixture (75 %), an anneal with fewer books (15 %);
 ``same`` (one mixture), ``noramp`` and ``ramps`` (3-step linear ramp into main, 3-step cosine ramp into the
-anneal). Rows: the build's steps (B3, regroup off), weir (default: no edges), weir with edges over 2 and
-over all windows after each boundary that needs them (``--edge-windows``);
+anneal). Rows: the build's steps (B3, regroup off), weir (default: each phase's template order matched to
+the phase before it, ``loaders.order``; no edges), weir with the heaviest-first layout of before issue 16,
+weir with edges over 2 and over all windows after each boundary that needs them (``--edge-windows``);
 ``mixture_error`` of the trainer's stream against the plan's ramped per-step shares, per 10-step window (and
 how many windows miss 0.01) and per phase. ``--edge-goal`` moves the balance/mixture trade-off at the edges.
 
@@ -431,8 +432,8 @@ def curriculum_regime(
     lens: dict, kind: str, seq_len: int, batch: int, dp: int, steps: int, window: int, period: int, slack: float,
     seed: int, edge_windows: tuple[int, ...] = (2, 1000),
 ) -> None:  # fmt: skip
-    """A multi-phase run at one sequence per rank: the build's steps (B3, regroup off), weir (no edges) and
-    weir with edges over each of ``edge_windows`` windows; ``mixture_error`` of the trainer's stream per
+    """A multi-phase run at one sequence per rank: the build's steps (B3, regroup off), weir (no edges), weir
+    with the heaviest-first layout (``layout=0``) and weir with edges over each of ``edge_windows`` windows; ``mixture_error`` of the trainer's stream per
     10-step window (and how many windows exceed 0.01) and per phase, against the plan's ramped per-step
     shares."""
     phases = curriculum(steps, kind)
