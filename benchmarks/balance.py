@@ -433,9 +433,9 @@ def curriculum_regime(
     seed: int, edge_windows: tuple[int, ...] = (2, 1000),
 ) -> None:  # fmt: skip
     """A multi-phase run at one sequence per rank: the build's steps (B3, regroup off), weir (no edges), weir
-    with the heaviest-first layout (``layout=0``) and weir with edges over each of ``edge_windows`` windows; ``mixture_error`` of the trainer's stream per
-    10-step window (and how many windows exceed 0.01) and per phase, against the plan's ramped per-step
-    shares."""
+    with the heaviest-first layout (``layout=0``) and weir with edges over each of ``edge_windows`` windows;
+    ``mixture_error`` of the trainer's stream per 10-step window (and how many windows exceed 0.01) and per
+    phase, against the plan's ramped per-step shares."""
     phases = curriculum(steps, kind)
     shares, caps, phase = planned_shares(phases)
     n = len(shares)
