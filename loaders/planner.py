@@ -74,7 +74,6 @@ class StepPlanner:
         self.edge_windows = edge_windows  # see EDGE_WINDOWS; > 0 also turns on a phase's last edge window
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout}")
-        self.layout = layout if period > 0 and window > 1 else 0  # see LAYOUT; alike without a template
         m = shards.manifest
         self.shards, self.window, self.seed = shards, window, seed
         self.global_batch = int(m["global_batch"])
@@ -101,6 +100,8 @@ class StepPlanner:
         self.window_tail = np.array(tails, dtype=np.int64)
         # the windows just before and after a boundary between phases (see boundary_mixes)
         self.inner = {int(x) for x in starts[1:-1]}
+        # see LAYOUT; the layouts are alike without a template or a boundary (old states resume there too)
+        self.layout = layout if period > 0 and window > 1 and self.inner else 0
         # per window, the first and last window of its phase
         first_of = np.searchsorted(self.window_starts, np.array(starts[:-1]))
         phase_of = np.searchsorted(np.array(starts[:-1]), self.window_starts[:-1], side="right") - 1
@@ -218,10 +219,10 @@ class StepPlanner:
         """The template order (:mod:`loaders.order`) of the phase whose first window is ``first``: matched to
         the steps before it as the previous phase lays them out (its own order, unrefined: a function of the
         build, no chain; the run's first phase keeps each prefix of a block nearest the build's, so that the
-        next can match it); None (heaviest first) in a run of one phase (no boundary: its layout stays the one
-        before issue 16), without a template, or when the phase's first window has no whole block."""
+        next can match it); None (heaviest first) with layout 0 (also a run of one phase: no boundary, its
+        layout stays the one before issue 16) or when the phase's first window has no whole block."""
         a, b = int(self.window_starts[first]), int(self.window_starts[first + 1])
-        if not self.layout or b - a < self.period or not (first or self.inner):
+        if not self.layout or b - a < self.period:
             return None
         _, costs, src = self._facts(first)
         r = (b - a) % self.period or int(self.window_tail[first]) % self.period

@@ -26,12 +26,12 @@ SOURCES = ["books", "a", "b"]
 PHASES = (("warmup", 20, 5), ("main", 40, 4), ("anneal", 20, 3))
 
 
-def synthetic_build(root: Path) -> ShardSet:
+def synthetic_build(root: Path, phases: tuple[tuple[str, int, int], ...] = PHASES) -> ShardSet:
     """Every build step holds its phase's mixture exactly: ``HEAVY`` single-document sequences of books and
     ``BATCH − HEAVY`` packs of eight 8-token documents, ``a`` of source a and the rest of b."""
-    steps, segs, offs, phases, t = [], [], [0], [], 0
-    for name, n, a in PHASES:
-        phases.append({"phase": name, "first_step": t, "steps": n})
+    steps, segs, offs, listed, t = [], [], [0], [], 0
+    for name, n, a in phases:
+        listed.append({"phase": name, "first_step": t, "steps": n})
         for _ in range(n):
             for j in range(BATCH):
                 for src in [0] if j % 2 else [1] * a + [2] * (8 - a):  # heavy and light sequences alternate
@@ -43,7 +43,7 @@ def synthetic_build(root: Path) -> ShardSet:
         "global_batch": BATCH,
         "cost": {"attention": 1.0, "linear": LINEAR},
         "sources": SOURCES,
-        "phases": phases,
+        "phases": listed,
         "regroup": {"window": 20, "period": 10, "slack": 1.15},  # the mix file's recommended setting
     }
     tokens = np.zeros((len(steps), S), dtype=np.uint16)
@@ -143,3 +143,14 @@ def test_a_state_of_the_layout_before_resumes_only_on_it(shards: ShardSet) -> No
     older = {k: v for k, v in ds.state_dict().items() if k != "layout"}  # saved before layouts were named
     with pytest.raises(ValueError, match="layout 0"):
         PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",)).load_state_dict(older)
+
+
+def test_a_run_of_one_phase_keeps_the_layout_before(tmp_path: Path) -> None:
+    shards = synthetic_build(tmp_path, (("main", 40, 4),))
+    assert StepPlanner(shards, window=20, period=10).layout == 0  # no boundary: nothing to match
+    ds = PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",))
+    seqs(ds, 50)
+    older = {k: v for k, v in ds.state_dict().items() if k != "layout"}
+    resumed = PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",))
+    resumed.load_state_dict(older)  # a state from before layouts were named resumes as it did
+    assert seqs(resumed) == seqs(PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",)))[50:]
