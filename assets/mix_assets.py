@@ -70,11 +70,11 @@ def _mixture_check(window: float, phase: float, what: str) -> dg.AssetCheckResul
 
 def _stream_check(root: Path, built: dict[str, Any]) -> dg.AssetCheckResult:
     """The ``mixture_error`` check of the build's steps and, when the mix file regroups them, of the stream
-    the trainer receives (:func:`loaders.stream.stream_report`): the worse of the two is judged."""
+    the trainer receives (:func:`assets.stream.stream_report`): the worse of the two is judged."""
     regroup = json.loads((root / "shards" / "manifest.json").read_text()).get("regroup") or {}
     if int(regroup.get("window", 1)) <= 1:
         return _mixture_check(built["window"], built["phase"], "realized after packing")
-    from loaders.stream import stream_report
+    from assets.stream import stream_report
 
     st = stream_report(root)
     return _mixture_check(

@@ -173,10 +173,10 @@ def inspect(
 
 
 def _with_stream(report: dict, root: Path) -> dict:  # type: ignore[type-arg]
-    """``report`` plus ``mixture_error_stream`` (:func:`loaders.stream.stream_report`) when the mix file
+    """``report`` plus ``mixture_error_stream`` (:func:`assets.stream.stream_report`) when the mix file
     regroups steps (otherwise the trainer's stream is the build's steps)."""
     if _regroups(root):
-        from loaders.stream import stream_report
+        from assets.stream import stream_report
 
         report["mixture_error_stream"] = stream_report(root)
     return report

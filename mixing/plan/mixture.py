@@ -5,12 +5,14 @@ largest absolute difference over every source and every window of ``WINDOW`` con
 ≤ 0.01), and separately over every whole phase (goal ≤ 0.002). Shares are token-weighted over the span
 (Σ tokens of the source ÷ Σ tokens of all sources), so a window is judged as the trainer sees it.
 
-Works on the plan (``plan_units`` against ``plan_quotas``) and on packed shards (their segments against
-the same quotas). Pure numpy plus DuckDB reads; deterministic.
+Works on the plan (``plan_units`` against ``plan_quotas``), on packed shards (their segments against the
+same quotas), and on any stream of steps given as tokens per source (:func:`compositions_mixture_error`: the
+trainer's, as :mod:`loaders.stream` computes it). Pure numpy plus DuckDB reads; deterministic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ __all__ = [
     "GOAL_WINDOW",
     "WINDOW",
     "MixtureError",
+    "compositions_mixture_error",
     "mixture_error",
     "plan_mixture_error",
     "planned_tokens",
@@ -140,11 +143,23 @@ def plan_mixture_error(db_path: Path, window: int = WINDOW) -> MixtureError:
 def shards_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int = WINDOW) -> MixtureError:
     """The metric of packed shards: tokens of each sequence's segments per step vs the plan's ``quotas``
     (a ``plan_quotas`` frame, e.g. the build's ``plan/quotas.parquet``)."""
-    sources, phases, phase, planned = planned_tokens(quotas)
-    col = {s: k for k, s in enumerate(sources)}
-    remap = np.array([col[s] for s in shards.manifest["sources"]], dtype=np.int64)
-    realized = np.zeros_like(planned)
+    sources = shards.manifest["sources"]
     offs, segs = shards.segments  # all sequences at once: one pass over the shards' metadata
-    seg_step = np.repeat(shards.steps, np.diff(offs))
-    np.add.at(realized, (seg_step, remap[segs[:, 0]]), segs[:, 3])
-    return mixture_error(realized, planned, phase, sources, phases, window)
+    steps = np.zeros((int(shards.steps.max()) + 1 if len(shards) else 0, len(sources)), dtype=np.int64)
+    np.add.at(steps, (np.repeat(shards.steps, np.diff(offs)), segs[:, 0]), segs[:, 3])
+    return compositions_mixture_error(steps, sources, quotas, window)
+
+
+def compositions_mixture_error(
+    compositions: np.ndarray, sources: Sequence[str], quotas: pl.DataFrame, window: int = WINDOW
+) -> MixtureError:
+    """The metric of a stream of steps given as tokens per source, against the plan's ``quotas`` (a
+    ``plan_quotas`` frame): ``compositions`` int [steps, len(sources)], row t the t-th step, columns named by
+    ``sources`` (e.g. a manifest's order; each a source of the plan). Planned steps past its last row count
+    as empty. Integer counts, so the figures do not depend on how the stream was summed."""
+    names, phases, phase, planned = planned_tokens(quotas)
+    col = {s: k for k, s in enumerate(names)}
+    realized = np.zeros_like(planned)
+    for k, name in enumerate(sources):
+        realized[: len(compositions), col[name]] += compositions[:, k]
+    return mixture_error(realized, planned, phase, names, phases, window)

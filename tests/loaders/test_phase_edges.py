@@ -19,9 +19,16 @@ import pytest
 from loaders import PackedDataset
 from loaders.balance import dp_imbalance
 from loaders.planner import StepPlanner
-from loaders.stream import stream_compositions, stream_mixture_error
+from loaders.stream import stream_compositions, stream_planner
 from mixing.format.shards import ShardSet, write_shards
-from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, shards_mixture_error
+from mixing.plan.mixture import (
+    GOAL_PHASE,
+    GOAL_WINDOW,
+    MixtureError,
+    compositions_mixture_error,
+    mixture_error,
+    shards_mixture_error,
+)
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 S, BATCH = 64, 8
@@ -60,6 +67,13 @@ def synthetic_build(root: Path, seed: int = 0) -> ShardSet:
     tokens = np.zeros((len(steps), S), dtype=np.uint16)
     write_shards(root, tokens, np.array(steps), np.array(offs), np.array(segs, dtype=np.int64), 256, manifest)
     return ShardSet(root)
+
+
+def stream_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int | None = None) -> MixtureError:
+    """``mixture_error`` of the training steps a :class:`loaders.PackedDataset` reads (regroup ``window``;
+    default: the manifest's) against the plan's ``quotas``."""
+    steps = stream_compositions(stream_planner(shards, window))
+    return compositions_mixture_error(steps, shards.manifest["sources"], quotas)
 
 
 def build_compositions(shards: ShardSet) -> np.ndarray:
