@@ -11,26 +11,26 @@ sequences do not depend on the number of ranks.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
 import polars as pl
 
 from loaders.planner import StepPlanner
-from loaders.refinement import SLACK
 from mixing.format.layout import BuildLayout
+from mixing.format.manifest import Manifest
 from mixing.format.shards import ShardSet
 from mixing.plan.mixture import WINDOW, MixtureError, mixture_error, planned_tokens
+from mixing.report import StreamMixtureReport
 
 __all__ = ["regroup_settings", "stream_compositions", "stream_mixture_error", "stream_report"]
 
 
-def regroup_settings(manifest: dict[str, Any]) -> tuple[int, int, float]:
-    """``(window, period, slack)`` of the mix file's ``balance.regroup`` in a build's manifest (else 1, 0 and
-    :data:`loaders.refinement.SLACK`): what :class:`loaders.PackedDataset` uses by default."""
-    regroup = manifest.get("regroup") or {}
-    return int(regroup.get("window", 1)), int(regroup.get("period", 0)), float(regroup.get("slack", SLACK))
+def regroup_settings(manifest: Manifest) -> tuple[int, int, float]:
+    """``(window, period, slack)`` of the mix file's ``balance.regroup`` in a build's manifest (else those of
+    :data:`mixing.format.manifest.NO_REGROUP`): what :class:`loaders.PackedDataset` uses by default."""
+    regroup = manifest.regrouping
+    return regroup.window, regroup.period, regroup.slack
 
 
 def stream_compositions(planner: StepPlanner) -> np.ndarray:
@@ -62,12 +62,12 @@ def stream_mixture_error(
         w if window is None else window,
         seed,
         p if period is None else period,
-        str(shards.manifest.get("micro_batches", "equal")),
+        shards.manifest.micro_batches,
         s if slack is None else slack,
     )
     sources, phases, phase, planned = planned_tokens(quotas)
     col = {name: k for k, name in enumerate(sources)}
-    remap = np.array([col[name] for name in shards.manifest["sources"]], dtype=np.int64)
+    remap = np.array([col[name] for name in shards.manifest.sources or ()], dtype=np.int64)
     realized = np.zeros_like(planned)
     comps = stream_compositions(planner)
     for k in range(comps.shape[1]):
@@ -75,15 +75,14 @@ def stream_mixture_error(
     return mixture_error(realized, planned, phase, sources, phases, steps)
 
 
-def stream_report(root: str | Path) -> dict[str, Any]:
+def stream_report(root: str | Path) -> StreamMixtureReport:
     """``mixture_error`` of the trainer's stream of the finished build at ``root`` under its mix file's
     ``balance.regroup`` (what ``weir inspect``, the build summary and the Dagster check show beside the
-    build's own): the keys of :func:`mixing.pack.packed.inspect_build`'s ``mixture_error`` plus ``regroup``
+    build's own): the figures of :func:`mixing.report.inspect_build`'s ``mixture_error`` plus ``regroup``
     (the window, period and slack it was measured with)."""
     layout = BuildLayout(Path(root))
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
     shards = ShardSet(layout.shards_dir)
-    window, period, slack = regroup_settings(shards.manifest)
-    me = stream_mixture_error(shards, quotas)
-    return {**me.report(), "regroup": {"window": window, "period": period, "slack": slack}}
+    me = stream_mixture_error(shards, quotas).report()
+    return StreamMixtureReport(**dict(me), regroup=shards.manifest.regrouping)
