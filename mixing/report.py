@@ -124,7 +124,7 @@ class BuildReport(_Report):
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object ``weir inspect --json`` prints (fields that are None left out)."""
-        return self.model_dump(exclude_none=True)
+        return self.model_dump(mode="json", exclude_none=True)
 
 
 def build_mixture_error(root: Path, shards: ShardSet | None = None) -> MixtureError:
