@@ -137,7 +137,7 @@ def write_shards(
     per_step = np.unique(steps, return_counts=True)[1] if n else np.zeros(0, np.int64)
     full = Manifest.model_validate(
         {
-            **{name: getattr(info, name) for name in info.model_fields_set},
+            **{name: getattr(info, name) for name in info.model_fields_set & set(BuildInfo.model_fields)},
             "format_version": FORMAT_VERSION,
             "seq_len": int(seq_len if seq_len is not None else 0),
             "sequences": n,

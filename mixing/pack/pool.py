@@ -332,7 +332,9 @@ def _fill_kernel(
     return m
 
 
-_cost = cost_formula  # the one cost formula (mixing.format.cost), compiled below with the kernels
+# the one cost formula (mixing.format.cost), compiled below with the kernels; numba's cache of the kernels does
+# not notice a change to that file: clear mixing/pack/__pycache__ after changing the formula
+_cost = cost_formula
 
 if njit is not None:
     _cost = njit(cache=True, nogil=True)(_cost)
