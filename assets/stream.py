@@ -6,27 +6,26 @@ build summary and the ``packed_shards`` Dagster check show beside the build's ow
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import duckdb
 
-from loaders.stream import regroup_settings, stream_compositions, stream_planner
+from loaders.stream import stream_compositions, stream_planner
 from mixing.format.layout import BuildLayout
 from mixing.format.shards import ShardSet
 from mixing.plan.mixture import compositions_mixture_error
+from mixing.report import StreamMixtureReport
 
 __all__ = ["stream_report"]
 
 
-def stream_report(root: str | Path) -> dict[str, Any]:
+def stream_report(root: str | Path) -> StreamMixtureReport:
     """``mixture_error`` of the trainer's stream of the finished build at ``root`` under its manifest's
-    ``regroup``: the keys of :func:`mixing.pack.packed.inspect_build`'s ``mixture_error`` plus ``regroup``
+    ``regroup``: the keys of :func:`mixing.report.inspect_build`'s ``mixture_error`` plus ``regroup``
     (the window, period and slack it was measured with)."""
     layout = BuildLayout(Path(root))
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
     shards = ShardSet(layout.shards_dir)
-    window, period, slack = regroup_settings(shards.manifest)
     steps = stream_compositions(stream_planner(shards))
-    me = compositions_mixture_error(steps, shards.manifest["sources"], quotas)
-    return {**me.report(), "regroup": {"window": window, "period": period, "slack": slack}}
+    me = compositions_mixture_error(steps, list(shards.manifest.sources or ()), quotas)
+    return StreamMixtureReport(**dict(me.report()), regroup=shards.manifest.regrouping)

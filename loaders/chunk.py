@@ -38,7 +38,7 @@ class ChunkBuilder:
         pad_id: int = 0,
     ) -> None:
         m = shards.manifest
-        self.shards, self.S, self.fields = shards, int(m["seq_len"]), fields
+        self.shards, self.S, self.fields = shards, m.seq_len, fields
         self.cp_size, self.cp_rank, self.pad_id = cp_size, cp_rank, pad_id
         self.zigzag = cp_size > 1 and cp_split == "zigzag"
         # the other splits take the same slots of every sequence (they depend on S only)
@@ -48,7 +48,7 @@ class ChunkBuilder:
         self._fixed, self._fixed_t = fixed, torch.from_numpy(fixed)
         self._pool: dict[str, list[np.ndarray]] = {}
         self._plain: dict[int, np.ndarray] = {}
-        self._first = np.array([int(sh["first_sequence"]) for sh in m["shards"]], dtype=np.int64)
+        self._first = np.array([sh.first_sequence for sh in m.shards], dtype=np.int64)
         self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
 
     def __getstate__(self) -> dict[str, Any]:

@@ -33,7 +33,6 @@ from loaders.fields import FIELDS, IGNORE_INDEX, check_fields
 from loaders.index import open_index
 from loaders.integrity import VerifiedShardSet, verifier_for
 from loaders.planner import StepPlanner
-from loaders.refinement import SLACK
 from loaders.state import LoaderState, StateError
 from loaders.world import World
 from mixing.errors import WeirError
@@ -54,7 +53,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     local cache of at most ``cache_bytes`` per process, see :mod:`loaders.remote`; ``storage_options`` go to
     fsspec, e.g. ``{"endpoint_url": ...}``). World: the arguments, or
     :meth:`World.detect` when ``dp_rank``/``dp_size`` are None. ``window``, ``period``, ``slack``: default
-    to the mix file's ``balance.regroup`` (else 1, 0 and :data:`loaders.refinement.SLACK`). ``window``: steps
+    to the mix file's ``balance.regroup`` (else :data:`mixing.format.manifest.NO_REGROUP`). ``window``: steps
     regrouped together for DP balance (1 = the build's steps exactly); ``period``: 0, or the block of steps
     whose cost template regrouping repeats (10 with ``window=20`` for one sequence per rank at long context,
     see :func:`loaders.balance.regroup_window`); with both, ``slack`` (0 turns it off) bounds the balance a
@@ -134,20 +133,20 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self.fields = check_fields(fields, cp_size)
         self.shards, manifest_bytes = _open(path, cache_dir, cache_bytes, storage_options, verify)
         m = self.shards.manifest
-        self.seq_len, self.global_batch = int(m["seq_len"]), int(m["global_batch"])
-        self.pad_id = int(m.get("pad_id", 0))
+        self.seq_len, self.pad_id = m.seq_len, m.pad_id
         if cp_split != "zigzag" and self.seq_len % (2 * cp_size):
             raise ValueError(f"sequence length {self.seq_len} is not divisible by 2·cp_size {2 * cp_size}")
         split(np.array([2 * cp_size]), cp_size, 0, cp_split)  # validates the name early
-        regroup = m.get("regroup") or {}  # the mix file's balance.regroup: the defaults of the three below
-        window = int(regroup.get("window", 1)) if window is None else window
-        period = int(regroup.get("period", 0)) if period is None else period
-        slack = float(regroup.get("slack", SLACK)) if slack is None else slack
-        seed = int(m.get("seed") or 0) if seed is None else seed
+        regroup = m.regrouping  # the mix file's balance.regroup: the defaults of the three below
+        window = regroup.window if window is None else window
+        period = regroup.period if period is None else period
+        slack = regroup.slack if slack is None else slack
+        seed = m.seed if seed is None else seed
         self.seed, self.window, self.cp_split = seed, window, cp_split
         self.period = period
-        self.micro_batches = micro_batches or str(m.get("micro_batches", "equal"))
+        self.micro_batches = micro_batches or m.micro_batches
         self.planner = StepPlanner(self.shards, window, seed, period, self.micro_batches, slack)
+        self.global_batch = self.planner.global_batch
         self.planner.check_world(dp_size)
         self.facts = RunFacts.from_manifest(m, self.planner.steps, int(self.shards.seq_tokens.sum()))
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()

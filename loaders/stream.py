@@ -10,22 +10,20 @@ a training step's sequences do not depend on the number of ranks.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from loaders.planner import StepPlanner
-from loaders.refinement import SLACK
+from mixing.format.manifest import Manifest
 from mixing.format.shards import ShardSet
 
 __all__ = ["regroup_settings", "stream_compositions", "stream_planner"]
 
 
-def regroup_settings(manifest: dict[str, Any]) -> tuple[int, int, float]:
-    """``(window, period, slack)`` of the mix file's ``balance.regroup`` in a build's manifest (else 1, 0 and
-    :data:`loaders.refinement.SLACK`): what :class:`loaders.PackedDataset` uses by default."""
-    regroup = manifest.get("regroup") or {}
-    return int(regroup.get("window", 1)), int(regroup.get("period", 0)), float(regroup.get("slack", SLACK))
+def regroup_settings(manifest: Manifest) -> tuple[int, int, float]:
+    """``(window, period, slack)`` of the mix file's ``balance.regroup`` in a build's manifest (else those of
+    :data:`mixing.format.manifest.NO_REGROUP`): what :class:`loaders.PackedDataset` uses by default."""
+    regroup = manifest.regrouping
+    return regroup.window, regroup.period, regroup.slack
 
 
 def stream_planner(
@@ -43,7 +41,7 @@ def stream_planner(
         w if window is None else window,
         seed,
         p if period is None else period,
-        str(shards.manifest.get("micro_batches", "equal")),
+        shards.manifest.micro_batches,
         s if slack is None else slack,
     )
 

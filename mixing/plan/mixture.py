@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
 import polars as pl
+from pydantic import BaseModel, ConfigDict
 
 from mixing.format.shards import ShardSet
 
@@ -28,6 +28,9 @@ __all__ = [
     "GOAL_WINDOW",
     "WINDOW",
     "MixtureError",
+    "MixtureReport",
+    "WorstPhase",
+    "WorstWindow",
     "compositions_mixture_error",
     "mixture_error",
     "plan_mixture_error",
@@ -56,19 +59,53 @@ class MixtureError:
         """Both within the docs/design.md goals."""
         return self.window <= GOAL_WINDOW and self.phase <= GOAL_PHASE
 
-    def report(self) -> dict[str, Any]:
-        """The figures as ``weir inspect --json`` shows them: the metric, its goals, where it is worst."""
-        return {
-            "window": self.window,
-            "phase": self.phase,
-            "window_steps": WINDOW,
-            "goal_window": GOAL_WINDOW,
-            "goal_phase": GOAL_PHASE,
-            "ok": self.ok,
-            "worst_window": {"first_step": self.worst_window[0], "source": self.worst_window[1]},
-            "worst_phase": {"phase": self.worst_phase[0], "source": self.worst_phase[1]},
-            "per_phase": self.per_phase,
-        }
+    def report(self) -> MixtureReport:
+        """The figures as ``weir inspect`` shows them: the metric, its goals, where it is worst."""
+        return MixtureReport(
+            window=self.window,
+            phase=self.phase,
+            window_steps=WINDOW,
+            goal_window=GOAL_WINDOW,
+            goal_phase=GOAL_PHASE,
+            ok=self.ok,
+            worst_window=WorstWindow(first_step=self.worst_window[0], source=self.worst_window[1]),
+            worst_phase=WorstPhase(phase=self.worst_phase[0], source=self.worst_phase[1]),
+            per_phase=self.per_phase,
+        )
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorstWindow(_Report):
+    """Where the window error is reached: the window's first step and the source."""
+
+    first_step: int
+    source: str
+
+
+class WorstPhase(_Report):
+    """Where the phase error is reached: the phase and the source."""
+
+    phase: str
+    source: str
+
+
+class MixtureReport(_Report):
+    """:class:`MixtureError` as reported (``weir inspect``, ``report.json``): ``window`` and ``phase`` (the
+    metric), ``window_steps`` (the window's length), the goals ``goal_window`` and ``goal_phase``, ``ok``
+    (both met), where each is worst, and ``per_phase`` (phase → its error)."""
+
+    window: float
+    phase: float
+    window_steps: int
+    goal_window: float
+    goal_phase: float
+    ok: bool
+    worst_window: WorstWindow
+    worst_phase: WorstPhase
+    per_phase: dict[str, float]
 
 
 def _share_error(realized: np.ndarray, planned: np.ndarray) -> np.ndarray:
@@ -143,7 +180,7 @@ def plan_mixture_error(db_path: Path, window: int = WINDOW) -> MixtureError:
 def shards_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int = WINDOW) -> MixtureError:
     """The metric of packed shards: tokens of each sequence's segments per step vs the plan's ``quotas``
     (a ``plan_quotas`` frame, e.g. the build's ``plan/quotas.parquet``)."""
-    sources = shards.manifest["sources"]
+    sources = list(shards.manifest.sources or ())
     offs, segs = shards.segments  # all sequences at once: one pass over the shards' metadata
     steps = np.zeros((int(shards.steps.max()) + 1 if len(shards) else 0, len(sources)), dtype=np.int64)
     np.add.at(steps, (np.repeat(shards.steps, np.diff(offs)), segs[:, 0]), segs[:, 3])

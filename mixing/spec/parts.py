@@ -12,9 +12,11 @@ import json
 import math
 import re
 import string
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
+
+from mixing.format.cost import CostModel
 
 __all__ = [
     "MAX_STEPS",
@@ -315,14 +317,15 @@ class Phase(FrozenModel):
 
 
 class Cost(FrozenModel):
-    """Cost of one document of ``l`` tokens: ``attention·l² + linear·l`` (arbitrary units)."""
+    """The mix file's ``balance.cost``: the build's cost model (:class:`mixing.format.cost.CostModel`, a
+    document of ``l`` tokens costs ``attention·l² + linear·l``), here with the mix file's defaults."""
 
     attention: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
     linear: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 8192.0
 
-    def of(self, length: Any) -> Any:
-        """Cost of documents of the given length(s); works on ints and numpy arrays alike."""
-        return self.attention * length * length + self.linear * length
+    def model(self) -> CostModel:
+        """The cost model these weights make (what the build packs with and records)."""
+        return CostModel(self.attention, self.linear)
 
 
 class Regroup(FrozenModel):

@@ -10,6 +10,7 @@ import pytest
 
 from loaders import PackedDataset, RunFacts
 from loaders.facts import CostModel, PhaseFacts
+from mixing.format.manifest import parse_manifest
 from mixing.format.shards import ShardSet
 
 
@@ -50,7 +51,11 @@ def test_the_loaders_default_seed_is_the_mix_files(tiny_build: Path) -> None:
 
 
 def test_a_manifest_without_the_new_fields_gives_none_and_seed_zero() -> None:
-    m = {"seq_len": 8, "global_batch": 2, "sequences": 4, "pad_id": 3}
+    files = {kind: {"name": f"shard-00000.{kind}", "bytes": 1, "sha256": "0" * 64} for kind in ("tokens", "meta")}
+    fields = {"seq_len": 8, "global_batch": 2, "sequences": 4, "pad_id": 3}
+    old = {"format_version": 2, "dtype": "uint16", "shards": [{"first_sequence": 0, "sequences": 4, "files": files}]}
+    m, sealed = parse_manifest(json.dumps({**old, **fields}).encode(), "manifest.json")
+    assert not sealed
     facts = RunFacts.from_manifest(m, steps=2, tokens=20)
     assert (facts.seed, facts.eos_id, facts.vocab_size, facts.pad_id, facts.pad_is_eos) == (0, None, None, 3, False)
     assert (facts.phases, facts.cost, facts.micro_batches) == ((), CostModel(), "equal")

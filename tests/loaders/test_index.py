@@ -112,7 +112,7 @@ def test_old_format_builds_read_through_the_index(sharded_build: Path, tmp_path:
     for cp, fields in ((1, LEAN), (2, None)):
         want = list(PackedDataset(sharded_build, 0, 1, cp - 1, cp, window=2, fields=fields, cache_dir=tmp_path / "c3"))
         ds = PackedDataset(old, 0, 1, cp - 1, cp, window=2, fields=fields, cache_dir=tmp_path / "c")
-        assert ds.shards.manifest["format_version"] == version and ds.shards.index is not None
+        assert ds.shards.manifest.format_version == version and ds.shards.index is not None
         got = list(ds)
         assert len(got) == len(want) and all(same(a, b) for a, b in zip(want, got, strict=True))
 

@@ -54,8 +54,8 @@ def test_a_flipped_bit_is_named_before_any_token_of_its_file(
     root = copy_shards(sharded_build, tmp_path)
     bad = shard_file(root, DAMAGED, kind)
     flip_bit(bad)
-    first = PackedDataset(sharded_build, 0, 1, verify=False).shards.manifest["shards"][DAMAGED]
-    damaged = range(first["first_sequence"], first["first_sequence"] + first["sequences"])
+    first = PackedDataset(sharded_build, 0, 1, verify=False).shards.manifest.shards[DAMAGED]
+    damaged = range(first.first_sequence, first.first_sequence + first.sequences)
     seen: list[int] = []
     with pytest.raises(CorruptShardError, match=re.escape(str(bad)) + ".*sha256") as err:
         ds = PackedDataset(root, 0, 1, chunk=4, cache_dir=tmp_path / "cache")
@@ -88,7 +88,7 @@ def test_sound_files_give_the_items_of_an_unverified_reader(sharded_build: Path,
     for a, b in zip(verified, plain, strict=True):
         assert a.keys() == b.keys()
         assert all(a[k].equal(b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
-    n_files = 2 * len(PackedDataset(sharded_build, verify=False).shards.manifest["shards"]) + len(ARRAYS)
+    n_files = 2 * len(PackedDataset(sharded_build, verify=False).shards.manifest.shards) + len(ARRAYS)
     assert len(list((tmp_path / "verified").iterdir())) == n_files  # each file's verdict kept (shards, index)
 
 

@@ -73,7 +73,7 @@ def stream_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int | N
     """``mixture_error`` of the training steps a :class:`loaders.PackedDataset` reads (regroup ``window``;
     default: the manifest's) against the plan's ``quotas``."""
     steps = stream_compositions(stream_planner(shards, window))
-    return compositions_mixture_error(steps, shards.manifest["sources"], quotas)
+    return compositions_mixture_error(steps, list(shards.manifest.sources or ()), quotas)
 
 
 def build_compositions(shards: ShardSet) -> np.ndarray:
@@ -112,8 +112,8 @@ def test_each_sequence_once_and_phases_kept(shards: ShardSet) -> None:
     rows = np.stack([planner.step_sequences(t) for t in range(planner.steps)])
     assert sorted(rows.ravel().tolist()) == list(range(len(shards)))  # every sequence exactly once
     assert (shards.steps[rows] == np.arange(planner.steps)[:, None]).sum() < rows.size  # it did regroup
-    for ph in shards.manifest["phases"]:  # no sequence leaves its phase
-        a, b = ph["first_step"], ph["first_step"] + ph["steps"]
+    for ph in shards.manifest.phases:  # no sequence leaves its phase
+        a, b = ph.first_step, ph.first_step + ph.steps
         assert ((shards.steps[rows[a:b]] >= a) & (shards.steps[rows[a:b]] < b)).all()
 
 
@@ -128,10 +128,10 @@ def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
     assert np.array_equal(got, stream_compositions(ranks[0].planner))
     quotas = pl.DataFrame(
         [
-            {"step": t, "phase": ph["phase"], "source": s, "quota": int(v)}
-            for ph in shards.manifest["phases"]
-            for t in range(ph["first_step"], ph["first_step"] + ph["steps"])
-            for s, v in zip(shards.manifest["sources"], build_compositions(shards)[t], strict=True)
+            {"step": t, "phase": ph.phase, "source": s, "quota": int(v)}
+            for ph in shards.manifest.phases
+            for t in range(ph.first_step, ph.first_step + ph.steps)
+            for s, v in zip(shards.manifest.sources, build_compositions(shards)[t], strict=True)
         ]
     )
     stream, built = stream_mixture_error(shards, quotas), shards_mixture_error(shards, quotas)

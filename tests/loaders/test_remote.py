@@ -33,9 +33,9 @@ def test_s3_stream_equals_the_local_stream_within_the_cache_bound(
 ) -> None:
     s3["fs"].put(str(sharded_build / "shards"), "weir-test/tiny/shards", recursive=True)
     local = PackedDataset(sharded_build, 1, 2, 0, 2, seed=4, window=3)
-    shards = local.shards.manifest["shards"]
+    shards = local.shards.manifest.shards
     assert len(shards) >= 3, "the shard size override no longer works, so eviction would not be exercised"
-    one = max(sum(f["bytes"] for f in s["files"].values()) for s in shards)
+    one = max(sum(f.bytes for f in s.files.both()) for s in shards)
     remote = PackedDataset(
         "s3://weir-test/tiny",
         1,
