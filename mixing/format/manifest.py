@@ -139,11 +139,12 @@ class SourceCounts(_Frozen):
 
 class Regroup(_Frozen):
     """The mix file's ``balance.regroup`` as the build recorded it: the loader's default ``window``,
-    ``period`` and ``slack`` (:mod:`loaders.planner`)."""
+    ``period`` and ``slack`` (:mod:`loaders.planner`). Its field defaults are the mix file's defaults too
+    (:class:`mixing.spec.parts.Regroup` takes them from here)."""
 
     window: _Pos = 20
     period: _NonNeg = 10
-    slack: _Weight = 1.15
+    slack: _Weight = 1.15  # a swap may raise a step's max/mean cost up to this (the DP goal's p95 at long context)
 
 
 NO_REGROUP = Regroup(window=1, period=0)  # a build without regroup: training steps are the build's steps

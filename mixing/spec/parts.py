@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from mixing.format.cost import CostModel
+from mixing.format.manifest import Regroup as _Recorded
 
 __all__ = [
     "MAX_STEPS",
@@ -328,6 +329,9 @@ class Cost(FrozenModel):
         return CostModel(self.attention, self.linear)
 
 
+_RECORDED = _Recorded()  # the defaults live once, in the build contract
+
+
 class Regroup(FrozenModel):
     """Outlier delay for one sequence per DP rank at long context (``loaders.balance.regroup_window``): the
     sequences of ``window`` consecutive steps of a phase are regrouped into steps of similar cost, laid out
@@ -335,9 +339,9 @@ class Regroup(FrozenModel):
     (``loaders.refinement``) so that every ``period``-step window keeps the build's mixture. Each phase's
     length becomes a multiple of ``period`` (a partial block at a phase's end cannot keep the mixture)."""
 
-    window: Annotated[int, Field(ge=2, le=100_000)] = 20
-    period: Annotated[int, Field(ge=1, le=100_000)] = 10
-    slack: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.15
+    window: Annotated[int, Field(ge=2, le=100_000)] = _RECORDED.window
+    period: Annotated[int, Field(ge=1, le=100_000)] = _RECORDED.period
+    slack: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = _RECORDED.slack
 
 
 class Balance(FrozenModel):
