@@ -161,7 +161,8 @@ def test_a_build_with_balance_options_reaches_the_loader(tmp_path: Path) -> None
     assert manifest["regroup"] == {"window": 2, "period": 2, "slack": 1.15}
     assert manifest["micro_batches"] == "unequal"
     ranks = [PackedDataset(tmp_path / "b", world=World(r, 3)) for r in range(3)]  # 4 sequences per step over 3 ranks
-    assert all((d.window, d.period, d.micro_batches, d.planner.slack) == (2, 2, "unequal", 1.15) for d in ranks)
+    settings = [(d.settings.balance, d.planner.slack) for d in ranks]
+    assert all((b.window, b.period, b.micro_batches, slack) == (2, 2, "unequal", 1.15) for b, slack in settings)
     seen = sorted(s for d in ranks for *_, s in items(d))
     assert seen == list(range(len(ranks[0].shards)))
     (tmp_path / "m.yaml").write_text(mix.replace("steps: 4", "steps: 5"))

@@ -81,10 +81,10 @@ def test_s3_damaged_object_or_cached_file_is_named_before_its_tokens(
     flip_bit(shard_file(root, DAMAGED, "tokens.npy"))
     s3["fs"].put(str(root / "shards"), "weir-test/damaged/shards", recursive=True)
     reading = Reading(cache_dir=tmp_path / "c1", storage_options=s3["opts"])
-    damaged = PackedDataset("s3://weir-test/damaged", world=World(0, 1), payload=Payload(chunk=4), reading=reading)
     with pytest.raises(
         CorruptShardError, match=rf"s3://weir-test/damaged/shards/shard-0000{DAMAGED}\.tokens\.npy: sha256"
     ):
+        damaged = PackedDataset("s3://weir-test/damaged", world=World(0, 1), payload=Payload(chunk=4), reading=reading)
         list(PackedLoader(damaged, num_workers=2))
     # a sound bucket, but a damaged file of the right size already in this process's cache folder
     s3["fs"].put(str(sharded_build / "shards"), "weir-test/sound/shards", recursive=True)
