@@ -6,7 +6,7 @@
 - :class:`ViewFeed`, a build streamed from object storage (:mod:`loaders.remote`): each sequence's verified
   view (:meth:`~loaders.integrity.VerifiedShardSet.verified_sequence`), fetched through the bounded cache;
   no other shard's segments are loaded. Its chunks never span two shards, so a damaged shard stops the
-  stream after the last item of the shard before it, and a chunk keeps at most one shard in the cache.
+  stream right before its first item, and building a chunk needs one shard in the cache.
 
 Both give the builder the same :class:`SegmentTable`: the items are identical whichever feeds them.
 """
@@ -14,6 +14,7 @@ Both give the builder the same :class:`SegmentTable`: the items are identical wh
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,7 +43,7 @@ class SegmentTable:
     cu: tuple[np.ndarray, np.ndarray] | None = None
 
 
-class Feed:
+class Feed(ABC):
     """A chunk's tokens and segments from ``shards``: :meth:`read`, cut into chunks by :meth:`chunks`."""
 
     per_shard = False  # chunks end where the shard changes
@@ -51,10 +52,11 @@ class Feed:
         self.shards = shards
         self._first = np.array([sh.first_sequence for sh in shards.manifest.shards], dtype=np.int64)
 
+    @abstractmethod
     def read(self, idx: np.ndarray, block: np.ndarray) -> tuple[SegmentTable, np.ndarray]:
         """Copy the tokens of global sequences ``idx`` (int64 [n]) into ``block`` (int64 [n, S]) and return
-        a table holding them and their rows in it (int64 [n])."""
-        raise NotImplementedError
+        a table holding them and their rows in it (int64 [n]); raises
+        :class:`~loaders.integrity.CorruptShardError` before copying a token of a damaged shard."""
 
     def chunks(self, items: Iterable[_A], size: int) -> Iterator[list[_A]]:
         """``items`` (tuples whose last entry is a global sequence) in consecutive lists of at most ``size``."""
