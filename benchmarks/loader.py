@@ -43,7 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loaders import PackedDataset
+from loaders import PackedDataset, Payload, Reading, World
 from loaders.balance import assign_ranks, regroup_window
 from loaders.refinement import refine_steps
 from mixing.format.shards import ShardSet, write_shards
@@ -95,7 +95,12 @@ def weir(
     its own cache: the readers take turns, and the planner's shared cache holds 64 steps), so passes time
     reading only, planning being timed apart in main; else every pass plans its steps again. ``verify``:
     shard files checked against the manifest (verdicts under ``cache``), as training does by default."""
-    ds = PackedDataset(build, 0, 1, cp_rank, cp_size, fields=fields, verify=verify, cache_dir=cache)
+    ds = PackedDataset(
+        build,
+        world=World(0, 1, cp_rank, cp_size),
+        payload=Payload(fields=fields),
+        reading=Reading(verify=verify, cache_dir=cache),
+    )
     start = ds.state_dict()
     plan = functools.partial(type(ds.planner).assignment.__wrapped__, ds.planner)  # the uncached planner
     kept = functools.lru_cache(maxsize=None)(plan)
@@ -116,7 +121,11 @@ def first_pass(build: Path, verify: bool, cache: Path) -> tuple[float, float]:
     """A fresh dataset (lean fields): seconds from opening it to its first item, and tokens/s of its whole
     first pass, the opening included (files in page cache; ``cache``: where node verdicts are kept)."""
     t0 = time.perf_counter()
-    it = iter(PackedDataset(build, 0, 1, fields=LEAN, verify=verify, cache_dir=cache))
+    it = iter(
+        PackedDataset(
+            build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(verify=verify, cache_dir=cache)
+        )
+    )
     n = int(next(it)["input_ids"].numel())
     first = time.perf_counter() - t0
     n += sum(int(item["input_ids"].numel()) for item in it)
@@ -290,7 +299,7 @@ def main() -> None:
     verdicts.cleanup()
     verification(build, args.repeat)
     t0 = time.perf_counter()
-    ds = PackedDataset(build, 0, 8 if len(shards) % 8 == 0 and m.global_batch % 8 == 0 else 1)
+    ds = PackedDataset(build, world=World(0, 8 if len(shards) % 8 == 0 and m.global_batch % 8 == 0 else 1))
     n_plan = sum(1 for _ in ds.assignments())
     print(f"\nopen + plan the whole build ({n_plan} items of rank 0): {time.perf_counter() - t0:.3f} s (once)")
     rate = args.mfu * args.peak_tflops * 1e12 / (6 * args.model_params)

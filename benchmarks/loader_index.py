@@ -149,11 +149,13 @@ def child(build: Path, cache: Path, workers: int, steps_at: str, repeat: int) ->
     """Runs in the tree under test (PYTHONPATH): prints one JSON line of figures."""
     import torch  # noqa: F401  (imported before timing: its import is not the loader's)
 
-    from loaders import PackedDataset, PackedLoader
+    from loaders import PackedDataset, PackedLoader, Payload, Reading, World
 
     out: dict[str, object] = {}
     t0 = time.perf_counter()
-    ds = PackedDataset(build, 0, 1, fields=LEAN, verify=False, cache_dir=cache)
+    ds = PackedDataset(
+        build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(verify=False, cache_dir=cache)
+    )
     out["open_s"] = time.perf_counter() - t0
     start = ds.state_dict()
     index = getattr(ds.shards, "_index_dir", None)
@@ -163,7 +165,7 @@ def child(build: Path, cache: Path, workers: int, steps_at: str, repeat: int) ->
     t0 = time.perf_counter()
     next(it)
     out["first_item_s"] = time.perf_counter() - t0
-    for _ in range(workers * ds.chunk + 1):  # every worker has built a chunk of items
+    for _ in range(workers * ds.settings.chunk + 1):  # every worker has built a chunk of items
         next(it)
     procs = {"main": os.getpid(), **{f"worker{w}": pid for w, pid in enumerate(children())}}
     out["memory_mib"] = {name: smaps(pid, str(index) if index else "") for name, pid in procs.items()}
@@ -176,7 +178,9 @@ def child(build: Path, cache: Path, workers: int, steps_at: str, repeat: int) ->
         times: dict[str, float] = {}
         for how in ("in_process_s", "workers_s") * repeat:  # a restart: a fresh dataset, the state, its first item
             t0 = time.perf_counter()
-            fresh = PackedDataset(build, 0, 1, fields=LEAN, verify=False, cache_dir=cache)
+            fresh = PackedDataset(
+                build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(verify=False, cache_dir=cache)
+            )
             reader: Any = fresh if how == "in_process_s" else PackedLoader(fresh, num_workers=workers)
             reader.load_state_dict(state)
             item = next(iter(reader))

@@ -213,9 +213,6 @@ class VerifiedShardSet(ShardSet):
         return self.sequence(i)
 
 
-def verifier_for(verify: bool, cache_dir: str | Path | None) -> Verifier | None:
-    """The verifier a dataset uses: None when ``verify`` is False; markers under ``cache_dir`` (default
-    ``~/.cache/weir``)."""
-    if not verify:
-        return None
-    return Verifier(Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "weir")
+def verifier_for(verify: bool, cache_dir: Path) -> Verifier | None:
+    """The verifier a dataset uses: None when ``verify`` is False; markers under ``cache_dir``."""
+    return Verifier(cache_dir) if verify else None

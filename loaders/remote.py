@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +114,14 @@ class RemoteShardSet(VerifiedShardSet):
 
 def open_remote(
     uri: str,
-    cache_dir: str | Path | None,
+    cache_dir: Path,
     cache_bytes: int,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     verifier: Verifier | None = None,
 ) -> tuple[RemoteShardSet, bytes]:
     """The shards of the build at ``uri`` (a build folder or its ``shards`` folder) and the manifest's bytes.
 
-    The cache lives in ``cache_dir`` (default ``~/.cache/weir``) under the manifest's sha256 and this
+    The cache lives in ``cache_dir`` under the manifest's sha256 and this
     process's id; ``verifier`` checks files found there before use (None: trusted by their size).
     """
     fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
@@ -132,7 +133,7 @@ def open_remote(
         raise ShardError(f"{uri}: no manifest.json here or under shards/; the build is missing or did not finish")
     manifest = fs.cat_file(f"{base}/manifest.json")
     digest = hashlib.sha256(manifest).hexdigest()
-    local = Path(cache_dir or Path.home() / ".cache" / "weir") / digest[:16] / str(os.getpid())
+    local = cache_dir / digest[:16] / str(os.getpid())
     local.mkdir(parents=True, exist_ok=True)
     with atomic_path(local / "manifest.json") as tmp:
         tmp.write_bytes(manifest)

@@ -12,38 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from loaders.config import Balance
 from loaders.planner import StepPlanner
-from mixing.format.manifest import Manifest
 from mixing.format.shards import ShardSet
 
-__all__ = ["regroup_settings", "stream_compositions", "stream_planner"]
+__all__ = ["stream_compositions", "stream_planner"]
 
 
-def regroup_settings(manifest: Manifest) -> tuple[int, int, float]:
-    """``(window, period, slack)`` of the mix file's ``balance.regroup`` in a build's manifest (else those of
-    :data:`mixing.format.manifest.NO_REGROUP`): what :class:`loaders.PackedDataset` uses by default."""
-    regroup = manifest.regrouping
-    return regroup.window, regroup.period, regroup.slack
-
-
-def stream_planner(
-    shards: ShardSet,
-    window: int | None = None,
-    period: int | None = None,
-    slack: float | None = None,
-    seed: int = 0,
-) -> StepPlanner:
-    """The training steps a :class:`loaders.PackedDataset` over ``shards`` with these settings reads
-    (default: the manifest's ``regroup``, :func:`regroup_settings`)."""
-    w, p, s = regroup_settings(shards.manifest)
-    return StepPlanner(
-        shards,
-        w if window is None else window,
-        seed,
-        p if period is None else period,
-        shards.manifest.micro_batches,
-        s if slack is None else slack,
-    )
+def stream_planner(shards: ShardSet, balance: Balance = Balance()) -> StepPlanner:
+    """The training steps a :class:`loaders.PackedDataset` over ``shards`` with this ``balance`` reads (each
+    unset value the build's, :meth:`loaders.config.Balance.resolve`)."""
+    b = balance.resolve(shards.manifest)
+    return StepPlanner(shards, b.window, b.seed, b.period, b.micro_batches, b.slack)
 
 
 def stream_compositions(planner: StepPlanner) -> np.ndarray:

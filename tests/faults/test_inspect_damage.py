@@ -191,7 +191,7 @@ def test_a_manifest_written_before_checksums_is_read_with_a_note(tiny_build: Pat
 
 @pytest.mark.parametrize("kind", ["manifest pad_id edited", "manifest unparsable", "npz truncated"])
 def test_every_reader_of_the_build_gets_the_same_validation(tiny_build: Path, tmp_path: Path, kind: str) -> None:
-    from loaders import PackedDataset
+    from loaders import PackedDataset, World
 
     damage, victim = DAMAGE[kind]
     copy = tmp_path / "b"
@@ -200,7 +200,7 @@ def test_every_reader_of_the_build_gets_the_same_validation(tiny_build: Path, tm
     readers: list[Callable[[], object]] = [
         lambda: ShardSet(copy / "shards").segments,
         lambda: inspect_build(copy),
-        lambda: next(iter(PackedDataset(copy, 0, 2))),
+        lambda: next(iter(PackedDataset(copy, world=World(0, 2)))),
     ]
     for read in readers:
         with pytest.raises(ShardError, match=victim.replace(".", r"\.")) as e:

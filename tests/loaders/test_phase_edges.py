@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from loaders import PackedDataset
+from loaders import Balance, PackedDataset, Payload, World
 from loaders.balance import dp_imbalance
 from loaders.planner import StepPlanner
 from loaders.stream import stream_compositions, stream_planner
@@ -72,7 +72,7 @@ def synthetic_build(root: Path, seed: int = 0) -> ShardSet:
 def stream_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int | None = None) -> MixtureError:
     """``mixture_error`` of the training steps a :class:`loaders.PackedDataset` reads (regroup ``window``;
     default: the manifest's) against the plan's ``quotas``."""
-    steps = stream_compositions(stream_planner(shards, window))
+    steps = stream_compositions(stream_planner(shards, Balance(window=window)))
     return compositions_mixture_error(steps, list(shards.manifest.sources or ()), quotas)
 
 
@@ -119,7 +119,7 @@ def test_each_sequence_once_and_phases_kept(shards: ShardSet) -> None:
 
 def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
     """The library figure equals the composition of the items the DP ranks actually receive."""
-    ranks = [PackedDataset(shards.dir, r, 4, fields=("input_ids",)) for r in range(4)]
+    ranks = [PackedDataset(shards.dir, world=World(r, 4), payload=Payload(fields=("input_ids",))) for r in range(4)]
     offs, segs = shards.segments
     got = np.zeros((int(shards.steps.max()) + 1, 5), dtype=np.int64)
     for item in itertools.chain.from_iterable(ranks):
@@ -142,8 +142,11 @@ def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
 @pytest.mark.parametrize("stop", [0, 5, 9, 10, 13, 38, 41, 49])
 def test_resume_at_any_step_across_the_edges(shards: ShardSet, stop: int) -> None:
     def make() -> PackedDataset:  # with edges (StepPlanner's edge_windows; the loader's default is off)
-        ds = PackedDataset(shards.dir, 1, 4, seed=2, fields=("input_ids",))
-        ds.planner = StepPlanner(ds.shards, ds.window, ds.seed, ds.period, slack=ds.planner.slack, edge_windows=2)
+        ds = PackedDataset(
+            shards.dir, world=World(1, 4), balance=Balance(seed=2), payload=Payload(fields=("input_ids",))
+        )
+        b = ds.settings.balance
+        ds.planner = StepPlanner(ds.shards, b.window, b.seed, b.period, slack=ds.planner.slack, edge_windows=2)
         return ds
 
     def seqs(ds: PackedDataset, n: int | None = None) -> list[tuple[int, int]]:

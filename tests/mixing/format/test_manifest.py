@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loaders import PackedDataset
+from loaders import Balance, PackedDataset, Reading, World
 from mixing.format.cost import CostModel
 from mixing.format.manifest import MANIFEST, NO_REGROUP, ShardError, seal
 from mixing.format.shards import ShardSet, sha256_file
@@ -79,16 +79,21 @@ def test_an_old_build_reads_with_the_contracts_defaults(tiny_build: Path, tmp_pa
         assert np.array_equal(shards.seq_cost, new.seq_cost)
 
     # the loader yields the same items (the seed given: an old build records none)
-    want = list(PackedDataset(tiny_build, 0, 1, seed=7, cache_dir=tmp_path / "c3"))
-    ds = PackedDataset(old, 0, 1, seed=7, cache_dir=tmp_path / "c")
+    want = list(
+        PackedDataset(
+            tiny_build, world=World(0, 1), balance=Balance(seed=7), reading=Reading(cache_dir=tmp_path / "c3")
+        )
+    )
+    ds = PackedDataset(old, world=World(0, 1), balance=Balance(seed=7), reading=Reading(cache_dir=tmp_path / "c"))
     got = list(ds)
     assert len(got) == len(want) == 32
     for a, b in zip(want, got, strict=True):
         assert a.keys() == b.keys() and all(
             np.array_equal(a[k], b[k]) if hasattr(a[k], "shape") else a[k] == b[k] for k in a
         )
-    assert (ds.facts.seed, ds.facts.eos_id, ds.facts.cost, ds.seed) == (0, None, m.cost, 7)
-    assert PackedDataset(old, 0, 1, cache_dir=tmp_path / "c").seed == 0  # the contract's default seed
+    assert (ds.facts.seed, ds.facts.eos_id, ds.facts.cost, ds.settings.balance.seed) == (0, None, m.cost, 7)
+    default = PackedDataset(old, world=World(0, 1), reading=Reading(cache_dir=tmp_path / "c"))
+    assert default.settings.balance.seed == 0  # the contract's default seed
 
     # weir inspect reads it, says once that it carries no checksum, and finds the same figures
     r = inspect(old, "--json")
@@ -112,7 +117,10 @@ def test_an_unknown_version_is_refused_in_one_line_naming_it(tiny_build: Path, t
     m = json.loads(path.read_text())
     path.write_text(json.dumps(seal({**m, "format_version": version}), indent=2, sort_keys=True) + "\n")
     want = f"{path}: format_version {version}; this reader knows [1, 2, 3]"
-    for read in (lambda: ShardSet(copy / "shards"), lambda: PackedDataset(copy, 0, 1, cache_dir=tmp_path / "c")):
+    for read in (
+        lambda: ShardSet(copy / "shards"),
+        lambda: PackedDataset(copy, world=World(0, 1), reading=Reading(cache_dir=tmp_path / "c")),
+    ):
         with pytest.raises(ShardError) as e:
             read()
         assert str(e.value) == want
