@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 from loaders import PackedDataset, Payload, Reading, World
 from loaders.balance import assign_ranks, regroup_window
 from loaders.refinement import refine_steps
-from mixing.format.shards import ShardSet, write_shards
+from mixing.format.shard_writer import write_shards
+from mixing.format.shards import ShardSet
 
 
 def timed(fn, repeat: int, min_s: float = 0.5) -> float:

@@ -11,7 +11,7 @@ import numpy as np
 
 from mixing.format.layout import BuildLayout
 from mixing.format.manifest import BuildInfo, Manifest, PackingNote, PhaseSpan, Regroup, SourceCounts
-from mixing.format.shards import token_dtype, write_shards
+from mixing.format.shard_writer import token_dtype, write_shards
 from mixing.ingest.documents import DocumentSet, open_documents
 from mixing.pack.packing import Packing
 from mixing.spec.mixfile import Mix

@@ -20,7 +20,8 @@ from loaders import Balance, PackedDataset, Payload, World
 from loaders.balance import dp_imbalance
 from loaders.planner import StepPlanner
 from loaders.stream import stream_compositions, stream_planner
-from mixing.format.shards import ShardSet, write_shards
+from mixing.format.shard_writer import write_shards
+from mixing.format.shards import ShardSet
 from mixing.plan.mixture import (
     GOAL_PHASE,
     GOAL_WINDOW,

@@ -15,7 +15,8 @@ import pytest
 
 from mixing import stages
 from mixing.format.layout import BuildLayout
-from mixing.format.shards import FORMAT_VERSION, ShardError, ShardSet, token_dtype, write_shards
+from mixing.format.shard_writer import token_dtype, write_shards
+from mixing.format.shards import FORMAT_VERSION, ShardError, ShardSet
 from mixing.ingest.tokenizer import load_tokenizer
 from mixing.pack.packed import write_packed
 from mixing.pack.packing import pack_plan
