@@ -5,11 +5,9 @@ key (``[<mix name>, <stage>]``), partitioning (per-source stages by source name)
 stage table; the group is the mix name.
 """
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import polars as pl
@@ -18,10 +16,11 @@ from dagster import AssetExecutionContext
 from assets.plots import length_histogram_md, mixture_area_md
 from assets.storage import WeirStorage
 from mixing import Mix, stages
+from mixing.format.shards import ShardSet
 from mixing.ingest.records import chat_markers_warning
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
-from mixing.pack.packed import inspect_build, write_report
-from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, goal_text, unit_goal
+from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureReport, goal_text, unit_goal
+from mixing.report import inspect_build, write_report
 
 __all__ = ["MIN_PACKING_EFFICIENCY", "mix_assets"]
 
@@ -75,26 +74,23 @@ def _mixture_check(
     )
 
 
-def _units(report: dict[str, Any]) -> tuple[float, float]:
-    """``(unit_window, unit_phase)`` of a ``mixture_error`` report (0 in reports from before they existed)."""
-    return float(report.get("unit_window", 0.0)), float(report.get("unit_phase", 0.0))
-
-
-def _stream_check(root: Path, built: dict[str, Any]) -> dg.AssetCheckResult:
+def _stream_check(root: Path, built: MixtureReport) -> dg.AssetCheckResult:
     """The ``mixture_error`` check of the build's steps and, when the mix file regroups them, of the stream
-    the trainer receives (:func:`loaders.stream.stream_report`): the worse of the two is judged."""
-    regroup = json.loads((root / "shards" / "manifest.json").read_text()).get("regroup") or {}
-    if int(regroup.get("window", 1)) <= 1:
-        return _mixture_check(built["window"], built["phase"], "realized after packing", _units(built))
-    from loaders.stream import stream_report
+    the trainer receives (:func:`assets.stream.stream_report`): the worse of the two is judged."""
+    regroup = ShardSet(root / "shards").manifest.regrouping
+    if regroup.window <= 1:
+        return _mixture_check(
+            built.window, built.phase, "realized after packing", (built.unit_window, built.unit_phase)
+        )
+    from assets.stream import stream_report
 
     st = stream_report(root)
     return _mixture_check(
-        max(built["window"], st["window"]),
-        max(built["phase"], st["phase"]),
-        f"build's steps {built['window']:.4f} / {built['phase']:.4f}; trainer's stream (regroup window "
-        f"{regroup['window']}, period {regroup.get('period', 0)})",
-        (max(_units(built)[0], _units(st)[0]), max(_units(built)[1], _units(st)[1])),
+        max(built.window, st.window),
+        max(built.phase, st.phase),
+        f"build's steps {built.window:.4f} / {built.phase:.4f}; trainer's stream (regroup window "
+        f"{regroup.window}, period {regroup.period})",
+        (max(built.unit_window, st.unit_window), max(built.unit_phase, st.unit_phase)),
     )
 
 
@@ -293,16 +289,16 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         stages.pack(mix, layout)
         r = inspect_build(layout.root)  # hashes every shard (in threads) once; the CLI reads the saved figures
         write_report(layout.root, r)
-        eff, trunc, bad, me = r["packing_efficiency"], r["truncated_docs"], r["corrupt_files"], r["mixture_error"]
+        eff, trunc, bad, me = r.packing_efficiency, r.truncated_docs, r.corrupt_files, r.mixture_error
         return dg.MaterializeResult(
             metadata={
                 "path": dg.MetadataValue.path(str(layout.shards_dir)),
-                "sequences": r["sequences"],
-                "tokens": r["tokens"],
+                "sequences": r.sequences,
+                "tokens": r.tokens,
                 "packing_efficiency": eff,
                 "truncated_docs": trunc,
-                "mixture_error_window": me["window"],
-                "mixture_error_phase": me["phase"],
+                "mixture_error_window": me.window,
+                "mixture_error_phase": me.phase,
                 **stages.fingerprints(mix, layout),
             },
             check_results=[

@@ -65,12 +65,13 @@ from loaders.context_parallel import attention_work, split
 from loaders.order import first_block, match_order
 from loaders.planner import EDGE_WINDOWS, LAYOUT
 from loaders.refinement import SLACK, boundary_error, refine_steps
+from mixing.format.cost import CostModel
 from mixing.plan.curriculum import ramp
 from mixing.plan.mixture import mixture_error as phase_error
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}
-LINEAR = 49152.0
+COST = CostModel(1.0, 49152.0)  # the cost model of every sequence here
 
 
 def texts(name: str, data: Path) -> list[str]:
@@ -202,8 +203,7 @@ def bfd(units_per_step: list, seq_len: int, batch: int) -> list[Step]:
 
 
 def cost(seq: list[tuple[int, int]]) -> float:
-    ls = np.array([length for _, length in seq], dtype=np.float64)
-    return float((ls * ls).sum() + LINEAR * ls.sum())
+    return COST.sequence([length for _, length in seq])
 
 
 def cp_imbalance(seq: list[tuple[int, int]], seq_len: int, cp: int, how: str) -> float:

@@ -43,10 +43,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loaders import PackedDataset
+from loaders import PackedDataset, Payload, Reading, World
 from loaders.balance import assign_ranks, regroup_window
 from loaders.refinement import refine_steps
-from mixing.format.shards import ShardSet, write_shards
+from mixing.format.shard_writer import write_shards
+from mixing.format.shards import ShardSet
 
 
 def timed(fn, repeat: int, min_s: float = 0.5) -> float:
@@ -72,8 +73,8 @@ def interleaved(fns: dict, repeat: int, min_s: float = 0.5) -> dict[str, float]:
 
 def raw_memmap(shards: ShardSet) -> int:
     n = 0
-    for shard in shards.manifest["shards"]:
-        arr = np.load(shards.dir / shard["files"]["tokens"]["name"], mmap_mode="r")
+    for shard in shards.manifest.shards:
+        arr = np.load(shards.dir / shard.files.tokens.name, mmap_mode="r")
         for row in arr:
             n += torch.from_numpy(row.astype(np.int64)).numel()
     return n
@@ -95,7 +96,12 @@ def weir(
     its own cache: the readers take turns, and the planner's shared cache holds 64 steps), so passes time
     reading only, planning being timed apart in main; else every pass plans its steps again. ``verify``:
     shard files checked against the manifest (verdicts under ``cache``), as training does by default."""
-    ds = PackedDataset(build, 0, 1, cp_rank, cp_size, fields=fields, verify=verify, cache_dir=cache)
+    ds = PackedDataset(
+        build,
+        world=World(0, 1, cp_rank, cp_size),
+        payload=Payload(fields=fields),
+        reading=Reading(verify=verify, cache_dir=cache),
+    )
     start = ds.state_dict()
     plan = functools.partial(type(ds.planner).assignment.__wrapped__, ds.planner)  # the uncached planner
     kept = functools.lru_cache(maxsize=None)(plan)
@@ -116,7 +122,11 @@ def first_pass(build: Path, verify: bool, cache: Path) -> tuple[float, float]:
     """A fresh dataset (lean fields): seconds from opening it to its first item, and tokens/s of its whole
     first pass, the opening included (files in page cache; ``cache``: where node verdicts are kept)."""
     t0 = time.perf_counter()
-    it = iter(PackedDataset(build, 0, 1, fields=LEAN, verify=verify, cache_dir=cache))
+    it = iter(
+        PackedDataset(
+            build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(verify=verify, cache_dir=cache)
+        )
+    )
     n = int(next(it)["input_ids"].numel())
     first = time.perf_counter() - t0
     n += sum(int(item["input_ids"].numel()) for item in it)
@@ -127,11 +137,9 @@ def resharded(build: Path, out: Path, shards: int) -> Path:
     """A copy of ``build``'s shards cut into about ``shards`` shards (so that hashing can run ahead of reading)."""
     src = ShardSet(build / "shards")
     offs, segs = src.segments
-    tokens = np.concatenate([src.shard_tokens(k) for k in range(len(src.manifest["shards"]))])
-    own = ("format_version", "seq_len", "sequences", "sequences_per_step", "dtype", "shards")
-    manifest = {k: v for k, v in src.manifest.items() if k not in own}
+    tokens = np.concatenate([src.shard_tokens(k) for k in range(len(src.manifest.shards))])
     per = max(1, -(-len(src) // shards))
-    write_shards(out / "shards", tokens, src.steps, offs, segs, per, manifest, seg_cost=None, seq_len=tokens.shape[1])
+    write_shards(out / "shards", tokens, src.steps, offs, segs, per, src.manifest.info(), seq_len=tokens.shape[1])
     return out
 
 
@@ -140,7 +148,7 @@ def verification(build: Path, repeat: int, n_shards: int = 16) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build = resharded(build, Path(tmp) / "build", n_shards)
         m = ShardSet(build / "shards").manifest
-        size = sum(f["bytes"] for s in m["shards"] for f in s["files"].values())
+        size = sum(f.bytes for s in m.shards for f in s.files.both())
         warm = Path(tmp) / "warm"
         first_pass(build, True, warm)  # the node's verdicts, kept for the "cached" row
         modes = {
@@ -154,7 +162,7 @@ def verification(build: Path, repeat: int, n_shards: int = 16) -> None:
                 first, rate = fn(k)
                 best[name] = (min(best[name][0], first), max(best[name][1], rate))
     print(
-        f"\nshard verification, a fresh dataset (fields=input_ids+cu_seqlens; the build cut into {len(m['shards'])}"
+        f"\nshard verification, a fresh dataset (fields=input_ids+cu_seqlens; the build cut into {len(m.shards)}"
         f" shards, {size / 2**20:.1f} MiB of files,"
     )
     print(f" page cache; best of {repeat}; {load()}):")
@@ -223,8 +231,8 @@ def main() -> None:
             )
     shards = ShardSet(build / "shards")
     m = shards.manifest
-    S = int(m["seq_len"])
-    print(f"build {build}: {len(shards)} sequences of {S} tokens ({m['dtype']}), single process")
+    S = m.seq_len
+    print(f"build {build}: {len(shards)} sequences of {S} tokens ({m.dtype}), single process")
     payload = {
         "raw np.memmap copy (ceiling)": PAYLOAD_IDS,
         "weir cp=1, full item": PAYLOAD_FULL,
@@ -258,9 +266,9 @@ def main() -> None:
                 [
                     args.peer_python,
                     str(ROOT / "benchmarks" / "loader_peers.py"),
-                    str(shards.dir),
                     tmp,
                     str(args.repeat),
+                    *(str(shards.dir / s.files.tokens.name) for s in m.shards),
                 ],
                 capture_output=True,
                 text=True,
@@ -281,7 +289,7 @@ def main() -> None:
     for name, value in sorted(rows.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0.0):
         print(f"{name:52} {value:20,.0f}  {payload[name]}")
     print("(best of --repeat samples of >= 0.5 s; weir's readers and the ceiling take turns, the peers run next;")
-    print(f" weir's rows reuse their step plans except 'planning included': {m['global_batch']} sequences per step;")
+    print(f" weir's rows reuse their step plans except 'planning included': {m.global_batch} sequences per step;")
     print(f" weir's rows verify shard files (the default) unless marked verify=False; {load()})")
     for name in ("weir cp=1, full item", "weir cp=1, fields=input_ids+cu_seqlens"):
         ratio = rows[name] / rows[f"{name}, verify=False"]
@@ -292,7 +300,7 @@ def main() -> None:
     verdicts.cleanup()
     verification(build, args.repeat)
     t0 = time.perf_counter()
-    ds = PackedDataset(build, 0, 8 if len(shards) % 8 == 0 and m["global_batch"] % 8 == 0 else 1)
+    ds = PackedDataset(build, world=World(0, 8 if len(shards) % 8 == 0 and m.global_batch % 8 == 0 else 1))
     n_plan = sum(1 for _ in ds.assignments())
     print(f"\nopen + plan the whole build ({n_plan} items of rank 0): {time.perf_counter() - t0:.3f} s (once)")
     rate = args.mfu * args.peak_tflops * 1e12 / (6 * args.model_params)

@@ -49,8 +49,10 @@ def make_build(out: Path, n: int, seq_len: int, segments: int, per_shard: int, b
     """A synthetic build of ``n`` sequences (``batch`` per step), about ``segments`` segments each, in shards
     of ``per_shard`` sequences: real metadata, sparse token files, placeholder token sha256."""
     sys.path.insert(0, str(ROOT))
+    from mixing.format.cost import CostModel
     from mixing.format.manifest import write_manifest
 
+    cost_model = CostModel()  # attention only
     shards_dir = out / "shards"
     if (shards_dir / "manifest.json").exists():
         return out
@@ -73,15 +75,13 @@ def make_build(out: Path, n: int, seq_len: int, segments: int, per_shard: int, b
             [rng.integers(0, 4, len(owner)), doc + np.arange(len(owner)), np.zeros(len(owner), np.int64), length], 1
         ).astype(np.int64)
         doc += len(owner)
-        cost = length.astype(np.float64) ** 2
-        cum = np.concatenate([[0.0], np.cumsum(cost)])
         meta = {
             "step": (np.arange(lo, hi) // batch).astype(np.int64),
             "seg_offsets": offs,
             "segments": segs,
-            "seg_cost": cost,
+            "seg_cost": cost_model.of(length),
             "seq_tokens": used.astype(np.int64),
-            "seq_cost": cum[offs[1:]] - cum[offs[:-1]],
+            "seq_cost": cost_model.sequences(offs, length),
         }
         buf = io.BytesIO()
         np.savez(buf, **meta)  # type: ignore[arg-type]
@@ -111,7 +111,7 @@ def make_build(out: Path, n: int, seq_len: int, segments: int, per_shard: int, b
         "pad_id": 0,
         "vocab_size": 65536,
         "sources": ["a", "b", "c", "d"],
-        "cost": {"attention": 1.0, "linear": 0.0},
+        "cost": {"attention": cost_model.attention, "linear": cost_model.linear},
         "shards": shards,
     }
     write_manifest(shards_dir, manifest)
@@ -149,11 +149,13 @@ def child(build: Path, cache: Path, workers: int, steps_at: str, repeat: int) ->
     """Runs in the tree under test (PYTHONPATH): prints one JSON line of figures."""
     import torch  # noqa: F401  (imported before timing: its import is not the loader's)
 
-    from loaders import PackedDataset, PackedLoader
+    from loaders import PackedDataset, PackedLoader, Payload, Reading, World
 
     out: dict[str, object] = {}
     t0 = time.perf_counter()
-    ds = PackedDataset(build, 0, 1, fields=LEAN, verify=False, cache_dir=cache)
+    ds = PackedDataset(
+        build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(verify=False, cache_dir=cache)
+    )
     out["open_s"] = time.perf_counter() - t0
     start = ds.state_dict()
     index = getattr(ds.shards, "_index_dir", None)
@@ -163,7 +165,7 @@ def child(build: Path, cache: Path, workers: int, steps_at: str, repeat: int) ->
     t0 = time.perf_counter()
     next(it)
     out["first_item_s"] = time.perf_counter() - t0
-    for _ in range(workers * ds.chunk + 1):  # every worker has built a chunk of items
+    for _ in range(workers * ds.settings.chunk + 1):  # every worker has built a chunk of items
         next(it)
     procs = {"main": os.getpid(), **{f"worker{w}": pid for w, pid in enumerate(children())}}
     out["memory_mib"] = {name: smaps(pid, str(index) if index else "") for name, pid in procs.items()}
@@ -176,7 +178,9 @@ def child(build: Path, cache: Path, workers: int, steps_at: str, repeat: int) ->
         times: dict[str, float] = {}
         for how in ("in_process_s", "workers_s") * repeat:  # a restart: a fresh dataset, the state, its first item
             t0 = time.perf_counter()
-            fresh = PackedDataset(build, 0, 1, fields=LEAN, verify=False, cache_dir=cache)
+            fresh = PackedDataset(
+                build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(verify=False, cache_dir=cache)
+            )
             reader: Any = fresh if how == "in_process_s" else PackedLoader(fresh, num_workers=workers)
             reader.load_state_dict(state)
             item = next(iter(reader))
@@ -236,11 +240,13 @@ def main() -> None:
     name = f"index-{args.sequences}-{args.seq_len}-{args.segments}"
     t0 = time.perf_counter()
     build = make_build(args.dir / name, args.sequences, args.seq_len, args.segments, args.per_shard, args.global_batch)
-    m = json.loads((build / "shards" / "manifest.json").read_text())
-    meta_bytes = sum(s["files"]["meta"]["bytes"] for s in m["shards"])
+    from mixing.format.shards import ShardSet
+
+    m = ShardSet(build / "shards").manifest
+    meta_bytes = sum(s.files.meta.bytes for s in m.shards)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     print(
-        f"build {build}: {m['sequences']:,} sequences of {m['seq_len']} tokens in {len(m['shards'])} shards,"
+        f"build {build}: {m.sequences:,} sequences of {m.seq_len} tokens in {len(m.shards)} shards,"
         f" {meta_bytes / 2**20:,.0f} MiB of meta.npz, sparse token files ({time.perf_counter() - t0:.0f} s);"
         f" verify=False; {args.workers} workers; commit {commit.strip()}"
     )

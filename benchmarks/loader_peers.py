@@ -1,10 +1,11 @@
 """Peers for ``benchmarks/loader.py``, run by the python of a separate venv (litdata, megatron-core).
 
-Writes the same packed sequences (one row of S tokens each, read straight from the shard ``.npy`` files)
-in each peer's format under ``argv[2]``, then reads them back as int64 torch tensors and prints
-``PEER<TAB>name<TAB>tokens_per_s`` (best of ``argv[3]`` passes after a warm-up pass).
+Writes the same packed sequences (one row of S tokens each, read straight from the shards' token ``.npy``
+files, which ``benchmarks/loader.py`` names in order from the build's manifest) in each peer's format under
+``argv[1]``, then reads them back as int64 torch tensors and prints ``PEER<TAB>name<TAB>tokens_per_s`` (best
+of ``argv[2]`` passes after a warm-up pass). Needs numpy and torch only (no weir package).
 
-    PEER_PYTHON benchmarks/loader_peers.py SHARDS_DIR WORK_DIR REPEAT
+    PEER_PYTHON benchmarks/loader_peers.py WORK_DIR REPEAT TOKEN_FILE...
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ from pathlib import Path
 if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
-import json
 import time
 
 import numpy as np
 import torch
 
 
-def rows(shards: Path) -> np.ndarray:
-    m = json.loads((shards / "manifest.json").read_text())
-    return np.concatenate([np.load(shards / s["files"]["tokens"]["name"]) for s in m["shards"]])
+def rows(files: list[Path]) -> np.ndarray:
+    return np.concatenate([np.load(f) for f in files])
 
 
 def best(fn, repeat: int, min_s: float = 0.5) -> float:
@@ -53,8 +52,7 @@ def litdata(work: Path, repeat: int) -> float:
 
     out = work / "litdata"
     seq_len = ROWS.shape[1]
-    m = json.loads((SHARDS / "manifest.json").read_text())
-    inputs = [(str(SHARDS / s["files"]["tokens"]["name"]), r) for s in m["shards"] for r in range(int(s["sequences"]))]
+    inputs = [(str(f), r) for f in TOKEN_FILES for r in range(len(np.load(f, mmap_mode="r")))]
     optimize(
         fn=_litdata_item,
         inputs=inputs,
@@ -93,9 +91,9 @@ if __name__ == "__main__":
     import warnings
 
     warnings.filterwarnings("ignore")
-    SHARDS = Path(sys.argv[1])
-    ROWS = rows(SHARDS)
-    work, repeat = Path(sys.argv[2]), int(sys.argv[3])
+    work, repeat = Path(sys.argv[1]), int(sys.argv[2])
+    TOKEN_FILES = [Path(a) for a in sys.argv[3:]]
+    ROWS = rows(TOKEN_FILES)
     for name, fn in (("LitData StreamingDataset+TokensLoader", litdata), ("megatron-core IndexedDataset", megatron)):
         try:
             print(f"PEER\t{name}\t{fn(work, repeat)}", flush=True)

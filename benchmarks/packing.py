@@ -44,13 +44,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mixing import stages
+from mixing.format.cost import CostModel
 from mixing.format.layout import BuildLayout
 from mixing.ingest.tokenizer import load_tokenizer
 from mixing.pack import reference as _packing_v1
-from mixing.pack.packed import inspect_build, write_packed
+from mixing.pack.packed import write_packed
 from mixing.pack.packing import Packing, pack_plan
 from mixing.pack.pool import default_engine
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureError, mixture_error, plan_mixture_error
+from mixing.report import inspect_build
 from mixing.spec.mixfile import parse_mix
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
@@ -126,14 +128,14 @@ def _cost_spread(cost: np.ndarray) -> tuple[float, float]:
     return float(cost.max() / m), float(cost.std() / m)
 
 
-def _baseline_cost(starts: np.ndarray, ends: np.ndarray, seq_len: int, att: float, lin: float) -> np.ndarray:
+def _baseline_cost(starts: np.ndarray, ends: np.ndarray, seq_len: int, cost: CostModel) -> np.ndarray:
     """Per-sequence cost of B0 (documents cut at sequence edges: each piece costs as its own document)."""
     out = np.zeros(-(-int(ends[-1]) // seq_len))
     for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
         while s < e:
             k = s // seq_len
             piece = min(e, (k + 1) * seq_len) - s
-            out[k] += att * piece * piece + lin * piece
+            out[k] += cost.of(piece)
             s += piece
     return out
 
@@ -223,7 +225,7 @@ def main() -> int:
             timed("tokenize", stages.tokenize, mix, layout, name)
         timed("length_stats", stages.length_stats, mix, layout)
         timed("plan", stages.plan, mix, layout)
-        cost = (mix.balance.cost.attention, mix.balance.cost.linear)
+        cost = mix.balance.cost.model()
         db, S, B = layout.duckdb, args.seq_len, args.global_batch
         engine = default_engine()
         t = time.perf_counter()
@@ -282,16 +284,16 @@ def main() -> int:
         args.global_batch,
         quotas,
     )
-    b_cost = _baseline_cost(*base["cuts"], args.seq_len, *cost)
+    b_cost = _baseline_cost(*base["cuts"], args.seq_len, cost)
     now = packing_figures(packing, quotas, doc_len)
     before = packing_figures(old, quotas, doc_len)  # type: ignore[arg-type]
-    me = report["mixture_error"]
+    me = report.mixture_error
     shards_agree = (
-        abs(now["packing_efficiency"] - report["packing_efficiency"]) < 1e-12
-        and now["truncated_docs"] == report["truncated_docs"]
-        and now["tokens_dropped"] == report["tokens_dropped"]
-        and abs(now["window"] - me["window"]) < 1e-12
-        and abs(now["phase"] - me["phase"]) < 1e-12
+        abs(now["packing_efficiency"] - report.packing_efficiency) < 1e-12
+        and now["truncated_docs"] == report.truncated_docs
+        and now["tokens_dropped"] == report.tokens_dropped
+        and abs(now["window"] - me.window) < 1e-12
+        and abs(now["phase"] - me.phase) < 1e-12
     )
     same = all(
         np.array_equal(getattr(packing, f), getattr(old, f)) for f in ("seq_step", "seg_offsets", "segments", "dropped")

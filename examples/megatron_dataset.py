@@ -26,24 +26,31 @@ mask ``--reset-attention-mask`` would otherwise derive from EOD tokens).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from loaders import IGNORE_INDEX, PackedDataset
+from loaders import IGNORE_INDEX, Balance, PackedDataset, Reading, World
 
 
 class MegatronOrder(Dataset[dict[str, torch.Tensor]]):
     """Packed sequences of ``build`` indexed for Megatron's ``MegatronPretrainingSampler`` on ``dp`` ranks with
-    ``micro_batch_size`` (see the module's docstring). ``seed`` etc.: as :class:`loaders.PackedDataset`'s."""
+    ``micro_batch_size`` (see the module's docstring). ``balance``, ``reading``: as :class:`loaders.PackedDataset`'s
+    (its world: all ``dp`` ranks seen from rank 0, since Megatron's sampler deals the samples to ranks)."""
 
     def __init__(
-        self, build: str | Path, dp: int, micro_batch_size: int, attention_mask: bool = False, **kwargs: Any
+        self,
+        build: str | Path,
+        dp: int,
+        micro_batch_size: int,
+        attention_mask: bool = False,
+        *,
+        balance: Balance = Balance(),
+        reading: Reading = Reading(),
     ) -> None:
-        self.ds = PackedDataset(build, 0, dp, **kwargs)
+        self.ds = PackedDataset(build, world=World(dp_rank=0, dp_size=dp), balance=balance, reading=reading)
         self.facts, self.dp, self.mbs, self.attention_mask = self.ds.facts, dp, micro_batch_size, attention_mask
-        if self.ds.micro_batches != "equal":
+        if self.ds.settings.balance.micro_batches != "equal":
             raise ValueError("Megatron's micro-batches are of one shape: the build needs micro_batches: equal")
         if (self.facts.global_batch // dp) % micro_batch_size:
             raise ValueError(f"micro_batch_size {micro_batch_size} does not divide {self.facts.global_batch // dp}")

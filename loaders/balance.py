@@ -31,7 +31,7 @@ Pure numpy, deterministic; only :func:`assign_ranks` depends on the world size. 
    may differ, which balances a step of several long-context sequences per rank without moving sequences
    between steps, so the mixture of every step stays the build's.
 
-Cost of a sequence = Σ over its documents of ``attention·l² + linear·l`` (the build's cost model).
+Costs are the build's, as stored in its shards (:mod:`mixing.format.cost`: Σ over a sequence's documents).
 """
 
 from __future__ import annotations
@@ -46,17 +46,10 @@ __all__ = [
     "dp_imbalance",
     "regroup_bounds",
     "regroup_window",
-    "segment_cost",
     "tail_classes",
     "template_order",
     "template_slots",
 ]
-
-
-def segment_cost(lengths: np.ndarray, attention: float, linear: float) -> float:
-    """Cost of one sequence holding documents (or pieces) of ``lengths`` tokens (float, arbitrary units)."""
-    lengths = np.asarray(lengths, dtype=np.float64)
-    return float(attention * (lengths * lengths).sum() + linear * lengths.sum())
 
 
 def dp_imbalance(costs: np.ndarray, ranks: np.ndarray, dp_size: int) -> float:

@@ -2,24 +2,19 @@
 
 ``PackedDataset(...).facts`` holds them: ``steps`` (optimizer steps of the whole run, for the LR planner),
 ``seq_len``, ``global_batch``, ``vocab_size``, ``eos_id``, ``pad_id``, the cost model, the phases and the
-mix's ``seed``. Every value comes from the build's ``shards/manifest.json`` (the token count and the steps
-from its shards' index); a field an older or hand-written manifest lacks is None (``pad_id``: 0).
+mix's ``seed``. Every value comes from the build's typed manifest (:class:`mixing.format.manifest.Manifest`,
+whose defaults fill what an older or hand-written manifest lacks), the token count and the steps from its
+shards' index. ``CostModel`` is the build's (:class:`mixing.format.cost.CostModel`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from mixing.format.cost import CostModel
+from mixing.format.manifest import Manifest
 
 __all__ = ["CostModel", "PhaseFacts", "RunFacts"]
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """The build's cost of a document of ``l`` tokens: ``attention · l² + linear · l`` (what DP balance evens)."""
-
-    attention: float = 1.0
-    linear: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -72,25 +67,25 @@ class RunFacts:
         return self.eos_id is not None and self.pad_id == self.eos_id
 
     @classmethod
-    def from_manifest(cls, m: dict[str, Any], steps: int, tokens: int) -> RunFacts:
-        """The facts of manifest ``m`` (already validated by :func:`mixing.format.manifest.parse_manifest`); ``steps``
-        and ``tokens`` as counted from its shards."""
-        cost = m.get("cost") or {}
-        eos, vocab, budget = m.get("eos_id"), m.get("vocab_size"), m.get("max_tokens")
+    def from_manifest(cls, m: Manifest, steps: int, tokens: int) -> RunFacts:
+        """The facts of manifest ``m``; ``steps`` and ``tokens`` as counted from its shards. Raises
+        ``ValueError`` when it records no ``global_batch`` (which the loader needs)."""
+        if m.global_batch is None:
+            raise ValueError("the manifest records no global_batch, which the loader needs")
         return cls(
-            mix=m.get("mix"),
-            seed=int(m.get("seed") or 0),
+            mix=m.mix,
+            seed=m.seed,
             steps=steps,
-            seq_len=int(m["seq_len"]),
-            global_batch=int(m["global_batch"]),
-            sequences=int(m["sequences"]),
+            seq_len=m.seq_len,
+            global_batch=m.global_batch,
+            sequences=m.sequences,
             tokens=tokens,
-            vocab_size=None if vocab is None else int(vocab),
-            eos_id=None if eos is None else int(eos),
-            pad_id=int(m.get("pad_id") or 0),
-            micro_batches=str(m.get("micro_batches") or "equal"),
-            max_tokens=None if budget is None else int(budget),
-            cost=CostModel(float(cost.get("attention", 1.0)), float(cost.get("linear", 0.0))),
-            phases=tuple(PhaseFacts(p["phase"], int(p["first_step"]), int(p["steps"])) for p in m.get("phases") or []),
-            sources=tuple(m.get("sources") or ()),
+            vocab_size=m.vocab_size,
+            eos_id=m.eos_id,
+            pad_id=m.pad_id,
+            micro_batches=m.micro_batches,
+            max_tokens=m.max_tokens,
+            cost=m.cost,
+            phases=tuple(PhaseFacts(p.phase, p.first_step, p.steps) for p in m.phases or ()),
+            sources=m.sources or (),
         )

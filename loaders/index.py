@@ -28,7 +28,7 @@ from typing import Any
 
 from loaders.integrity import CorruptShardError, VerifiedShardSet
 from mixing.format.index import ARRAYS, INDEX, INDEX_VERSION, write_index
-from mixing.format.manifest import _first_line
+from mixing.format.manifest import ShardFile, _first_line
 from mixing.format.shards import ShardError
 
 __all__ = ["index_folder", "open_index"]
@@ -73,7 +73,7 @@ def _problem(folder: Path, digest: str, shards: VerifiedShardSet) -> str | None:
         return ""
     try:
         record = _record(folder)
-        files = record["files"]
+        files = {name: ShardFile.model_validate(f) for name, f in record["files"].items()}
         if record["index_version"] != INDEX_VERSION or record["manifest_sha256"] != digest or set(files) != set(ARRAYS):
             return f"{folder / INDEX}: of another index version or build"
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -93,14 +93,14 @@ def _problem(folder: Path, digest: str, shards: VerifiedShardSet) -> str | None:
     return None
 
 
-def _check_size(path: Path, f: dict[str, Any]) -> None:
+def _check_size(path: Path, f: ShardFile) -> None:
     """Raise :class:`CorruptShardError` unless ``path`` has the size ``index.json`` records."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        raise CorruptShardError(f"{path}: missing; index.json records {f['bytes']} bytes") from None
-    if size != int(f["bytes"]):
-        raise CorruptShardError(f"{path}: {size} bytes, index.json records {f['bytes']}")
+        raise CorruptShardError(f"{path}: missing; index.json records {f.bytes} bytes") from None
+    if size != f.bytes:
+        raise CorruptShardError(f"{path}: {size} bytes, index.json records {f.bytes}")
 
 
 def _make(folder: Path, digest: str, shards: VerifiedShardSet) -> None:
@@ -121,4 +121,4 @@ def _make(folder: Path, digest: str, shards: VerifiedShardSet) -> None:
     shutil.rmtree(old, ignore_errors=True)
     if shards.verifier is not None:
         for name in ARRAYS:  # just hashed while writing: no process on this node need hash them again
-            shards.verifier.vouch(folder / f"{name}.npy", record["files"][name])
+            shards.verifier.vouch(folder / f"{name}.npy", ShardFile.model_validate(record["files"][name]))

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mixing.format.manifest import ShardFile
 from mixing.format.shards import SequenceView, ShardError, ShardSet, sha256_file
 
 __all__ = ["AHEAD", "CorruptShardError", "VerifiedShardSet", "Verifier", "verifier_for"]
@@ -42,21 +43,21 @@ class CorruptShardError(ShardError):
     """A shard file whose size or sha256 differs from what the manifest records (or that is missing)."""
 
 
-def _identity(path: Path, f: dict[str, Any]) -> tuple[str, int, int, int, str]:
+def _identity(path: Path, f: ShardFile) -> tuple[str, int, int, int, str]:
     """What a verdict on ``path`` holds for; raises :class:`CorruptShardError` when its size is wrong."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise CorruptShardError(f"{path}: missing; the manifest records {f['bytes']} bytes") from None
-    if st.st_size != int(f["bytes"]):
+        raise CorruptShardError(f"{path}: missing; the manifest records {f.bytes} bytes") from None
+    if st.st_size != f.bytes:
         raise CorruptShardError(
-            f"{path}: {st.st_size} bytes, the manifest records {f['bytes']} (truncated or rewritten shard file)"
+            f"{path}: {st.st_size} bytes, the manifest records {f.bytes} (truncated or rewritten shard file)"
         )
-    return str(path), st.st_size, st.st_mtime_ns, st.st_ino, str(f["sha256"])
+    return str(path), st.st_size, st.st_mtime_ns, st.st_ino, f.sha256
 
 
 class Verifier:
-    """Hashes shard files against their manifest entries (``{"name", "bytes", "sha256"}``), in the
+    """Hashes shard files against their manifest entries (:class:`~mixing.format.manifest.ShardFile`), in the
     background on ``threads`` threads, remembering good verdicts in this process and, when ``cache_dir`` is
     given and writable, on this node. Fork-safe: a child process drops the parent's pending jobs (their
     threads stay in the parent) and keeps only its finished good verdicts."""
@@ -80,15 +81,15 @@ class Verifier:
         self.__dict__.update(state)
         self._reset()
 
-    def check_size(self, path: Path, f: dict[str, Any]) -> None:
+    def check_size(self, path: Path, f: ShardFile) -> None:
         """Raise :class:`CorruptShardError` now if ``path`` is missing or its size is not the manifest's."""
         _identity(path, f)
 
-    def trust(self, path: Path, f: dict[str, Any]) -> None:
+    def trust(self, path: Path, f: ShardFile) -> None:
         """Record ``path`` as good (its caller has just hashed it, e.g. while fetching it)."""
         self._good.add(_identity(path, f))
 
-    def vouch(self, path: Path, f: dict[str, Any]) -> None:
+    def vouch(self, path: Path, f: ShardFile) -> None:
         """:meth:`trust` ``path``, and keep the verdict for the node (its caller has just written and hashed it)."""
         key = _identity(path, f)
         marker = self._marker(key)
@@ -100,7 +101,7 @@ class Verifier:
                 pass
         self._good.add(key)
 
-    def submit(self, path: Path, f: dict[str, Any]) -> None:
+    def submit(self, path: Path, f: ShardFile) -> None:
         """Start verifying ``path`` in the background (once per path and process)."""
         if self._pid != os.getpid():
             self._reset()
@@ -110,7 +111,7 @@ class Verifier:
                     self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="weir-verify")
                 self._jobs[str(path)] = self._pool.submit(self.verify, path, f)
 
-    def wait(self, path: Path, f: dict[str, Any]) -> None:
+    def wait(self, path: Path, f: ShardFile) -> None:
         """Return once ``path`` is verified, raise :class:`CorruptShardError` if it is not: its background job's
         verdict when one was submitted, else verified in the calling thread (it needs the file now anyway;
         no hand-off to a pool thread)."""
@@ -122,7 +123,7 @@ class Verifier:
         else:
             job.result()
 
-    def verify(self, path: Path, f: dict[str, Any], records: str = "the manifest") -> None:
+    def verify(self, path: Path, f: ShardFile, records: str = "the manifest") -> None:
         """Verify ``path`` in the calling thread: this process's verdict, else the node's, else hash it
         (``records``: what holds ``f``, named in the error)."""
         key = _identity(path, f)
@@ -157,11 +158,11 @@ class Verifier:
         return self.markers / hashlib.sha256(repr(key).encode()).hexdigest()[:32]
 
     @staticmethod
-    def _hash(path: Path, f: dict[str, Any], records: str = "the manifest") -> None:
+    def _hash(path: Path, f: ShardFile, records: str = "the manifest") -> None:
         digest = sha256_file(path)
-        if digest != f["sha256"]:
+        if digest != f.sha256:
             what = "damaged shard file" if records == "the manifest" else "damaged file"
-            raise CorruptShardError(f"{path}: sha256 {digest}, {records} records {f['sha256']} ({what})")
+            raise CorruptShardError(f"{path}: sha256 {digest}, {records} records {f.sha256} ({what})")
 
 
 class VerifiedShardSet(ShardSet):
@@ -175,9 +176,9 @@ class VerifiedShardSet(ShardSet):
         self.verifier = verifier
         self._ready: set[int] = set()  # shards whose tokens are verified (checked once per shard)
 
-    def _file(self, k: int, kind: str) -> tuple[Path, dict[str, Any]]:
-        f = self.manifest["shards"][k]["files"][kind]
-        return self.dir / f["name"], f
+    def _file(self, k: int, kind: str) -> tuple[Path, ShardFile]:
+        f = getattr(self.manifest.shards[k].files, kind)
+        return self.dir / f.name, f
 
     def _shard(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         if self.verifier is not None and k not in self._open:
@@ -195,7 +196,7 @@ class VerifiedShardSet(ShardSet):
             return
         self._shard(k)  # opens it: sizes and meta checked (and, when streamed, its files fetched)
         if not self.streamed:  # a remote shard's files are fetched (and hashed) when first read, not before
-            for j in range(k + 1, min(len(self.manifest["shards"]), k + 1 + AHEAD)):
+            for j in range(k + 1, min(len(self.manifest.shards), k + 1 + AHEAD)):
                 self.verifier.submit(*self._file(j, "tokens"))
         self.verifier.wait(*self._file(k, "tokens"))
         self._ready.add(k)
@@ -212,9 +213,6 @@ class VerifiedShardSet(ShardSet):
         return self.sequence(i)
 
 
-def verifier_for(verify: bool, cache_dir: str | Path | None) -> Verifier | None:
-    """The verifier a dataset uses: None when ``verify`` is False; markers under ``cache_dir`` (default
-    ``~/.cache/weir``)."""
-    if not verify:
-        return None
-    return Verifier(Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "weir")
+def verifier_for(verify: bool, cache_dir: Path) -> Verifier | None:
+    """The verifier a dataset uses: None when ``verify`` is False; markers under ``cache_dir``."""
+    return Verifier(cache_dir) if verify else None

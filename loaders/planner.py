@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window, segment_cost
+from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window
 from loaders.order import first_block, match_order
 from loaders.refinement import EDGE_BOUNDARY, SLACK, boundary_error, refine_steps
 from mixing.format.shards import ShardSet
@@ -75,13 +75,13 @@ class StepPlanner:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout}")
         m = shards.manifest
+        if m.global_batch is None:
+            raise ValueError(f"{shards.url}: the manifest records no global_batch, which the loader needs")
         self.shards, self.window, self.seed = shards, window, seed
-        self.global_batch = int(m["global_batch"])
-        self.seq_len = int(m["seq_len"])
-        budget = m.get("max_tokens") if micro_batches == "unequal" else None
-        self.max_tokens = int(budget) if budget else None  # real tokens per rank and step (unequal only)
-        cost = m.get("cost") or {"attention": 1.0, "linear": 0.0}
-        self.attention, self.linear = float(cost["attention"]), float(cost["linear"])
+        self.global_batch = m.global_batch
+        self.seq_len = m.seq_len
+        # real tokens per rank and step (unequal only)
+        self.max_tokens = m.max_tokens if micro_batches == "unequal" else None
         steps = shards.steps
         self.steps = int(steps.max()) + 1 if len(steps) else 0
         counts = np.bincount(steps, minlength=self.steps)
@@ -89,7 +89,7 @@ class StepPlanner:
             bad = int(np.flatnonzero(counts != self.global_batch)[0])
             raise ValueError(f"build step {bad} has {counts[bad]} sequences, expected global_batch {self.global_batch}")
         self.first = np.concatenate([[0], np.cumsum(counts)])  # sequences of build step t: first[t]:first[t+1]
-        starts = sorted({0, *(int(p["first_step"]) for p in m.get("phases", []))} | {self.steps})
+        starts = sorted({0, *(p.first_step for p in m.phases or ())} | {self.steps})
         bounds: list[int] = []
         tails: list[int] = []  # per window, its phase's steps mod period: fixes the phase's cost template
         for a, b in itertools.pairwise(starts):
@@ -108,7 +108,7 @@ class StepPlanner:
         self.phase_windows = np.stack([first_of[phase_of], np.r_[first_of[1:], len(bounds)][phase_of] - 1], axis=1)
         # refinement (loaders.refinement) chains windows: each one's layout depends on the steps before it
         self.slack = float(slack) if period > 0 and window > 1 else 0.0
-        self.n_sources = len(m.get("sources", [])) or 1
+        self.n_sources = len(m.sources or ()) or 1
         self._arranged: OrderedDict[int, np.ndarray] = OrderedDict()  # window → its steps' sequences (bounded)
         self._comps: dict[int, np.ndarray] = {}  # window → tokens per source of each of its training steps
         self._seeds: dict[int, np.ndarray] = {}  # window → context given by a loader state
@@ -119,17 +119,15 @@ class StepPlanner:
 
     @lru_cache(maxsize=8)  # noqa: B019 -- one StepPlanner per dataset; a handful of windows in flight
     def _facts(self, w: int) -> tuple[int, np.ndarray, np.ndarray]:
-        """Window ``w``'s first sequence, cost of each of its sequences (float64 [n]) and tokens per source
-        (float64 [n, sources])."""
+        """Window ``w``'s first sequence, cost of each of its sequences (float64 [n], as the build stored
+        them) and tokens per source (float64 [n, sources])."""
         a, b = int(self.window_starts[w]), int(self.window_starts[w + 1])
         lo, hi = int(self.first[a]), int(self.first[b])
-        n_src = len(self.shards.manifest.get("sources", [])) or 1
-        costs, src = np.zeros(hi - lo), np.zeros((hi - lo, n_src))
-        for i in range(lo, hi):
-            seg = self.shards.sequence(i).segments
-            costs[i - lo] = segment_cost(seg[:, 3], self.attention, self.linear)
-            np.add.at(src[i - lo], seg[:, 0], seg[:, 3])
-        return lo, costs, src
+        span = self.shards.span(lo, hi)
+        src = np.zeros((hi - lo, self.n_sources))
+        owner = np.repeat(np.arange(hi - lo), np.diff(span.seg_offsets))
+        np.add.at(src, (owner, span.segments[:, 0]), span.segments[:, 3])
+        return lo, np.array(span.seq_cost, dtype=np.float64), src
 
     def _window(self, w: int) -> np.ndarray:
         """Sequence indices of window ``w``'s steps, int64 [steps, global_batch], each row sorted."""

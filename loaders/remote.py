@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from loaders.integrity import CorruptShardError, VerifiedShardSet, Verifier
 from mixing.format.layout import atomic_path
+from mixing.format.manifest import ShardFile
 from mixing.format.shards import ShardError, ShardSet, sha256_file
 
 __all__ = ["RemoteShardSet", "open_remote"]
@@ -38,7 +40,7 @@ class RemoteShardSet(VerifiedShardSet):
         self.fs, self.remote, self.cache_bytes = fs, remote.rstrip("/"), cache_bytes
         self._cached: OrderedDict[int, int] = OrderedDict()  # shard → bytes on disk, least recent first
         self._pid = os.getpid()
-        need = max((self._shard_bytes(k) for k in range(len(self.manifest["shards"]))), default=0)
+        need = max((self._shard_bytes(k) for k in range(len(self.manifest.shards))), default=0)
         if need > cache_bytes:
             raise ShardError(f"cache_bytes {cache_bytes} is smaller than one shard ({need} bytes) of {remote}")
 
@@ -46,8 +48,8 @@ class RemoteShardSet(VerifiedShardSet):
     def steps(self) -> np.ndarray:  # type: ignore[override]
         """Step of every sequence from the manifest when it is regular (no shard fetched), else by reading."""
         m = self.manifest
-        if int(m["sequences"]) == int(m["steps"]) * int(m["global_batch"]):
-            return np.repeat(np.arange(int(m["steps"]), dtype=np.int64), int(m["global_batch"]))
+        if m.steps is not None and m.global_batch is not None and m.sequences == m.steps * m.global_batch:
+            return np.repeat(np.arange(m.steps, dtype=np.int64), m.global_batch)
         return super().steps
 
     def cached_bytes(self) -> int:
@@ -55,7 +57,7 @@ class RemoteShardSet(VerifiedShardSet):
         return sum(self._cached.values())
 
     def _shard_bytes(self, k: int) -> int:
-        return sum(int(f["bytes"]) for f in self.manifest["shards"][k]["files"].values())
+        return sum(f.bytes for f in self.manifest.shards[k].files.both())
 
     def _own_folder(self) -> None:
         """In a forked or spawned worker, move to a sub-folder of this process (see the module docstring)."""
@@ -77,27 +79,27 @@ class RemoteShardSet(VerifiedShardSet):
             need = self._shard_bytes(k)
             while self._cached and self.cached_bytes() + need > self.cache_bytes:
                 self._evict(next(iter(self._cached)))
-            for f in self.manifest["shards"][k]["files"].values():
+            for f in self.manifest.shards[k].files.both():
                 self._fetch(f)
             self._cached[k] = need
         return super()._shard(k)
 
-    def _fetch(self, f: dict[str, Any]) -> None:
-        dest = self.dir / f["name"]
-        if dest.exists() and dest.stat().st_size == int(f["bytes"]):
+    def _fetch(self, f: ShardFile) -> None:
+        dest = self.dir / f.name
+        if dest.exists() and dest.stat().st_size == f.bytes:
             return
-        url = f"{self.remote}/{f['name']}"
+        url = f"{self.remote}/{f.name}"
         with atomic_path(dest) as tmp:
             self.fs.get(url, str(tmp))
             size, name = tmp.stat().st_size, self.fs.unstrip_protocol(url)  # s3://bucket/…, as the user wrote it
-            if size != int(f["bytes"]):
+            if size != f.bytes:
                 raise CorruptShardError(
-                    f"{name}: {size} bytes, the manifest records {f['bytes']} (truncated or rewritten)"
+                    f"{name}: {size} bytes, the manifest records {f.bytes} (truncated or rewritten)"
                 )
             digest = sha256_file(tmp)
-            if digest != f["sha256"]:
+            if digest != f.sha256:
                 raise CorruptShardError(
-                    f"{name}: sha256 {digest}, the manifest records {f['sha256']} (damaged shard file)"
+                    f"{name}: sha256 {digest}, the manifest records {f.sha256} (damaged shard file)"
                 )
         if self.verifier is not None:
             self.verifier.trust(dest, f)  # just hashed
@@ -106,20 +108,20 @@ class RemoteShardSet(VerifiedShardSet):
         self._cached.pop(k)
         self._ready.discard(k)
         self._open.pop(k, None)
-        for f in self.manifest["shards"][k]["files"].values():
-            (self.dir / f["name"]).unlink(missing_ok=True)
+        for f in self.manifest.shards[k].files.both():
+            (self.dir / f.name).unlink(missing_ok=True)
 
 
 def open_remote(
     uri: str,
-    cache_dir: str | Path | None,
+    cache_dir: Path,
     cache_bytes: int,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     verifier: Verifier | None = None,
 ) -> tuple[RemoteShardSet, bytes]:
     """The shards of the build at ``uri`` (a build folder or its ``shards`` folder) and the manifest's bytes.
 
-    The cache lives in ``cache_dir`` (default ``~/.cache/weir``) under the manifest's sha256 and this
+    The cache lives in ``cache_dir`` under the manifest's sha256 and this
     process's id; ``verifier`` checks files found there before use (None: trusted by their size).
     """
     fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
@@ -131,7 +133,7 @@ def open_remote(
         raise ShardError(f"{uri}: no manifest.json here or under shards/; the build is missing or did not finish")
     manifest = fs.cat_file(f"{base}/manifest.json")
     digest = hashlib.sha256(manifest).hexdigest()
-    local = Path(cache_dir or Path.home() / ".cache" / "weir") / digest[:16] / str(os.getpid())
+    local = cache_dir / digest[:16] / str(os.getpid())
     local.mkdir(parents=True, exist_ok=True)
     with atomic_path(local / "manifest.json") as tmp:
         tmp.write_bytes(manifest)

@@ -116,11 +116,11 @@ class StepLoader:
         ds = loader.dataset if isinstance(loader, PackedLoader) else loader
         if not isinstance(ds, PackedDataset):
             raise TypeError(f"StepLoader takes a PackedLoader or PackedDataset, not {type(loader).__name__}")
-        if ds.cp_size != 1:
+        if ds.world.cp_size != 1:
             raise ValueError("StepLoader groups whole sequences (cp_size 1); with cp_size > 1 iterate the items")
-        if "cu_seqlens" not in ds.fields:
-            raise ValueError("StepLoader needs the items' cu_seqlens; add 'cu_seqlens' to the dataset's fields")
-        layout = layout or ("stacked" if ds.micro_batches == "equal" else "varlen")
+        if "cu_seqlens" not in ds.settings.fields:
+            raise ValueError("StepLoader needs the items' cu_seqlens; add 'cu_seqlens' to the dataset's payload fields")
+        layout = layout or ("stacked" if ds.settings.balance.micro_batches == "equal" else "varlen")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if micro_batch is not None and micro_batch < 1:

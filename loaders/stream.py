@@ -1,36 +1,29 @@
-"""The mixture the trainer receives: tokens per source of every *training* step, and its ``mixture_error``.
+"""The mixture the trainer receives: tokens per source of every *training* step.
 
-A build's own ``mixture_error`` (:func:`mixing.plan.mixture.shards_mixture_error`) measures its steps as built;
-the loader regroups them (``balance.regroup``: :mod:`loaders.planner`), so the stream a trainer reads can
-stray further, most where a regrouping window meets a phase boundary. This computes the composition of each
-training step from the planner and the shards' segment index only (no token is read), and judges it with
-the same metric against the plan's quotas (``plan/quotas.parquet``). World-independent: a training step's
-sequences do not depend on the number of ranks.
+A build's own steps hold the plan's mixture closely (:func:`mixing.plan.mixture.shards_mixture_error`); the
+loader regroups them (``balance.regroup``: :mod:`loaders.planner`), so the stream a trainer reads can stray
+further, most where a regrouping window meets a phase boundary. This computes the composition of each
+training step from the planner and the shards' segment index only (no token is read);
+:func:`mixing.plan.mixture.compositions_mixture_error` judges it against the plan's quotas. World-independent:
+a training step's sequences do not depend on the number of ranks.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-import duckdb
 import numpy as np
-import polars as pl
 
+from loaders.config import Balance
 from loaders.planner import StepPlanner
-from loaders.refinement import SLACK
-from mixing.format.layout import BuildLayout
 from mixing.format.shards import ShardSet
-from mixing.plan.mixture import WINDOW, MixtureError, largest_sequence, mixture_error, planned_tokens
 
-__all__ = ["regroup_settings", "stream_compositions", "stream_mixture_error", "stream_report"]
+__all__ = ["stream_compositions", "stream_planner"]
 
 
-def regroup_settings(manifest: dict[str, Any]) -> tuple[int, int, float]:
-    """``(window, period, slack)`` of the mix file's ``balance.regroup`` in a build's manifest (else 1, 0 and
-    :data:`loaders.refinement.SLACK`): what :class:`loaders.PackedDataset` uses by default."""
-    regroup = manifest.get("regroup") or {}
-    return int(regroup.get("window", 1)), int(regroup.get("period", 0)), float(regroup.get("slack", SLACK))
+def stream_planner(shards: ShardSet, balance: Balance = Balance()) -> StepPlanner:
+    """The training steps a :class:`loaders.PackedDataset` over ``shards`` with this ``balance`` reads (each
+    unset value the build's, :meth:`loaders.config.Balance.resolve`)."""
+    b = balance.resolve(shards.manifest)
+    return StepPlanner(shards, b.window, b.seed, b.period, b.micro_batches, b.slack, layout=b.layout)
 
 
 def stream_compositions(planner: StepPlanner) -> np.ndarray:
@@ -43,47 +36,3 @@ def stream_compositions(planner: StepPlanner) -> np.ndarray:
     for t in range(planner.steps):
         out[t] = per_seq[planner.step_sequences(t)].sum(axis=0)
     return out
-
-
-def stream_mixture_error(
-    shards: ShardSet,
-    quotas: pl.DataFrame,
-    window: int | None = None,
-    period: int | None = None,
-    slack: float | None = None,
-    seed: int = 0,
-    steps: int = WINDOW,
-) -> MixtureError:
-    """``mixture_error`` of the training steps a :class:`loaders.PackedDataset` with these settings reads
-    (default: the manifest's ``regroup``), against the plan's ``quotas`` (a ``plan_quotas`` frame)."""
-    w, p, s = regroup_settings(shards.manifest)
-    planner = StepPlanner(
-        shards,
-        w if window is None else window,
-        seed,
-        p if period is None else period,
-        str(shards.manifest.get("micro_batches", "equal")),
-        s if slack is None else slack,
-    )
-    sources, phases, phase, planned = planned_tokens(quotas)
-    col = {name: k for k, name in enumerate(sources)}
-    remap = np.array([col[name] for name in shards.manifest["sources"]], dtype=np.int64)
-    realized = np.zeros_like(planned)
-    comps = stream_compositions(planner)
-    for k in range(comps.shape[1]):
-        realized[: len(comps), remap[k]] += comps[:, k]
-    return mixture_error(realized, planned, phase, sources, phases, steps, largest_sequence(shards))
-
-
-def stream_report(root: str | Path) -> dict[str, Any]:
-    """``mixture_error`` of the trainer's stream of the finished build at ``root`` under its mix file's
-    ``balance.regroup`` (what ``weir inspect``, the build summary and the Dagster check show beside the
-    build's own): the keys of :func:`mixing.pack.packed.inspect_build`'s ``mixture_error`` plus ``regroup``
-    (the window, period and slack it was measured with)."""
-    layout = BuildLayout(Path(root))
-    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
-        quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
-    shards = ShardSet(layout.shards_dir)
-    window, period, slack = regroup_settings(shards.manifest)
-    me = stream_mixture_error(shards, quotas)
-    return {**me.report(), "regroup": {"window": window, "period": period, "slack": slack}}

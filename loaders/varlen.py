@@ -58,14 +58,13 @@ def by_step(loader: PackedLoader | PackedDataset) -> Iterator[dict[str, Any]]:
     with the next micro-batch.
     """
     ds: Any = getattr(loader, "dataset", loader)
-    planner = getattr(ds, "planner", None)
-    if planner is None:
+    if getattr(ds, "planner", None) is None:
         raise TypeError(f"by_step takes a PackedLoader or PackedDataset, not {type(loader).__name__}")
     group: list[dict[str, Any]] = []
     for item in loader:
         group.append(item)
         step = int(item["step"])
-        if int(item["slot"]) + 1 == planner.count(step, ds.dp_size, ds.dp_rank):
+        if int(item["slot"]) + 1 == ds.count(step):
             yield concat(group)
             group = []
     if group:  # cannot happen with a whole stream; kept rather than dropped

@@ -17,6 +17,7 @@ from typing import Any
 import polars as pl
 
 from mixing.format.layout import BuildLayout, atomic_path
+from mixing.format.manifest import Manifest
 from mixing.ingest.documents import TokenizeReport, tokenize_source
 from mixing.ingest.sources import SourceIndexError, index_source, read_records
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
@@ -147,14 +148,13 @@ def plan_audit(mix: Mix, layout: BuildLayout) -> PlanAudit:
     return audit_plan(layout.duckdb, mix.sequence.length)
 
 
-def pack(mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda _k: None) -> dict[str, Any]:
+def pack(mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda _k: None) -> Manifest:
     """Pack the plan and write ``shards/`` with its manifest (last); return the manifest.
 
     ``on_shard(k)`` runs after shard ``k`` is written (progress reporting).
     """
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
-    cost = (mix.balance.cost.attention, mix.balance.cost.linear)
-    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost)
+    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=mix.balance.cost.model())
     pad, eos = tok.pad_id, tok.eos_id
     return write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, pad, eos_id=eos, on_shard=on_shard)
 

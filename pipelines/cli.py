@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -18,6 +18,9 @@ from rich.console import Console
 from mixing import MixError, WeirError, load_mix
 from mixing.spec.envvars import redact
 from pipelines import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from mixing.report import BuildReport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 
@@ -77,7 +80,7 @@ def build(
     """
     import dagster as dg
 
-    from mixing.pack.packed import inspect_build, saved_report
+    from mixing.report import inspect_build, saved_report
     from pipelines.build import progress_display
     from pipelines.instance import dagster_home, project_instance
     from pipelines.summary import print_summary
@@ -140,7 +143,7 @@ def inspect(
     the build cannot be read (a missing, damaged or edited manifest, shard file or DuckDB file) or a
     shard's checksum does not match the manifest; with --strict, exits 4 when a goal is missed.
     """
-    from mixing.pack.packed import inspect_build
+    from mixing.report import inspect_build
     from pipelines.summary import missed_goals, print_summary
 
     root = build_dir
@@ -153,38 +156,39 @@ def inspect(
         raise typer.Exit(1) from None
     missed = missed_goals(report)
     if as_json:  # the figures as they are (machines judge them); --strict still exits 4
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(json.dumps(report.as_json(), indent=2, sort_keys=True))
     else:
         print_summary(out, report)
-    if not report["manifest_sealed"]:
+    if not report.manifest_sealed:
         err.print(
-            f"[yellow]note[/]: {root / 'shards' / 'manifest.json'} (format {report['format_version']}) was written "
+            f"[yellow]note[/]: {root / 'shards' / 'manifest.json'} (format {report.format_version}) was written "
             "before manifests carried their own checksum (manifest_sha256): edits to it cannot be detected; "
             "rebuild to add one",
             highlight=False,
             soft_wrap=True,
         )
-    if report["corrupt_files"]:
+    if report.corrupt_files:
         where = root / "shards"
-        bad = "; ".join(f"{where / name}: {why}" for name, why in report["file_problems"].items())
+        bad = "; ".join(f"{where / name}: {why}" for name, why in report.file_problems.items())
         err.print(f"[bold red]corrupt shard files[/]: {bad}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     _exit_if_missed(missed, strict, quiet=as_json)
 
 
-def _with_stream(report: dict, root: Path) -> dict:  # type: ignore[type-arg]
-    """``report`` plus ``mixture_error_stream`` (:func:`loaders.stream.stream_report`) when the mix file
+def _with_stream(report: BuildReport, root: Path) -> BuildReport:
+    """``report`` plus ``mixture_error_stream`` (:func:`assets.stream.stream_report`) when the mix file
     regroups steps (otherwise the trainer's stream is the build's steps)."""
     if _regroups(root):
-        from loaders.stream import stream_report
+        from assets.stream import stream_report
 
-        report["mixture_error_stream"] = stream_report(root)
+        return report.model_copy(update={"mixture_error_stream": stream_report(root)})
     return report
 
 
 def _regroups(root: Path) -> bool:
-    manifest = json.loads((root / "shards" / "manifest.json").read_text())
-    return int((manifest.get("regroup") or {}).get("window", 1)) > 1
+    from mixing.format.shards import ShardSet
+
+    return ShardSet(root / "shards").manifest.regrouping.window > 1
 
 
 @app.command("export-megatron")

@@ -3,7 +3,7 @@ and bringing them up to date (``weir plan --compute``).
 
 A folder's documents fit a mix when it holds documents of exactly the mix's sources, was tokenized with the
 mix's tokenizer, lists the same files with the same fingerprints, and holds the chunk of every file as the
-mix renders it now (:func:`mixing.ingest.documents.chunk_keys` hashes files, tokenizer and rendering). Each
+mix renders it now (:func:`mixing.ingest.chunks.chunk_keys` hashes files, tokenizer and rendering). Each
 difference is named in one line, so an old build never plans a mix it was not made from.
 """
 
@@ -19,7 +19,7 @@ import polars as pl
 
 from mixing import Mix
 from mixing.format.layout import BuildLayout
-from mixing.ingest.documents import chunk_keys
+from mixing.ingest.chunks import chunk_keys
 from mixing.ingest.sources import SourceIndexError, index_source
 from mixing.ingest.tokenizer import TokenizerError, load_tokenizer
 from mixing.spec import envvars

@@ -2,89 +2,77 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 
 from assets.mix_assets import MIN_PACKING_EFFICIENCY
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, goal_text
+from mixing.report import BuildReport
 
 __all__ = ["missed_goals", "print_summary"]
 
 
-def missed_goals(r: dict[str, Any]) -> list[str]:
+def missed_goals(r: BuildReport) -> list[str]:
     """One phrase per goal of docs/design.md the build misses (packing, truncation, mixture_error)."""
     missed = []
-    if r["packing_efficiency"] < MIN_PACKING_EFFICIENCY:
-        missed.append(f"packing_efficiency {r['packing_efficiency']:.4f} < {MIN_PACKING_EFFICIENCY}")
-    if r["truncated_docs"] > 0:
-        missed.append(f"truncated_docs {r['truncated_docs']:.4f} > 0")
-    me = r.get("mixture_error")
-    if me and me["window"] > me["goal_window"]:
-        steps, goal = me["window_steps"], me["goal_window"]
-        missed.append(f"mixture_error {me['window']:.4f} per {steps}-step window > {goal:.4g}")
-    if me and me["phase"] > me["goal_phase"]:
-        missed.append(f"mixture_error {me['phase']:.4f} per phase > {me['goal_phase']:.4g}")
-    st = r.get("mixture_error_stream")
-    if st and not st["ok"]:
-        missed.append(
-            f"mixture_error of the trainer's stream {st['window']:.4f} per window, {st['phase']:.4f} per phase"
-        )
+    if r.packing_efficiency < MIN_PACKING_EFFICIENCY:
+        missed.append(f"packing_efficiency {r.packing_efficiency:.4f} < {MIN_PACKING_EFFICIENCY}")
+    if r.truncated_docs > 0:
+        missed.append(f"truncated_docs {r.truncated_docs:.4f} > 0")
+    me = r.mixture_error
+    if me.window > me.goal_window:
+        missed.append(f"mixture_error {me.window:.4f} per {me.window_steps}-step window > {me.goal_window:.4g}")
+    if me.phase > me.goal_phase:
+        missed.append(f"mixture_error {me.phase:.4f} per phase > {me.goal_phase:.4g}")
+    st = r.mixture_error_stream
+    if st and not st.ok:
+        missed.append(f"mixture_error of the trainer's stream {st.window:.4f} per window, {st.phase:.4f} per phase")
     return missed
 
 
-def print_summary(out: Console, r: dict[str, Any]) -> list[str]:
+def print_summary(out: Console, r: BuildReport) -> list[str]:
     """Print a build's figures on ``out``, each missed goal marked "[goal missed]"; return the missed goals."""
-    eff_missed = r["packing_efficiency"] < MIN_PACKING_EFFICIENCY
+    eff_missed = r.packing_efficiency < MIN_PACKING_EFFICIENCY
     out.print(
-        f"mix {r['mix']!r}: {r['steps']} steps, {r['sequences']} sequences of {r['seq_len']} tokens, "
-        f"{r['tokens']:,} tokens; packing_efficiency {r['packing_efficiency']:.4f} (goal ≥ {MIN_PACKING_EFFICIENCY})"
+        f"mix {r.mix!r}: {r.steps} steps, {r.sequences} sequences of {r.seq_len} tokens, "
+        f"{r.tokens:,} tokens; packing_efficiency {r.packing_efficiency:.4f} (goal ≥ {MIN_PACKING_EFFICIENCY})"
         + (" [goal missed]" if eff_missed else "")
-        + f", truncated_docs {r['truncated_docs']:.4f} (goal 0)"
-        + (" [goal missed]" if r["truncated_docs"] > 0 else ""),
+        + f", truncated_docs {r.truncated_docs:.4f} (goal 0)"
+        + (" [goal missed]" if r.truncated_docs > 0 else ""),
         highlight=False,
         markup=False,
     )
-    if "sequence_cost" in r:  # packing figures (shard format 2)
-        c, g = r["sequence_cost"], r["segments_per_sequence"]
+    c, g = r.sequence_cost, r.segments_per_sequence
+    out.print(
+        f"shards {r.shards} (format {r.format_version}, {r.dtype}); documents per sequence "
+        f"mean {g.mean:.1f} max {g.max}; sequence cost max/mean {c.max_over_mean:.3f}, "
+        f"p95/mean {c.p95_over_mean:.3f}, cv {c.cv:.3f}; tokens dropped at phase ends "
+        f"{r.tokens_dropped:,}",
+        highlight=False,
+    )
+    me = r.mixture_error  # realized vs planned token shares
+    out.print(
+        f"mixture_error {me.window:.4f} per {me.window_steps}-step window "
+        f"(goal {goal_text(GOAL_WINDOW, me.unit_window, me.window, 'a window')})"
+        + (" [goal missed]" if me.window > me.goal_window else "")
+        + f", {me.phase:.4f} per phase (goal {goal_text(GOAL_PHASE, me.unit_phase, me.phase, 'the smallest phase')})"
+        + (" [goal missed]" if me.phase > me.goal_phase else ""),
+        highlight=False,
+        markup=False,
+    )
+    st = r.mixture_error_stream  # the same, of the training steps the loader makes (balance.regroup)
+    if st is not None:
+        rg = st.regroup
         out.print(
-            f"shards {r['shards']} (format {r['format_version']}, {r['dtype']}); documents per sequence "
-            f"mean {g['mean']:.1f} max {g['max']}; sequence cost max/mean {c['max_over_mean']:.3f}, "
-            f"p95/mean {c['p95_over_mean']:.3f}, cv {c['cv']:.3f}; tokens dropped at phase ends "
-            f"{r['tokens_dropped']:,}",
-            highlight=False,
-        )
-    if "mixture_error" in r:  # realized vs planned token shares
-        me = r["mixture_error"]
-        out.print(
-            f"mixture_error {me['window']:.4f} per {me['window_steps']}-step window "
-            f"(goal {goal_text(GOAL_WINDOW, me.get('unit_window', 0.0), me['window'], 'a window')})"
-            + (" [goal missed]" if me["window"] > me["goal_window"] else "")
-            + f", {me['phase']:.4f} per phase "
-            f"(goal {goal_text(GOAL_PHASE, me.get('unit_phase', 0.0), me['phase'], 'the smallest phase')})"
-            + (" [goal missed]" if me["phase"] > me["goal_phase"] else ""),
-            highlight=False,
-            markup=False,
-        )
-    if "mixture_error_stream" in r:  # the same, of the training steps the loader makes (balance.regroup)
-        st, g = r["mixture_error_stream"], r["mixture_error_stream"]["regroup"]
-        out.print(
-            f"mixture_error of the trainer's stream (regroup window {g['window']}, period {g['period']}, slack "
-            f"{g['slack']:g}): {st['window']:.4f} per window, {st['phase']:.4f} per phase"
-            + ("" if st["ok"] else " [goal missed]"),
+            f"mixture_error of the trainer's stream (regroup window {rg.window}, period {rg.period}, slack "
+            f"{rg.slack:g}): {st.window:.4f} per window, {st.phase:.4f} per phase"
+            + ("" if st.ok else " [goal missed]"),
             highlight=False,
             markup=False,
         )
     t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
-    for name, s in r["per_source"].items():
-        share = s["tokens_packed"] / r["tokens"] if r["tokens"] else 0.0
-        t.add_row(
-            name,
-            f"{s['documents_packed']:,}",
-            f"{s['tokens_packed']:,}",
-            f"{s['tokens_dropped']:,}",
-            f"{share:.3f}",
-        )
+    for name, s in r.per_source.items():
+        share = s.tokens_packed / r.tokens if r.tokens else 0.0
+        t.add_row(name, f"{s.documents_packed:,}", f"{s.tokens_packed:,}", f"{s.tokens_dropped:,}", f"{share:.3f}")
     out.print(t)
     return missed_goals(r)

@@ -10,7 +10,7 @@ folder still replaces the output only when the whole build succeeded.
 A build that fails (an infeasible plan after minutes of tokenizing) keeps its work: its staging folder, less
 its shards, becomes the hidden sibling ``.<dest>.cache`` (see :func:`work_cache`, :func:`kept_work`), never
 ``dest`` itself, so no reader sees a partial build. The next build seeds from it as from the previous output
-(reused chunks are verified against their checksums, :mod:`mixing.ingest.documents`), ``weir plan`` plans
+(reused chunks are verified against their checksums, :mod:`mixing.ingest.chunks`), ``weir plan`` plans
 from its documents in seconds, and a successful build removes it.
 """
 

@@ -103,13 +103,13 @@ class _Appender:
 def write_index(shards: ShardSet, folder: Path, manifest_sha256: str, meta_verified: bool) -> dict[str, Any]:
     """Write the index of ``shards`` into the existing, empty ``folder`` (``index.json`` last) and return
     what ``index.json`` holds. Reads each shard's metadata once through ``shards`` (validated as any read)."""
-    seq_len = int(shards.manifest["seq_len"])
+    seq_len = shards.manifest.seq_len
     out = {name: _Appender(folder / f"{name}.npy", dtype, tail) for name, (dtype, tail) in ARRAYS.items()}
     try:
         out["seg_offsets"].add(np.zeros(1))
         out["cu_offsets"].add(np.zeros(1))
         seg_base = cu_base = 0
-        for k in range(len(shards.manifest["shards"])):
+        for k in range(len(shards.manifest.shards)):
             meta = shards.shard_meta(k)
             off, segs = meta["seg_offsets"], meta["segments"]
             for name in ("step", "seq_tokens", "seq_cost", "segments", "seg_cost"):

@@ -1,12 +1,20 @@
-"""A shard folder's ``manifest.json``: its fields, its own checksum, and the one check every reader gets.
+"""A shard folder's ``manifest.json``: the typed, versioned build contract, its checksum, and its one check.
 
-The manifest lists every shard file with its size and sha256; since format 3 it also carries
-``manifest_sha256``, the sha256 of its own canonical JSON (keys sorted, no whitespace) without that field,
-so an edit or a damaged byte anywhere in it is refused. :func:`parse_manifest` is the only way a reader
-turns the manifest's bytes into a dict: unparsable JSON, a checksum mismatch, an unknown version, a missing
-field or a field of the wrong type each raise one :class:`ShardError` line naming the file. Manifests
-written before format 3 (formats 1 and 2) carry no checksum; they are still read, and
-``parse_manifest`` says so (``ShardSet.sealed`` is False) for callers to report.
+:class:`Manifest` is the contract between the build and every reader: each field the build writes, typed,
+with the defaults a manifest that lacks a field means (``pad_id`` 0, ``seed`` 0, ``micro_batches`` equal,
+``cost`` attention only, no ``regroup``); nothing else reads ``manifest.json`` by key. Its
+:class:`BuildInfo` part is what the writer of the shards is given (the mix, the tokenizer, the balance
+options, the plan's phases and sources, ...), the rest is the shard format's own (``format_version``,
+``seq_len``, ``dtype``, ``shards`` with each file's size and sha256, ...).
+
+Since format 3 the manifest also carries ``manifest_sha256``, the sha256 of its own canonical JSON (keys
+sorted, no whitespace) without that field, so an edit or a damaged byte anywhere in it is refused.
+:func:`parse_manifest` is the only way a reader turns the manifest's bytes into a :class:`Manifest`:
+unparsable JSON, a checksum mismatch, an unknown version, a missing field or a field of the wrong type each
+raise one :class:`ShardError` line naming the file. Manifests written before format 3 (formats 1 and 2)
+carry no checksum; they are still read, and ``parse_manifest`` says so (``ShardSet.sealed`` is False) for
+callers to report. :func:`write_manifest` seals a manifest and writes it; the JSON holds exactly the fields
+the writer gave (a field left out stays out), so a build's bytes do not depend on this module's defaults.
 """
 
 from __future__ import annotations
@@ -15,22 +23,36 @@ import hashlib
 import json
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticUseDefault
 
 from mixing.errors import WeirError
+from mixing.format.cost import CostModel
 from mixing.format.store import Store
 
 __all__ = [
+    "BUILD_FIELDS",
     "CHECKSUM_FIELD",
     "FORMAT_VERSION",
     "MANIFEST",
+    "NO_REGROUP",
     "READABLE",
+    "BuildInfo",
+    "Manifest",
+    "PackingNote",
+    "PhaseSpan",
+    "Regroup",
+    "ShardEntry",
     "ShardError",
+    "ShardFile",
+    "ShardFiles",
+    "SourceCounts",
     "manifest_digest",
     "parse_manifest",
     "seal",
+    "validated",
     "write_manifest",
 ]
 
@@ -45,107 +67,172 @@ class ShardError(WeirError, RuntimeError):
     """A missing, damaged or edited manifest or shard file, or a format this reader does not know."""
 
 
-def manifest_digest(manifest: dict[str, Any]) -> str:
-    """Hex sha256 of ``manifest``'s canonical JSON (sorted keys, no whitespace), without ``manifest_sha256``."""
-    body = {k: v for k, v in manifest.items() if k != CHECKSUM_FIELD}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def seal(manifest: dict[str, Any]) -> dict[str, Any]:
-    """``manifest`` with ``manifest_sha256`` set to the digest of the rest (any old value is replaced)."""
-    return {**manifest, CHECKSUM_FIELD: manifest_digest(manifest)}
-
-
-def write_manifest(
-    shards_dir: Path | str, manifest: dict[str, Any], storage_options: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Seal ``manifest`` and write it as ``shards_dir/manifest.json`` atomically; return what was written.
-
-    Also the way to change a manifest on purpose (tests, migrations): read it, edit it, write it here.
-    """
-    sealed = seal(manifest)
-    text = json.dumps(sealed, indent=2, sort_keys=True) + "\n"
-    Store(shards_dir, storage_options).put(MANIFEST, partial(_write, text.encode()))
-    return sealed
-
-
-def _write(data: bytes, f: BinaryIO) -> None:
-    f.write(data)
-
-
-# -- the fields a reader relies on; the build's other fields (fingerprints, per_source, ...) pass through --
+# -- the contract's parts ----------------------------------------------------------------------------------
 
 _NonNeg = Annotated[int, Field(ge=0)]
 _Pos = Annotated[int, Field(ge=1)]
-_Cfg = ConfigDict(strict=True, extra="ignore")
+_Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_T = TypeVar("_T")
 
 
-class _File(BaseModel):
-    model_config = _Cfg
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]  # a plain name in the folder
+def _none_is_default(value: _T) -> _T:
+    """A field recorded as null means its default (older and hand-written manifests)."""
+    if value is None:
+        raise PydanticUseDefault
+    return value
+
+
+_Defaulted = BeforeValidator(_none_is_default)
+
+
+class _Frozen(BaseModel):
+    # strict: "32" is not a count; unknown keys are ignored on read (writers are held to the declared ones)
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+
+
+class ShardFile(_Frozen):
+    """A listed file (a shard's, or a build index's): a plain name inside its folder, its size in bytes and
+    hex sha256."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     bytes: _NonNeg
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
-class _Files(BaseModel):
-    model_config = _Cfg
-    tokens: _File
-    meta: _File
+class ShardFiles(_Frozen):
+    """A shard's token array (``.npy``) and metadata arrays (``.npz``)."""
+
+    tokens: ShardFile
+    meta: ShardFile
+
+    def both(self) -> tuple[ShardFile, ShardFile]:
+        """``(tokens, meta)``."""
+        return self.tokens, self.meta
 
 
-class _Shard(BaseModel):
-    model_config = _Cfg
+class ShardEntry(_Frozen):
+    """Shard ``k`` holds the global sequences ``first_sequence`` … ``first_sequence + sequences − 1``."""
+
     first_sequence: _NonNeg
     sequences: _NonNeg
-    files: _Files
+    files: ShardFiles
 
 
-class _Cost(BaseModel):
-    model_config = _Cfg
-    attention: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
-    linear: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+class PhaseSpan(_Frozen):
+    """A curriculum phase of the build: ``steps`` optimizer steps from ``first_step`` on."""
 
-
-class _Regroup(BaseModel):
-    model_config = _Cfg
-    window: _Pos = 20
-    period: _NonNeg = 10
-    slack: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.15
-
-
-class _Phase(BaseModel):
-    model_config = _Cfg
     phase: str
     first_step: _NonNeg
     steps: _NonNeg
 
 
-class _Manifest(BaseModel):
-    model_config = _Cfg
-    format_version: int
+class SourceCounts(_Frozen):
+    """One source's tokens and documents in the build: planned = packed + dropped (at phase ends).
+    ``documents_dropped`` is None in format 1 builds, which did not record it."""
+
+    tokens_planned: _NonNeg
+    tokens_packed: _NonNeg
+    tokens_dropped: _NonNeg
+    documents_packed: _NonNeg
+    documents_dropped: _NonNeg | None = None
+
+
+class Regroup(_Frozen):
+    """The mix file's ``balance.regroup`` as the build recorded it: the loader's default ``window``,
+    ``period`` and ``slack`` (:mod:`loaders.planner`). Its field defaults are the mix file's defaults too
+    (:class:`mixing.spec.parts.Regroup` takes them from here)."""
+
+    window: _Pos = 20
+    period: _NonNeg = 10
+    slack: _Weight = 1.15  # a swap may raise a step's max/mean cost up to this (the DP goal's p95 at long context)
+
+
+NO_REGROUP = Regroup(window=1, period=0)  # a build without regroup: training steps are the build's steps
+
+
+class PackingNote(_Frozen):
+    """How the shards were packed, in words (for people; no reader acts on it)."""
+
+    algorithm: str
+
+
+BUILD_FIELDS = ("mix", "steps", "global_batch", "sources", "per_source", "phases")  # every weir build has them
+
+
+class BuildInfo(_Frozen):
+    """What the writer of the shards records about the build (``weir build`` sets every field; other
+    writers may leave any out, which then means its default).
+
+    ``mix``: the mix's name; ``mix_fingerprint``/``tokenizer_fingerprint``: what the build was made from;
+    ``vocab_size``: the embedding's rows; ``pad_id`` (default 0): the id in padding slots; ``eos_id``: the id
+    ending each document (None: unrecorded); ``seed`` (default 0): the mix file's seed, the loader's default;
+    ``global_batch``: sequences per optimizer step; ``cost``: the cost model (default attention only);
+    ``micro_batches`` (default ``"equal"``), ``max_tokens`` and ``regroup`` (None: the build's steps):
+    the mix file's ``balance`` options, the loader's defaults; ``steps``: optimizer steps of the run;
+    ``sources``: the source names, in the order of the shards' source indices; ``phases``: the curriculum
+    phases in step order; ``per_source``: tokens and documents per source; ``packing``: how it was packed.
+    """
+
+    mix: str | None = None
+    mix_fingerprint: str | None = None
+    tokenizer_fingerprint: str | None = None
+    vocab_size: _Pos | None = None
+    pad_id: Annotated[_NonNeg, _Defaulted] = 0
+    eos_id: _NonNeg | None = None
+    seed: Annotated[_NonNeg, _Defaulted] = 0
+    global_batch: _Pos | None = None
+    cost: Annotated[CostModel, _Defaulted] = CostModel()
+    micro_batches: Annotated[Literal["equal", "unequal"], _Defaulted] = "equal"
+    max_tokens: _Pos | None = None
+    regroup: Regroup | None = None
+    steps: _NonNeg | None = None
+    sources: tuple[str, ...] | None = None
+    phases: tuple[PhaseSpan, ...] | None = None
+    per_source: dict[str, SourceCounts] | None = None
+    packing: PackingNote | None = None
+
+    @model_validator(mode="after")
+    def _consistent_info(self) -> BuildInfo:
+        for name in ("pad_id", "eos_id"):
+            value = getattr(self, name)
+            if value is not None and self.vocab_size is not None and value >= self.vocab_size:
+                raise ValueError(f"{name} {value} is not below vocab_size {self.vocab_size}")
+        if self.sources is not None and self.per_source is not None and set(self.per_source) != set(self.sources):
+            raise ValueError(f"per_source names {sorted(self.per_source)}, sources are {sorted(self.sources)}")
+        return self
+
+    @property
+    def regrouping(self) -> Regroup:
+        """The recorded ``regroup``, or :data:`NO_REGROUP` (window 1, period 0) when the build has none."""
+        return self.regroup if self.regroup is not None else NO_REGROUP
+
+    def lacks(self) -> list[str]:
+        """The fields of :data:`BUILD_FIELDS` this manifest lacks (none for a ``weir build``)."""
+        return [name for name in BUILD_FIELDS if getattr(self, name) is None]
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON object of the fields that were given (a field left out stays out)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class Manifest(BuildInfo):
+    """A build's ``manifest.json``: :class:`BuildInfo` plus the shard format's fields.
+
+    ``format_version`` (1–3, :data:`READABLE`); ``seq_len`` S: token slots per sequence; ``sequences``: in
+    the whole build; ``sequences_per_step``: when every step has as many (else None); ``dtype``: of the
+    token arrays; ``shards``: in sequence order; ``manifest_sha256``: the checksum (None before format 3).
+    """
+
+    format_version: Literal[1, 2, 3]
     seq_len: _NonNeg
     sequences: _NonNeg
     sequences_per_step: _Pos | None = None
     dtype: Literal["uint16", "uint32"]
-    shards: list[_Shard]
-    # written by weir build (write_packed); optional for other writers of shards
-    mix: str | None = None
-    global_batch: _Pos | None = None
-    pad_id: _NonNeg | None = None
-    eos_id: _NonNeg | None = None
-    seed: _NonNeg | None = None  # the mix file's seed (the loader's default seed)
-    vocab_size: _Pos | None = None
-    cost: _Cost | None = None
-    steps: _NonNeg | None = None
-    sources: list[str] | None = None
-    per_source: dict[str, dict[str, _NonNeg]] | None = None
-    phases: list[_Phase] | None = None
-    micro_batches: Literal["equal", "unequal"] | None = None
-    max_tokens: _Pos | None = None
-    regroup: _Regroup | None = None
+    shards: tuple[ShardEntry, ...]
+    manifest_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> _Manifest:
+    def _consistent_shards(self) -> Manifest:
         at = 0
         for k, s in enumerate(self.shards):
             if s.first_sequence != at:
@@ -153,19 +240,81 @@ class _Manifest(BaseModel):
             at += s.sequences
         if at != self.sequences:
             raise ValueError(f"sequences is {self.sequences} but the shards hold {at}")
-        for name in ("pad_id", "eos_id"):
-            value = getattr(self, name)
-            if value is not None and self.vocab_size is not None and value >= self.vocab_size:
-                raise ValueError(f"{name} {value} is not below vocab_size {self.vocab_size}")
         per_step = self.sequences_per_step
         if per_step is not None and self.global_batch is not None and per_step != self.global_batch:
             raise ValueError(f"global_batch {self.global_batch} but the shards hold {per_step} sequences per step")
-        if self.sources is not None and self.per_source is not None and set(self.per_source) != set(self.sources):
-            raise ValueError(f"per_source names {sorted(self.per_source)}, sources are {sorted(self.sources)}")
         return self
 
+    def info(self) -> BuildInfo:
+        """The :class:`BuildInfo` part, as given (e.g. to write the same build's sequences again)."""
+        fields = set(BuildInfo.model_fields) & self.model_fields_set
+        return BuildInfo.model_validate_json(json.dumps(self.model_dump(mode="json", include=fields)))
 
-def parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], bool]:
+    def as_json(self) -> dict[str, Any]:
+        """The JSON object of the fields that were given, without ``manifest_sha256`` (what it is a digest of)."""
+        return self.model_dump(mode="json", exclude_unset=True, exclude={CHECKSUM_FIELD})
+
+
+# -- checksum, writing and reading -------------------------------------------------------------------------
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """Hex sha256 of ``manifest``'s canonical JSON (sorted keys, no whitespace), without ``manifest_sha256``."""
+    body = {k: v for k, v in manifest.items() if k != CHECKSUM_FIELD}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The JSON object ``manifest`` with ``manifest_sha256`` set to the digest of the rest (any old value is
+    replaced). Not validated: :func:`write_manifest` is the way to write one."""
+    return {**manifest, CHECKSUM_FIELD: manifest_digest(manifest)}
+
+
+_M = TypeVar("_M", bound=BuildInfo)
+
+
+def validated(cls: type[_M], fields: BuildInfo | dict[str, Any], where: str) -> _M:
+    """``fields`` as a ``cls`` (:class:`BuildInfo` or :class:`Manifest`), validated as a reader would;
+    a dict may hold only declared fields. Raises one :class:`ShardError` line starting with ``where``."""
+    if isinstance(fields, cls):
+        return fields
+    given = fields.as_json() if isinstance(fields, BuildInfo) else fields
+    unknown = sorted(set(given) - set(cls.model_fields))
+    if unknown:
+        raise ShardError(f"{where}: {unknown[0]}: not a field of the manifest")
+    return _validate(cls, json.dumps(given), where)
+
+
+def _validate(cls: type[_M], text: str | bytes, where: str) -> _M:
+    try:
+        return cls.model_validate_json(text)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = _dotted(tuple(err["loc"]))
+        msg = "field required but missing" if err["type"] == "missing" else err["msg"].removeprefix("Value error, ")
+        raise ShardError(f"{where}: {loc}{': ' if loc else ''}{msg}") from None
+
+
+def write_manifest(
+    shards_dir: Path | str, manifest: Manifest | dict[str, Any], storage_options: dict[str, Any] | None = None
+) -> Manifest:
+    """Seal ``manifest`` (a dict is validated into a :class:`Manifest` first) and write it as
+    ``shards_dir/manifest.json`` atomically; return what was written.
+
+    Also the way to change a manifest on purpose (tests, migrations): read it, edit it, write it here.
+    """
+    typed = validated(Manifest, manifest, f"{shards_dir}/{MANIFEST}")
+    sealed = seal(typed.as_json())
+    text = json.dumps(sealed, indent=2, sort_keys=True) + "\n"
+    Store(shards_dir, storage_options).put(MANIFEST, partial(_write, text.encode()))
+    return typed.model_copy(update={CHECKSUM_FIELD: sealed[CHECKSUM_FIELD]})
+
+
+def _write(data: bytes, f: BinaryIO) -> None:
+    f.write(data)
+
+
+def parse_manifest(data: bytes, where: str) -> tuple[Manifest, bool]:
     """The manifest in ``data`` (read from ``where``, named in errors) and whether it carried a checksum.
 
     Raises :class:`ShardError` (one line starting with ``where``) when it is not JSON, not an object, its
@@ -189,14 +338,7 @@ def parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], bool]:
         raise ShardError(f"{where}: format_version {version!r}; this reader knows {list(READABLE)}")
     if stored is None and version >= _SEALED_SINCE:
         raise ShardError(f"{where}: no {CHECKSUM_FIELD}, which every format {version} manifest carries; rebuild")
-    try:
-        _Manifest.model_validate(manifest)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = _dotted(tuple(err["loc"]))
-        msg = "field required but missing" if err["type"] == "missing" else err["msg"].removeprefix("Value error, ")
-        raise ShardError(f"{where}: {loc}{': ' if loc else ''}{msg}") from None
-    return manifest, stored is not None
+    return _validate(Manifest, data, where), stored is not None
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

@@ -43,8 +43,8 @@ def export_megatron(
     vocabularies ≤ 2³¹ fit). Deterministic: the same build gives the same bytes.
     """
     prefix = Path(prefix)
-    dtype = np.dtype(np.uint16) if shards.manifest["dtype"] == "uint16" else np.dtype(np.int32)
-    seq_len = int(shards.manifest["seq_len"])
+    dtype = np.dtype(np.uint16) if shards.manifest.dtype == "uint16" else np.dtype(np.int32)
+    seq_len = shards.manifest.seq_len
     n = len(shards)
     offs, segs = shards.segments
     if unit == "segment":
@@ -55,8 +55,8 @@ def export_megatron(
         doc_idx = np.arange(n + 1, dtype=np.int64)
     used = shards.seq_tokens if unit == "segment" else np.full(n, seq_len, np.int64)
     with atomic_path(prefix.with_name(prefix.name + ".bin")) as tmp, tmp.open("wb") as f:
-        for k, sh in enumerate(shards.manifest["shards"]):
-            lo, cnt = sh["first_sequence"], sh["sequences"]
+        for k, sh in enumerate(shards.manifest.shards):
+            lo, cnt = sh.first_sequence, sh.sequences
             block = np.asarray(shards.shard_tokens(k))  # [cnt, S]
             keep = np.arange(seq_len)[None, :] < used[lo : lo + cnt, None]
             f.write(block[keep].astype(dtype).tobytes())  # row-major: each sequence's real tokens in order

@@ -1,4 +1,4 @@
-"""The packed shard format (version 2): memory-mappable token arrays plus per-sequence metadata.
+"""The packed shard format (version 3): memory-mappable token arrays plus per-sequence metadata.
 
 A shard folder (a local path or any fsspec URL, e.g. ``s3://bucket/prefix``) holds, per shard ``k``:
 
@@ -6,12 +6,14 @@ A shard folder (a local path or any fsspec URL, e.g. ``s3://bucket/prefix``) hol
   a sequence's last segment are padding (``pad_id``). Memory-mapped when local.
 - ``shard-{k:05d}.meta.npz``: ``step`` int64 [n]; ``seg_offsets`` int64 [n+1] into the segment arrays;
   ``segments`` int64 [m, 4] = (source index, doc_id, start, length) in order inside each sequence;
-  ``seg_cost`` float64 [m] (cost model of the manifest); ``seq_tokens`` int64 [n]; ``seq_cost`` float64 [n].
+  ``seg_cost`` float64 [m] and ``seq_cost`` float64 [n]: each segment's and sequence's cost under the
+  manifest's cost model (:mod:`mixing.format.cost`); ``seq_tokens`` int64 [n].
   ``cu_seqlens`` of sequence j = [0, cumsum(segments[seg_offsets[j]:seg_offsets[j+1], 3])].
-- ``manifest.json``, written **last**: ``format_version``, ``seq_len``, ``dtype``, ``sequences``,
-  ``sequences_per_step``, the caller's fields (mix and tokenizer fingerprints, steps, sources, cost, ...),
+- ``manifest.json``, written **last**: the typed :class:`~mixing.format.manifest.Manifest`, i.e.
+  ``format_version``, ``seq_len``, ``dtype``, ``sequences``, ``sequences_per_step``, the caller's
+  :class:`~mixing.format.manifest.BuildInfo` (mix and tokenizer fingerprints, steps, sources, cost, ...),
   ``shards``: per shard ``first_sequence``, ``sequences`` and its files with ``bytes`` and ``sha256``, and
-  ``manifest_sha256``, the checksum of the manifest itself (``mixing.format.manifest``).
+  ``manifest_sha256``, the checksum of the manifest itself.
 
 Every file is written under a temporary name and renamed (local: ``os.replace``; object stores: the object
 appears whole on upload, then is moved). The old manifest is removed before the first shard is written,
@@ -26,130 +28,32 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import cached_property
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from mixing.format.index import map_index
-from mixing.format.manifest import FORMAT_VERSION, MANIFEST, ShardError, _first_line, parse_manifest, write_manifest
+from mixing.format.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    ShardError,
+    _first_line,
+    parse_manifest,
+)
 from mixing.format.store import Store, sha256_file
 
 __all__ = [
     "FORMAT_VERSION",
+    "SequenceSpan",
     "SequenceView",
     "ShardError",
     "ShardSet",
     "sha256_file",
-    "token_dtype",
-    "write_shards",
 ]
-
-TokenSource = Callable[[int, int], np.ndarray]  # (lo, hi) -> tokens [hi - lo, S] of those sequences
-
-
-def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
-    """uint16 when every id (0..vocab_size-1) fits, else uint32."""
-    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
-
-
-def _ours(name: str) -> bool:
-    return name.startswith("shard-") or (name.startswith(".") and name.endswith(".tmp"))
-
-
-def write_shards(
-    out_dir: Path | str,
-    tokens: np.ndarray | TokenSource,
-    step: np.ndarray,
-    seg_offsets: np.ndarray,
-    segments: np.ndarray,
-    shard_sequences: int,
-    manifest: dict[str, Any],
-    *,
-    seg_cost: np.ndarray | None = None,
-    seq_len: int | None = None,
-    storage_options: dict[str, Any] | None = None,
-    on_shard: Callable[[int], None] = lambda _k: None,
-) -> dict[str, Any]:
-    """Write sequences with their metadata as shards into ``out_dir`` (path or URL), then the manifest.
-
-    ``tokens`` is an array [n, S] or a function (lo, hi) → array [hi-lo, S] (so callers can gather one
-    shard at a time); ``n = len(step)``. ``seg_cost`` float64 [m] defaults to the manifest's ``cost``
-    model. ``manifest`` holds the caller's fields; this adds the format fields and the shard list, writes
-    it last, removes shard files of older builds, and returns it. ``on_shard(k)`` runs after shard ``k``.
-    """
-    store = Store(out_dir, storage_options)
-    if store.local:
-        store.path.mkdir(parents=True, exist_ok=True)
-    store.remove(MANIFEST)  # the old build is no longer valid from here on
-    for name in store.names():
-        if name.startswith(".") and name.endswith(".tmp"):
-            store.remove(name)  # left by a writer that was killed
-    n = len(step)
-    take: TokenSource = (lambda lo, hi: tokens[lo:hi]) if isinstance(tokens, np.ndarray) else tokens
-    if seg_cost is None:
-        att, lin = (float(manifest.get("cost", {}).get(k, d)) for k, d in (("attention", 1.0), ("linear", 0.0)))
-        length = segments[:, 3].astype(np.float64)
-        seg_cost = att * length * length + lin * length
-    cum_tok = np.concatenate([[0], np.cumsum(segments[:, 3])])
-    cum_cost = np.concatenate([[0.0], np.cumsum(seg_cost)])
-    shards: list[dict[str, Any]] = []
-    dtype = None
-    for k, lo in enumerate(range(0, n, shard_sequences)):
-        hi = min(n, lo + shard_sequences)
-        block = np.ascontiguousarray(take(lo, hi))
-        seq_len, dtype = block.shape[1], block.dtype
-        s0, s1 = int(seg_offsets[lo]), int(seg_offsets[hi])
-        off = seg_offsets[lo : hi + 1]
-        meta = {
-            "step": np.asarray(step[lo:hi], np.int64),
-            "seg_offsets": np.asarray(off - s0, np.int64),
-            "segments": np.asarray(segments[s0:s1], np.int64),
-            "seg_cost": np.asarray(seg_cost[s0:s1], np.float64),
-            "seq_tokens": (cum_tok[off[1:]] - cum_tok[off[:-1]]).astype(np.int64),
-            "seq_cost": cum_cost[off[1:]] - cum_cost[off[:-1]],
-        }
-        files = {
-            "tokens": store.put(f"shard-{k:05d}.tokens.npy", partial(_write_npy, block)),
-            "meta": store.put(f"shard-{k:05d}.meta.npz", partial(_write_bytes, _npz_bytes(meta))),
-        }
-        shards.append({"first_sequence": lo, "sequences": hi - lo, "files": files})
-        on_shard(k)
-    steps = np.asarray(step)
-    per_step = np.unique(steps, return_counts=True)[1] if n else np.zeros(0, np.int64)
-    full = {
-        **manifest,
-        "format_version": FORMAT_VERSION,
-        "seq_len": int(seq_len if seq_len is not None else 0),
-        "sequences": n,
-        "sequences_per_step": int(per_step[0]) if len(per_step) and (per_step == per_step[0]).all() else None,
-        "dtype": str(np.dtype(dtype)) if dtype is not None else manifest.get("dtype", "uint16"),
-        "shards": shards,
-    }
-    full = write_manifest(out_dir, full, storage_options)
-    keep = {f["name"] for s in shards for f in s["files"].values()} | {MANIFEST}
-    for name in store.names():
-        if _ours(name) and name not in keep:
-            store.remove(name)
-    return full
-
-
-def _write_npy(arr: np.ndarray, f: BinaryIO) -> None:
-    np.save(f, arr)
-
-
-def _write_bytes(data: bytes, f: BinaryIO) -> None:
-    f.write(data)
-
-
-def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)  # type: ignore[arg-type]
-    return buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -169,6 +73,17 @@ class SequenceView:
     def cu_seqlens(self) -> np.ndarray:
         """int32 [k+1]: document boundaries inside the sequence (padding, if any, not included)."""
         return np.concatenate([[0], np.cumsum(self.segments[:, 3])]).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class SequenceSpan:
+    """Consecutive sequences' stored metadata: ``seq_cost`` float64 [n] (each sequence's cost under the
+    manifest's cost model), ``seg_offsets`` int64 [n+1] (from 0) into ``segments`` int64 [m, 4] = (source,
+    doc_id, start, length)."""
+
+    seq_cost: np.ndarray
+    seg_offsets: np.ndarray
+    segments: np.ndarray
 
 
 class ShardSet:
@@ -193,7 +108,7 @@ class ShardSet:
         except OSError as e:
             raise ShardError(f"{self.url}/{MANIFEST}: cannot read it ({_first_line(e)})") from None
         self.manifest, self.sealed = parse_manifest(self.manifest_bytes, f"{self.url}/{MANIFEST}")
-        self._starts = np.array([s["first_sequence"] for s in self.manifest["shards"]], dtype=np.int64)
+        self._starts = np.array([s.first_sequence for s in self.manifest.shards], dtype=np.int64)
         self._open: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
         self._index_dir: Path | None = None
         self._index: dict[str, np.ndarray] | None = None
@@ -225,7 +140,7 @@ class ShardSet:
         return {k: v for k, v in self.__dict__.items() if k not in drop} | {"_open": {}, "_index": None}
 
     def __len__(self) -> int:
-        return int(self.manifest["sequences"])
+        return self.manifest.sequences
 
     # With an index (use_index) these are its memory maps; else each is read from every shard and concatenated
     # in this process (cached), as readers of a whole build that need no index (mixing's tools) do.
@@ -257,6 +172,30 @@ class ShardSet:
             base += len(meta["segments"])
         return np.concatenate(offs), np.concatenate(segs)
 
+    def span(self, lo: int, hi: int) -> SequenceSpan:
+        """The stored metadata of sequences ``lo`` … ``hi − 1`` (see :class:`SequenceSpan`): from the index when
+        one is mapped, else from the shards holding them only (a streamed build fetches no other shard)."""
+        if self.index is not None:
+            ix = self.index
+            off = np.asarray(ix["seg_offsets"][lo : hi + 1])
+            return SequenceSpan(ix["seq_cost"][lo:hi], off - off[0], ix["segments"][off[0] : off[-1]])
+        costs, offs, segs, base = [np.zeros(0)], [np.zeros(1, np.int64)], [np.zeros((0, 4), np.int64)], 0
+        first = int(np.searchsorted(self._starts, lo, side="right") - 1)
+        for k in range(max(first, 0), len(self._starts)):
+            start = int(self._starts[k])
+            if start >= hi:
+                break
+            meta = self._shard(k)[1]
+            a, b = max(lo, start) - start, min(hi, start + self.manifest.shards[k].sequences) - start
+            if a >= b:
+                continue
+            o = meta["seg_offsets"]
+            costs.append(meta["seq_cost"][a:b])
+            offs.append(o[a + 1 : b + 1] - o[a] + base)
+            segs.append(meta["segments"][o[a] : o[b]])
+            base += int(o[b] - o[a])
+        return SequenceSpan(np.concatenate(costs), np.concatenate(offs), np.concatenate(segs))
+
     def _concat(self, key: str, dtype: type) -> np.ndarray:
         if self.index is not None:
             return self.index[key]
@@ -266,8 +205,8 @@ class ShardSet:
     def _shard(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Shard ``k``'s tokens and, without an index, its metadata (an empty dict with one), kept open."""
         if k not in self._open:
-            shard = self.manifest["shards"][k]
-            tokens = self._load_tokens(shard["files"]["tokens"]["name"], int(shard["sequences"]))
+            shard = self.manifest.shards[k]
+            tokens = self._load_tokens(shard.files.tokens.name, shard.sequences)
             self._open[k] = (tokens, {} if self.index is not None else self.shard_meta(k))
         return self._open[k]
 
@@ -275,17 +214,14 @@ class ShardSet:
         """Shard ``k``'s metadata arrays read from its ``meta.npz`` (validated; a format 1 shard's cost and token
         arrays derived), not kept: ``step``, ``seg_offsets``, ``segments``, ``seg_cost``, ``seq_tokens``,
         ``seq_cost``."""
-        shard = self.manifest["shards"][k]
-        meta = self._load_meta(shard["files"]["meta"]["name"], int(shard["sequences"]))
-        if "seg_cost" not in meta:  # format 1
-            c = self.manifest.get("cost", {})
-            length = meta["segments"][:, 3].astype(np.float64)
-            meta["seg_cost"] = c.get("attention", 1.0) * length**2 + c.get("linear", 0.0) * length
-            off = meta["seg_offsets"]
-            cum_t = np.concatenate([[0], np.cumsum(meta["segments"][:, 3])])
-            cum_c = np.concatenate([[0.0], np.cumsum(meta["seg_cost"])])
+        shard = self.manifest.shards[k]
+        meta = self._load_meta(shard.files.meta.name, shard.sequences)
+        if "seg_cost" not in meta:  # format 1: derived once here, as the build would have stored them
+            cost, off, lengths = self.manifest.cost, meta["seg_offsets"], meta["segments"][:, 3]
+            cum_t = np.concatenate([[0], np.cumsum(lengths)])
+            meta["seg_cost"] = cost.of(lengths)
             meta["seq_tokens"] = cum_t[off[1:]] - cum_t[off[:-1]]
-            meta["seq_cost"] = cum_c[off[1:]] - cum_c[off[:-1]]
+            meta["seq_cost"] = cost.sequences(off, lengths)
         return meta
 
     def _bad(self, name: str, what: str) -> ShardError:
@@ -301,7 +237,7 @@ class ShardSet:
             raise self._bad(name, f"missing ({MANIFEST} lists it)") from None
         except Exception as e:  # whatever numpy trips on, the file is damaged: name it
             raise self._bad(name, f"not a readable .npy file ({_numpy_says(e)})") from None
-        want, dtype = (n, int(self.manifest["seq_len"])), np.dtype(self.manifest["dtype"])
+        want, dtype = (n, self.manifest.seq_len), np.dtype(self.manifest.dtype)
         if not isinstance(tokens, np.ndarray) or tokens.shape != want or tokens.dtype != dtype:
             got = f"{tokens.dtype} {tokens.shape}" if isinstance(tokens, np.ndarray) else type(tokens).__name__
             raise self._bad(name, f"holds {got}, {MANIFEST} says {dtype} {want}")
@@ -315,9 +251,9 @@ class ShardSet:
             raise self._bad(name, f"missing ({MANIFEST} lists it)") from None
         except Exception as e:  # whatever numpy or zipfile trips on, the file is damaged
             raise self._bad(name, f"not a readable .npz file ({_numpy_says(e)})") from None
-        m, sources = self.manifest, self.manifest.get("sources")
-        n_sources = len(sources) if sources is not None else None
-        problem = _meta_problem(meta, n, int(m["format_version"]), int(m["seq_len"]), n_sources)
+        m = self.manifest
+        n_sources = len(m.sources) if m.sources is not None else None
+        problem = _meta_problem(meta, n, m.format_version, m.seq_len, n_sources)
         if problem:
             raise self._bad(name, problem)
         return meta
@@ -341,7 +277,7 @@ class ShardSet:
 
         Files are hashed on up to 8 threads (hashlib and file reads release the GIL), in manifest order.
         """
-        files = [f for shard in self.manifest["shards"] for f in shard["files"].values()]
+        files = [f for shard in self.manifest.shards for f in shard.files.both()]
 
         def digest(name: str) -> tuple[int, str] | OSError | None:
             try:
@@ -350,17 +286,17 @@ class ShardSet:
                 return e
 
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(1, len(files)))) as pool:
-            digests = list(pool.map(digest, [f["name"] for f in files]))
+            digests = list(pool.map(digest, [f.name for f in files]))
         bad = {}
         for f, got in zip(files, digests, strict=True):
             if isinstance(got, OSError):
-                bad[f["name"]] = f"cannot read it ({_first_line(got)})"
+                bad[f.name] = f"cannot read it ({_first_line(got)})"
             elif got is None:
-                bad[f["name"]] = f"missing ({MANIFEST} lists it)"
-            elif got[0] != f["bytes"]:
-                bad[f["name"]] = f"{got[0]} bytes, {MANIFEST} says {f['bytes']}"
-            elif got[1] != f["sha256"]:
-                bad[f["name"]] = f"sha256 differs from {MANIFEST}'s"
+                bad[f.name] = f"missing ({MANIFEST} lists it)"
+            elif got[0] != f.bytes:
+                bad[f.name] = f"{got[0]} bytes, {MANIFEST} says {f.bytes}"
+            elif got[1] != f.sha256:
+                bad[f.name] = f"sha256 differs from {MANIFEST}'s"
         return bad
 
     def verify(self) -> list[str]:

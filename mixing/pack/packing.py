@@ -45,6 +45,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from mixing.format.cost import CostModel
 from mixing.pack.pool import default_engine, make_pool
 
 __all__ = ["Packing", "pack_plan", "pack_units"]
@@ -59,7 +60,7 @@ class Packing:
     ``seq_step`` int64 [n_seq]; ``seg_offsets`` int64 [n_seq+1] into ``segments``; ``segments`` int64
     [n_seg, 4] = (source index, doc_id, start, length) in placement order inside each sequence.
     ``dropped`` int64 [n_drop, 4] in the same layout. ``sources`` names the source indices.
-    ``cost`` = (attention, linear): a unit of l tokens costs attention·l² + linear·l.
+    ``cost``: the cost model the packer's ties used (:class:`~mixing.format.cost.CostModel`).
     """
 
     sources: tuple[str, ...]
@@ -68,19 +69,17 @@ class Packing:
     seg_offsets: np.ndarray
     segments: np.ndarray
     dropped: np.ndarray
-    cost: tuple[float, float] = (1.0, 0.0)
+    cost: CostModel = CostModel()
 
     @property
     def seg_cost(self) -> np.ndarray:
         """float64 [n_seg]: the cost of each segment."""
-        length = self.segments[:, 3].astype(np.float64)
-        return self.cost[0] * length * length + self.cost[1] * length
+        return self.cost.of(self.segments[:, 3])  # type: ignore[no-any-return]
 
     @property
     def seq_cost(self) -> np.ndarray:
         """float64 [n_seq]: Σ segment cost per sequence."""
-        cum = np.concatenate([[0.0], np.cumsum(self.seg_cost)])
-        return cum[self.seg_offsets[1:]] - cum[self.seg_offsets[:-1]]
+        return self.cost.sequences(self.seg_offsets, self.segments[:, 3])
 
     @property
     def seq_tokens(self) -> np.ndarray:
@@ -93,7 +92,7 @@ def pack_plan(
     db_path: Path,
     seq_len: int,
     global_batch: int,
-    cost: tuple[float, float] = (1.0, 0.0),
+    cost: CostModel = CostModel(),
     *,
     engine: str | None = None,
     chunk_units: int = _CHUNK_UNITS,
@@ -144,7 +143,7 @@ def pack_units(
     sources: tuple[str, ...],
     seq_len: int,
     global_batch: int,
-    cost: tuple[float, float] = (1.0, 0.0),
+    cost: CostModel = CostModel(),
     quotas: np.ndarray | None = None,
     *,
     engine: str | None = None,
@@ -173,7 +172,7 @@ def _pack(
     sources: tuple[str, ...],
     seq_len: int,
     global_batch: int,
-    cost: tuple[float, float],
+    cost: CostModel,
     quotas: np.ndarray,
     engine: str | None,
     n_units: int,
@@ -217,7 +216,7 @@ def _pack(
         seg_offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
         segments=segments[:n_seg],  # a view: the room left is what was dropped
         dropped=np.concatenate(dropped).astype(np.int64).reshape(-1, 4) if dropped else np.zeros((0, 4), np.int64),
-        cost=(float(cost[0]), float(cost[1])),
+        cost=cost,
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mixing.format.cost import CostModel, cost_formula
 from mixing.pack import reference as v1
 
 njit: Any
@@ -65,7 +66,7 @@ def default_engine() -> str:
     return "compiled" if njit is not None else "python"
 
 
-def make_pool(engine: str, n_src: int, seq_len: int, cost: tuple[float, float]) -> Pool:
+def make_pool(engine: str, n_src: int, seq_len: int, cost: CostModel) -> Pool:
     if engine == "compiled":
         if njit is None:
             raise ValueError("the compiled packing engine needs numba, which is not installed")
@@ -80,7 +81,7 @@ def make_pool(engine: str, n_src: int, seq_len: int, cost: tuple[float, float]) 
 class PythonPool:
     """The reference implementation's pool and bins behind the :class:`Pool` interface."""
 
-    def __init__(self, n_src: int, seq_len: int, cost: tuple[float, float]) -> None:
+    def __init__(self, n_src: int, seq_len: int, cost: CostModel) -> None:
         self.pool = v1._Pool(n_src)
         self.seq_len, self.cost = seq_len, cost
 
@@ -106,11 +107,11 @@ class PythonPool:
 class CompiledPool:
     """The pool as arrays for the numba kernels below (see the module docstring)."""
 
-    def __init__(self, n_src: int, seq_len: int, cost: tuple[float, float], *, interpreted: bool = False) -> None:
+    def __init__(self, n_src: int, seq_len: int, cost: CostModel, *, interpreted: bool = False) -> None:
         self.add_kernel: Any = _add_kernel if interpreted else _add
         self.fill_kernel: Any = _fill_kernel if interpreted else _fill
         self.k, self.seq_len = n_src, seq_len
-        self.att, self.lin = float(cost[0]), float(cost[1])
+        self.att, self.lin = float(cost.attention), float(cost.linear)
         self.n = seq_len + 1  # Fenwick positions 1..S+1 hold lengths 0..S
         self.top = 1 << (self.n.bit_length() - 1)  # the largest power of two ≤ n, for Fenwick searches
         self.head = np.full(n_src * self.n, -1, np.int64)  # per (source, length): first unit's slot
@@ -292,7 +293,7 @@ def _fill_kernel(
                 hi = mid
         at = lo
         f = b_free[at] - length
-        c = b_cost[at] + att * length * length + lin * length
+        c = b_cost[at] + _cost(att, lin, length * length, length)
         b = b_id[at]
         lo, hi = 0, at  # its new key sorts at or before its old place: find where, shift the rest up
         while lo < hi:
@@ -331,7 +332,12 @@ def _fill_kernel(
     return m
 
 
+# the one cost formula (mixing.format.cost), compiled below with the kernels; numba's cache of the kernels does
+# not notice a change to that file: clear mixing/pack/__pycache__ after changing the formula
+_cost = cost_formula
+
 if njit is not None:
+    _cost = njit(cache=True, nogil=True)(_cost)
     _fen_add = njit(cache=True, nogil=True)(_fen_add)
     _longest_below = njit(cache=True, nogil=True)(_longest_below)
     _add = njit(cache=True, nogil=True)(_add_kernel)

@@ -1,4 +1,5 @@
-"""The reference packer: weir's first, pure-Python implementation, kept verbatim.
+"""The reference packer: weir's first, pure-Python implementation, kept as it was written (its cost of a
+unit is the shared :class:`~mixing.format.cost.CostModel`'s).
 
 :mod:`mixing.pack.packing` packs with the same algorithm (and, without numba, with this module's ``_Pool``
 and ``_Bins``); ``benchmarks/packing.py`` and the tests compare it against this one, which must give the
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 
+from mixing.format.cost import CostModel, cost_formula
+
 if TYPE_CHECKING:  # the result type is the current packer's (imported late: mixing.pack.packing imports this module)
     from mixing.pack.packing import Packing
 
@@ -33,7 +36,7 @@ __all__ = ["pack_plan", "pack_units"]
 Unit = tuple[int, int, int, int, int, int]
 
 
-def pack_plan(db_path: Path, seq_len: int, global_batch: int, cost: tuple[float, float] = (1.0, 0.0)) -> Packing:
+def pack_plan(db_path: Path, seq_len: int, global_batch: int, cost: CostModel = CostModel()) -> Packing:
     """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file; deterministic for the same plan."""
     with duckdb.connect(str(db_path), read_only=True) as con:
         sources = tuple(r[0] for r in con.sql("SELECT DISTINCT source FROM plan_quotas ORDER BY 1").fetchall())
@@ -59,7 +62,7 @@ def pack_units(
     sources: tuple[str, ...],
     seq_len: int,
     global_batch: int,
-    cost: tuple[float, float] = (1.0, 0.0),
+    cost: CostModel = CostModel(),
     quotas: np.ndarray | None = None,
 ) -> Packing:
     """Pack ``units`` int64 [n, 6] = (length, source index, doc_id, start, step, ord), each length ≤ S.
@@ -116,17 +119,17 @@ def pack_units(
         seg_offsets=np.concatenate([[0], np.cumsum(seg_counts, dtype=np.int64)]).astype(np.int64),
         segments=np.asarray(segments, dtype=np.int64).reshape(-1, 4),
         dropped=np.asarray(dropped, dtype=np.int64).reshape(-1, 4),
-        cost=(float(cost[0]), float(cost[1])),
+        cost=cost,
     )
 
 
 class _Bins:
     """``n`` bins of ``seq_len`` slots; ``slots`` is sorted by (free, cost, bin) for best-fit bisects."""
 
-    def __init__(self, n: int, seq_len: int, cost: tuple[float, float]) -> None:
+    def __init__(self, n: int, seq_len: int, cost: CostModel) -> None:
         self.slots: list[tuple[int, float, int]] = [(seq_len, 0.0, b) for b in range(n)]
         self.items: list[list[Unit]] = [[] for _ in range(n)]
-        self.att, self.lin = cost
+        self.att, self.lin = cost.attention, cost.linear
 
     def place(self, u: Unit) -> bool:
         """Put ``u`` into the tightest bin that holds it (lowest cost among equal fits); False if none."""
@@ -135,7 +138,7 @@ class _Bins:
             return False
         free, c, b = self.slots.pop(k)
         self.items[b].append(u)
-        bisect.insort(self.slots, (free - u[0], c + self.att * u[0] * u[0] + self.lin * u[0], b))
+        bisect.insort(self.slots, (free - u[0], c + cost_formula(self.att, self.lin, u[0] * u[0], u[0]), b))
         return True
 
     @property

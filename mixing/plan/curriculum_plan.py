@@ -2,7 +2,7 @@
 
 Documents longer than the sequence length S are cut into S-sized pieces (only those); a *unit* is a whole
 document or one such piece. Tables written to the build's DuckDB file, all at once and only when the whole
-plan is feasible:
+plan is feasible (:mod:`mixing.plan.feasibility`):
 
 - ``plan_quotas(step, phase, source, quota, cum_quota, share)``: tokens of ``source`` planned for ``step``
   from the (ramped) mixture; ``cum_quota`` is the rounded cumulative ideal, so rounding error is carried
@@ -17,7 +17,6 @@ Deterministic for the same documents, mix and seed.
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import pyarrow as pa
 from mixing.errors import WeirError
 from mixing.plan.curriculum import PhaseSpan, length_segments, phase_spans, step_shares
 from mixing.plan.draws import SegmentQuota, draw_source
+from mixing.plan.feasibility import available, epochs_needed, plan_warnings, shortfalls
 from mixing.spec.mixfile import Mix
 
 __all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
@@ -116,34 +116,16 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
     names = sorted(mix.sources)
     demand = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
     need = {(p, s): int(v[0][0]) for (p, s), v in demand.items()}
-    have = {r[0]: (int(r[1]), int(r[2])) for r in con.sql(_HAVE).fetchall()}
-    limits = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
-    short = _short_tokens(con, limits)
+    have, short = available(con, spans)
     problems: list[str] = []
     epochs: dict[str, int] = {}
     for s in names:
-        epochs[s], found = _epochs_needed(mix, s, spans, need, have, short)
+        epochs[s], found = epochs_needed(mix, s, spans, need, have, short)
         problems += found  # a source with a problem is not drawn (epochs 0): its problems are named already
 
     _draw(con, mix, quotas, spans, epochs)
     got = {(spans[r[0]].name, names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
-    # A unit goes to the step holding its midpoint, so a segment's draw is within half a unit of its
-    # demand: one short by more than a unit ran out of documents (possible only when max_epochs capped
-    # the epochs drawn below the sufficient count of _epochs_needed).
-    seq = mix.sequence.length
-    for seg in length_segments(spans):
-        for s in names:
-            if not epochs[s]:
-                continue
-            if sum(got.get((sp.name, s), 0) for sp in seg) < sum(need.get((sp.name, s), 0) for sp in seg) - seq:
-                sp = seg[-1]
-                limit = f" from documents of at most {sp.max_doc_tokens} tokens" if sp.max_doc_tokens else ""
-                problems.append(
-                    f"phase {sp.name!r} runs out of source {s!r}{limit}: the phases up to it need "
-                    f"{_upto(need, spans, sp, s)} tokens of it, but only {_upto(got, spans, sp, s)} can be drawn "
-                    f"in order within max_epochs {mix.sources[s].max_epochs:g} "
-                    f"({have.get(s, (0, 0))[0]} tokens per epoch)"
-                )
+    problems += shortfalls(mix, spans, need, got, have, epochs)
     if problems:  # every one at once: a fix for one should not reveal the next on the following run
         raise PlanError(
             problems[0]
@@ -166,96 +148,10 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
             con.execute("ROLLBACK")
             raise
         con.execute("COMMIT")
-    return Plan(quotas, per_source, phases, int(n_units), tuple(_warnings(mix, per_source, have)))
+    return Plan(quotas, per_source, phases, int(n_units), tuple(plan_warnings(mix, per_source)))
 
 
-_HAVE = "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents GROUP BY 1"
 _TAKEN = "SELECT ph, src, sum(length)::BIGINT FROM _taken GROUP BY 1, 2"
-
-
-def _short_tokens(con: duckdb.DuckDBPyConnection, limits: list[int]) -> dict[tuple[int, str], tuple[int, int]]:
-    """(limit, source) → (tokens, docs) of documents of at most ``limit`` tokens."""
-    out: dict[tuple[int, str], tuple[int, int]] = {}
-    for lim in limits:
-        rows = con.sql(
-            "SELECT source, sum(n_tokens)::BIGINT, count(*)::BIGINT FROM documents WHERE n_tokens <= ? GROUP BY 1",
-            params=[lim],
-        ).fetchall()
-        out.update({(lim, r[0]): (int(r[1]), int(r[2])) for r in rows})
-    return out
-
-
-def _epoch_cap(mix: Mix, source: str) -> int:
-    cap = mix.sources[source].max_epochs
-    return math.ceil(cap) if math.isfinite(cap) else 1 << 20
-
-
-def _epochs_needed(
-    mix: Mix,
-    source: str,
-    spans: tuple[PhaseSpan, ...],
-    need: dict[tuple[str, str], int],
-    have: dict[str, tuple[int, int]],
-    short: dict[tuple[int, str], tuple[int, int]],
-) -> tuple[int, list[str]]:
-    """Epochs of ``source`` to draw, and every way the caps make it infeasible (then 0 epochs)."""
-    total = sum(need.get((sp.name, source), 0) for sp in spans)
-    if total == 0:
-        return 0, []
-    segments, seq = length_segments(spans), mix.sequence.length
-    first = next(sp.name for sp in spans if need.get((sp.name, source), 0) > 0)
-    avail = have.get(source, (0, 0))[0]
-    cap = mix.sources[source].max_epochs
-    if avail == 0:
-        return 0, [f"phase {first!r} needs {total} tokens of source {source!r}, but it has no documents"]
-    problems = []
-    if total > cap * avail:
-        run, at = 0, first
-        for sp in spans:
-            run += need.get((sp.name, source), 0)
-            if run > cap * avail:
-                at = sp.name
-                break
-        problems.append(
-            f"source {source!r} runs out in phase {at!r}: the plan needs {total} tokens of it "
-            f"({total / avail:.2f} epochs) but it has {avail} tokens and max_epochs is {cap:g} "
-            f"({int(cap * avail)} tokens at most)"
-        )
-    limited = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
-    for lim in limited:
-        phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
-        want = sum(need.get((sp.name, source), 0) for sp in phases)
-        if want == 0:
-            continue
-        tokens = short.get((lim, source), (0, 0))[0]
-        names = ", ".join(repr(sp.name) for sp in phases)
-        if tokens == 0:
-            problems.append(
-                f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
-                f"tokens, but it has no document that short"
-            )
-        elif want > cap * tokens:
-            problems.append(
-                f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
-                f"tokens, but those hold {tokens} tokens and max_epochs is {cap:g} ({int(cap * tokens)} at most)"
-            )
-    if problems:
-        return 0, problems
-    # Enough epochs that every segment finds its tokens: segments before g take at most their demand plus
-    # half a unit (< S) each, so a stream holding Σ_{h ≤ g} (demand_h + S) tokens that g may draw suffices.
-    epochs, run = 1, 0
-    for seg in segments:
-        run += sum(need.get((sp.name, source), 0) for sp in seg) + seq
-        seg_limit = seg[0].max_doc_tokens
-        pool = avail if seg_limit is None else short.get((seg_limit, source), (0, 0))[0]
-        if pool and any(need.get((sp.name, source), 0) for sp in seg):
-            epochs = max(epochs, -(-run // pool))
-    return min(epochs, _epoch_cap(mix, source)), []
-
-
-def _upto(tokens: dict[tuple[str, str], int], spans: tuple[PhaseSpan, ...], last: PhaseSpan, source: str) -> int:
-    """Σ tokens of ``source`` over the phases up to and including ``last``."""
-    return sum(tokens.get((sp.name, source), 0) for sp in spans[: spans.index(last) + 1])
 
 
 def _draw(
@@ -400,16 +296,3 @@ def _summaries(
         schema_overrides={"max_doc_tokens": pl.Int64},
     )
     return per_source, phases
-
-
-def _warnings(mix: Mix, per_source: pl.DataFrame, have: dict[str, tuple[int, int]]) -> list[str]:
-    out = []
-    for row in per_source.iter_rows(named=True):
-        s = row["source"]
-        if row["tokens_planned"] == 0:
-            out.append(f"source {s!r} is declared but no phase draws it")
-        elif row["epochs"] > 1 and not math.isfinite(mix.sources[s].max_epochs):
-            out.append(f"source {s!r} is repeated {row['epochs']:.2f} times (no max_epochs caps it)")
-        elif row["epochs"] > 0.999 * row["max_epochs"]:
-            out.append(f"source {s!r} is drawn {row['epochs']:.2f} epochs, at its max_epochs {row['max_epochs']:g}")
-    return out

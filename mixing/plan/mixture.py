@@ -12,19 +12,21 @@ a 10-step window of 40 sequences, one of them 0.025 of it), a layout of whole un
 ``unit_phase`` the same of the smallest phase, and each goal that applies is the larger of docs/design.md's
 and that share (:func:`unit_goal`), which the reports state where it decides (:func:`goal_text`).
 
-Works on the plan (``plan_units`` against ``plan_quotas``) and on packed shards (their segments against
-the same quotas). Pure numpy plus DuckDB reads; deterministic.
+Works on the plan (``plan_units`` against ``plan_quotas``), on packed shards (their segments against the
+same quotas), and on any stream of steps given as tokens per source (:func:`compositions_mixture_error`: the
+trainer's, as :mod:`loaders.stream` computes it). Pure numpy plus DuckDB reads; deterministic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
 import polars as pl
+from pydantic import BaseModel, ConfigDict
 
 from mixing.format.shards import ShardSet
 
@@ -33,6 +35,10 @@ __all__ = [
     "GOAL_WINDOW",
     "WINDOW",
     "MixtureError",
+    "MixtureReport",
+    "WorstPhase",
+    "WorstWindow",
+    "compositions_mixture_error",
     "goal_text",
     "largest_sequence",
     "mixture_error",
@@ -75,23 +81,60 @@ class MixtureError:
         """Both within the docs/design.md goals, or where whole units allow no less, within what they allow."""
         return self.window <= self.goal_window and self.phase <= self.goal_phase
 
-    def report(self) -> dict[str, Any]:
-        """The figures as ``weir inspect --json`` shows them: the metric, the goals that apply (``unit_window``
-        and ``unit_phase``: the share of one whole unit, where it exceeds docs/design.md's goal), where it is
-        worst."""
-        return {
-            "window": self.window,
-            "phase": self.phase,
-            "window_steps": WINDOW,
-            "goal_window": self.goal_window,
-            "goal_phase": self.goal_phase,
-            "unit_window": self.unit_window,
-            "unit_phase": self.unit_phase,
-            "ok": self.ok,
-            "worst_window": {"first_step": self.worst_window[0], "source": self.worst_window[1]},
-            "worst_phase": {"phase": self.worst_phase[0], "source": self.worst_phase[1]},
-            "per_phase": self.per_phase,
-        }
+    def report(self) -> MixtureReport:
+        """The figures as ``weir inspect`` shows them: the metric, the goals that apply (``unit_window`` and
+        ``unit_phase``: the share of one whole unit, where it exceeds docs/design.md's goal), where it is worst."""
+        return MixtureReport(
+            window=self.window,
+            phase=self.phase,
+            window_steps=WINDOW,
+            goal_window=self.goal_window,
+            goal_phase=self.goal_phase,
+            unit_window=self.unit_window,
+            unit_phase=self.unit_phase,
+            ok=self.ok,
+            worst_window=WorstWindow(first_step=self.worst_window[0], source=self.worst_window[1]),
+            worst_phase=WorstPhase(phase=self.worst_phase[0], source=self.worst_phase[1]),
+            per_phase=self.per_phase,
+        )
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorstWindow(_Report):
+    """Where the window error is reached: the window's first step and the source."""
+
+    first_step: int
+    source: str
+
+
+class WorstPhase(_Report):
+    """Where the phase error is reached: the phase and the source."""
+
+    phase: str
+    source: str
+
+
+class MixtureReport(_Report):
+    """:class:`MixtureError` as reported (``weir inspect``, ``report.json``): ``window`` and ``phase`` (the
+    metric), ``window_steps`` (the window's length), the goals that apply ``goal_window`` and ``goal_phase``
+    (docs/design.md's, or where more, ``unit_window`` / ``unit_phase``: the share of one whole unit of a window /
+    of the smallest phase, 0 in reports written before they existed: :func:`unit_goal`), ``ok`` (both met),
+    where each is worst, and ``per_phase`` (phase → its error)."""
+
+    window: float
+    phase: float
+    window_steps: int
+    goal_window: float
+    goal_phase: float
+    unit_window: float = 0.0
+    unit_phase: float = 0.0
+    ok: bool
+    worst_window: WorstWindow
+    worst_phase: WorstPhase
+    per_phase: dict[str, float]
 
 
 def unit_goal(goal: float, unit: float) -> float:
@@ -197,14 +240,31 @@ def plan_mixture_error(db_path: Path, window: int = WINDOW) -> MixtureError:
 def shards_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int = WINDOW) -> MixtureError:
     """The metric of packed shards: tokens of each sequence's segments per step vs the plan's ``quotas``
     (a ``plan_quotas`` frame, e.g. the build's ``plan/quotas.parquet``)."""
-    sources, phases, phase, planned = planned_tokens(quotas)
-    col = {s: k for k, s in enumerate(sources)}
-    remap = np.array([col[s] for s in shards.manifest["sources"]], dtype=np.int64)
-    realized = np.zeros_like(planned)
+    sources = list(shards.manifest.sources or ())
     offs, segs = shards.segments  # all sequences at once: one pass over the shards' metadata
-    seg_step = np.repeat(shards.steps, np.diff(offs))
-    np.add.at(realized, (seg_step, remap[segs[:, 0]]), segs[:, 3])
-    return mixture_error(realized, planned, phase, sources, phases, window, largest_sequence(shards))
+    steps = np.zeros((int(shards.steps.max()) + 1 if len(shards) else 0, len(sources)), dtype=np.int64)
+    np.add.at(steps, (np.repeat(shards.steps, np.diff(offs)), segs[:, 0]), segs[:, 3])
+    return compositions_mixture_error(steps, sources, quotas, window, largest_sequence(shards))
+
+
+def compositions_mixture_error(
+    compositions: np.ndarray,
+    sources: Sequence[str],
+    quotas: pl.DataFrame,
+    window: int = WINDOW,
+    unit: float = 0.0,
+) -> MixtureError:
+    """The metric of a stream of steps given as tokens per source, against the plan's ``quotas`` (a
+    ``plan_quotas`` frame): ``compositions`` int [steps, len(sources)], row t the t-th step, columns named by
+    ``sources`` (e.g. a manifest's order; each a source of the plan). Planned steps past its last row count
+    as empty. Integer counts, so the figures do not depend on how the stream was summed. ``unit``: tokens of
+    the largest whole sequence (:func:`largest_sequence`), as :func:`mixture_error`'s."""
+    names, phases, phase, planned = planned_tokens(quotas)
+    col = {s: k for k, s in enumerate(names)}
+    realized = np.zeros_like(planned)
+    for k, name in enumerate(sources):
+        realized[: len(compositions), col[name]] += compositions[:, k]
+    return mixture_error(realized, planned, phase, names, phases, window, unit)
 
 
 def largest_sequence(shards: ShardSet) -> float:

@@ -12,9 +12,12 @@ import json
 import math
 import re
 import string
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
+
+from mixing.format.cost import CostModel
+from mixing.format.manifest import Regroup as _Recorded
 
 __all__ = [
     "MAX_STEPS",
@@ -315,14 +318,18 @@ class Phase(FrozenModel):
 
 
 class Cost(FrozenModel):
-    """Cost of one document of ``l`` tokens: ``attention·l² + linear·l`` (arbitrary units)."""
+    """The mix file's ``balance.cost``: the build's cost model (:class:`mixing.format.cost.CostModel`, a
+    document of ``l`` tokens costs ``attention·l² + linear·l``), here with the mix file's defaults."""
 
     attention: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
     linear: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 8192.0
 
-    def of(self, length: Any) -> Any:
-        """Cost of documents of the given length(s); works on ints and numpy arrays alike."""
-        return self.attention * length * length + self.linear * length
+    def model(self) -> CostModel:
+        """The cost model these weights make (what the build packs with and records)."""
+        return CostModel(self.attention, self.linear)
+
+
+_RECORDED = _Recorded()  # the defaults live once, in the build contract
 
 
 class Regroup(FrozenModel):
@@ -332,9 +339,9 @@ class Regroup(FrozenModel):
     (``loaders.refinement``) so that every ``period``-step window keeps the build's mixture. Each phase's
     length becomes a multiple of ``period`` (a partial block at a phase's end cannot keep the mixture)."""
 
-    window: Annotated[int, Field(ge=2, le=100_000)] = 20
-    period: Annotated[int, Field(ge=1, le=100_000)] = 10
-    slack: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.15
+    window: Annotated[int, Field(ge=2, le=100_000)] = _RECORDED.window
+    period: Annotated[int, Field(ge=1, le=100_000)] = _RECORDED.period
+    slack: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = _RECORDED.slack
 
 
 class Balance(FrozenModel):

@@ -34,9 +34,9 @@ def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, 
     manifest = ShardSet(tmp_path / "build" / "shards").manifest
     tok_fp = meta["tokenizer", None]["fingerprint"].value
     # One fingerprint per build, the same wherever the UI shows it and in the shards' manifest.
-    assert manifest["tokenizer_fingerprint"] == tok_fp
+    assert manifest.tokenizer_fingerprint == tok_fp
     for stage in ("plan", "packed_shards"):
-        assert meta[stage, None]["mix_fingerprint"].value == manifest["mix_fingerprint"] == mix.fingerprint()
+        assert meta[stage, None]["mix_fingerprint"].value == manifest.mix_fingerprint == mix.fingerprint()
         assert meta[stage, None]["tokenizer_fingerprint"].value == tok_fp
     for source in mix.sources:
         docs = meta["documents", source]

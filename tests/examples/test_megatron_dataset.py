@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from loaders import IGNORE_INDEX, PackedDataset
+from loaders import IGNORE_INDEX, PackedDataset, World
 from tests.conftest import ROOT
 
 
@@ -42,17 +42,17 @@ def test_each_rank_reads_weirs_share_of_each_step_in_weirs_order(tiny_build: Pat
     assert len(data) == data.facts.steps * gb
     for rank in range(dp):
         got = [data.sequence(i) for b in megatron_sampler(len(data), 0, mbs, rank, dp) for i in b]
-        want = [it["sequence"] for it in PackedDataset(tiny_build, rank, dp)]
+        want = [it["sequence"] for it in PackedDataset(tiny_build, world=World(rank, dp))]
         assert got == want  # the same sequences, steps and order as weir's own loader gives this rank
         consumed = 3 * gb  # Megatron's resume after 3 iterations: the rest, from step 3
         assert [data.sequence(i) for b in megatron_sampler(len(data), consumed, mbs, rank, dp) for i in b] == [
-            it["sequence"] for it in PackedDataset(tiny_build, rank, dp) if it["step"] >= 3
+            it["sequence"] for it in PackedDataset(tiny_build, world=World(rank, dp)) if it["step"] >= 3
         ]
 
 
 def test_items_are_megatron_gpt_batch_fields(tiny_build: Path) -> None:
     data = example().MegatronOrder(tiny_build, 2, 1, attention_mask=True)
-    ds = PackedDataset(tiny_build, 0, 1)
+    ds = PackedDataset(tiny_build, world=World(0, 1))
     for i in range(0, len(data), 5):
         sample, item = data[i], ds.item(data.sequence(i))
         assert torch.equal(sample["tokens"], item["input_ids"]) and torch.equal(

@@ -15,7 +15,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from loaders import IGNORE_INDEX, PackedDataset, StepLoader
+from loaders import IGNORE_INDEX, PackedDataset, StepLoader, World
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "examples" / "train_hf.py"
@@ -31,8 +31,8 @@ def example() -> ModuleType:
 
 def test_batches_are_the_steps_with_labels_a_hugging_face_model_shifts_back(tiny_build: Path) -> None:
     hf = example()
-    batches = list(hf.HFBatches(StepLoader(PackedDataset(tiny_build, 1, 2))))
-    steps = list(StepLoader(PackedDataset(tiny_build, 1, 2)))
+    batches = list(hf.HFBatches(StepLoader(PackedDataset(tiny_build, world=World(1, 2)))))
+    steps = list(StepLoader(PackedDataset(tiny_build, world=World(1, 2))))
     assert len(batches) == len(steps) == 8 and not hasattr(hf.HFBatches, "__len__")  # max_steps, not an epoch
     for batch, step in zip(batches, steps, strict=True):
         mb = step.micro_batches[0]

@@ -17,7 +17,7 @@ import pytest
 
 from mixing.format.layout import BuildLayout
 from mixing.format.shards import ShardError, ShardSet
-from mixing.pack.packed import inspect_build
+from mixing.report import inspect_build
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 from tests.mixing.pack.test_packing import _build
 
@@ -67,18 +67,16 @@ def delete(name: str) -> Callable[[Path], None]:
 
 def edit(change: Callable[[dict], None], reseal: bool = False) -> Callable[[Path], None]:
     """Change the manifest's fields; with ``reseal``, write it with a fresh checksum of its own (a manifest
-    consistent with its checksum but wrong, as a buggy writer would leave it)."""
+    consistent with its checksum but wrong, as a buggy writer would leave it: ``write_manifest`` would refuse
+    to write it)."""
 
     def damage(root: Path) -> None:
+        from mixing.format.manifest import seal
+
         p = root / "shards" / MANIFEST
         m = json.loads(p.read_text())
         change(m)
-        if reseal:
-            from mixing.format.manifest import write_manifest
-
-            write_manifest(p.parent, m)
-        else:
-            p.write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
+        p.write_text(json.dumps(seal(m) if reseal else m, indent=2, sort_keys=True) + "\n")
 
     return damage
 
@@ -163,9 +161,9 @@ def test_an_undamaged_build_still_exits_0_with_the_same_figures(tiny_build: Path
     assert r.returncode == 0 and r.stderr == "", r.stderr
     report = json.loads(r.stdout)
     m = ShardSet(BuildLayout(tiny_build).shards_dir).manifest
-    assert report == json.loads(json.dumps(inspect_build(tiny_build)))
+    assert report == json.loads(json.dumps(inspect_build(tiny_build).as_json()))
     assert report["corrupt_files"] == [] and report["file_problems"] == {} and report["manifest_sealed"] is True
-    assert report["sequences"] == m["steps"] * m["global_batch"] == 32 and report["steps"] == 8
+    assert report["sequences"] == m.steps * m.global_batch == 32 and report["steps"] == 8
     assert report["tokens"] == sum(s["tokens_packed"] for s in report["per_source"].values()) == 1756
     for name, s in report["per_source"].items():
         assert s["tokens_planned"] == s["tokens_packed"] + s["tokens_dropped"], name
@@ -193,7 +191,7 @@ def test_a_manifest_written_before_checksums_is_read_with_a_note(tiny_build: Pat
 
 @pytest.mark.parametrize("kind", ["manifest pad_id edited", "manifest unparsable", "npz truncated"])
 def test_every_reader_of_the_build_gets_the_same_validation(tiny_build: Path, tmp_path: Path, kind: str) -> None:
-    from loaders import PackedDataset
+    from loaders import PackedDataset, World
 
     damage, victim = DAMAGE[kind]
     copy = tmp_path / "b"
@@ -202,7 +200,7 @@ def test_every_reader_of_the_build_gets_the_same_validation(tiny_build: Path, tm
     readers: list[Callable[[], object]] = [
         lambda: ShardSet(copy / "shards").segments,
         lambda: inspect_build(copy),
-        lambda: next(iter(PackedDataset(copy, 0, 2))),
+        lambda: next(iter(PackedDataset(copy, world=World(0, 2)))),
     ]
     for read in readers:
         with pytest.raises(ShardError, match=victim.replace(".", r"\.")) as e:

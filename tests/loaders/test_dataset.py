@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from loaders import IGNORE_INDEX, PackedDataset, PackedLoader, StateError, World
+from loaders import IGNORE_INDEX, Balance, PackedDataset, PackedLoader, Payload, StateError, World
 from mixing.format.manifest import write_manifest
 from mixing.format.shards import ShardSet
 
@@ -30,17 +30,17 @@ def same(a: dict, b: dict) -> bool:
 
 def full_views(ds: PackedDataset, item: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tokens, labels and positions of the whole sequence behind ``item`` (a cp_size=1 read)."""
-    whole = PackedDataset(ds.shards.dir, 0, 1).item(item["sequence"])
+    whole = PackedDataset(ds.shards.dir, world=World(0, 1)).item(item["sequence"])
     return whole["input_ids"].numpy(), whole["labels"].numpy(), whole["position_ids"].numpy()
 
 
 def test_items_have_consistent_boundaries_labels_and_positions(tiny_build: Path) -> None:
-    ds = PackedDataset(tiny_build, 0, 1)
+    ds = PackedDataset(tiny_build, world=World(0, 1))
     shards = ShardSet(tiny_build / "shards")
     steps = []
     for item in items(ds):
         x, y, pos, cu = item["input_ids"], item["labels"], item["position_ids"], item["cu_seqlens"]
-        S = ds.seq_len
+        S = ds.facts.seq_len
         assert x.shape == y.shape == pos.shape == (S,) and x.dtype == torch.int64
         assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == S and bool((cu[1:] > cu[:-1]).all())
         assert torch.equal(x, torch.from_numpy(shards.sequence(item["sequence"]).tokens.astype(np.int64)))
@@ -57,9 +57,9 @@ def test_items_have_consistent_boundaries_labels_and_positions(tiny_build: Path)
 
 @pytest.mark.parametrize("cp", [2, 4])
 def test_cp_ranks_hold_every_slot_once_with_its_own_labels_and_positions(tiny_build: Path, cp: int) -> None:
-    parts = [items(PackedDataset(tiny_build, 0, 1, c, cp)) for c in range(cp)]
+    parts = [items(PackedDataset(tiny_build, world=World(0, 1, c, cp))) for c in range(cp)]
     for ranks in zip(*parts, strict=True):
-        x, y, pos = full_views(PackedDataset(tiny_build, 0, 1), ranks[0])
+        x, y, pos = full_views(PackedDataset(tiny_build, world=World(0, 1)), ranks[0])
         assert len({len(r["indices"]) for r in ranks}) == 1
         flat = torch.cat([r["indices"] for r in ranks]).numpy()
         assert sorted(flat[flat >= 0].tolist()) == list(range(len(x)))
@@ -80,7 +80,7 @@ def test_dp_ranks_partition_every_step(tiny_build: Path, window: int) -> None:
     full = ShardSet(tiny_build / "shards")
     per_step: dict[int, list[int]] = defaultdict(list)
     for r in range(2):
-        got = items(PackedDataset(tiny_build, r, 2, seed=3, window=window))
+        got = items(PackedDataset(tiny_build, world=World(r, 2), balance=Balance(seed=3, window=window)))
         assert len(got) == len(full) // 2
         assert set(Counter(g["step"] for g in got).values()) == {2}
         for g in got:
@@ -101,7 +101,9 @@ def test_resume_gives_exactly_the_uninterrupted_stream(
     tiny_build: Path, stop: int, window: int, cp: int, period: int
 ) -> None:
     def make() -> PackedDataset:
-        return PackedDataset(tiny_build, 1, 2, cp - 1, cp, seed=11, window=window, period=period)
+        return PackedDataset(
+            tiny_build, world=World(1, 2, cp - 1, cp), balance=Balance(seed=11, window=window, period=period)
+        )
 
     reference = items(make())
     first = make()
@@ -116,9 +118,13 @@ def test_resume_gives_exactly_the_uninterrupted_stream(
 @pytest.mark.parametrize("stop", [0, 3, 6])
 def test_loader_with_workers_resumes_exactly(tiny_build: Path, stop: int) -> None:
     def make() -> PackedLoader:
-        return PackedLoader(PackedDataset(tiny_build, 0, 2, seed=5, window=3), num_workers=2, prefetch_factor=4)
+        return PackedLoader(
+            PackedDataset(tiny_build, world=World(0, 2), balance=Balance(seed=5, window=3)),
+            num_workers=2,
+            prefetch_factor=4,
+        )
 
-    reference = items(PackedDataset(tiny_build, 0, 2, seed=5, window=3))
+    reference = items(PackedDataset(tiny_build, world=World(0, 2), balance=Balance(seed=5, window=3)))
     loader = make()
     head = items(loader, stop)  # workers have prefetched beyond `stop`; the state must not count those
     state = loader.state_dict()
@@ -142,16 +148,18 @@ def step_tokens(streams: list[list[dict]]) -> dict[int, Counter]:
 @pytest.mark.parametrize(("dp", "cp"), [(2, 1), (4, 2), (1, 4)])
 def test_elastic_resume_keeps_every_remaining_steps_tokens(tiny_build: Path, window: int, dp: int, cp: int) -> None:
     stop_step = 4  # inside the second window when window=3: steps do not depend on the world
-    reference = step_tokens([items(PackedDataset(tiny_build, r, 4, seed=2, window=window)) for r in range(4)])
+    reference = step_tokens(
+        [items(PackedDataset(tiny_build, world=World(r, 4), balance=Balance(seed=2, window=window))) for r in range(4)]
+    )
     states = []
     for r in range(4):
-        ds = PackedDataset(tiny_build, r, 4, seed=2, window=window)
+        ds = PackedDataset(tiny_build, world=World(r, 4), balance=Balance(seed=2, window=window))
         items(ds, stop_step)  # one sequence per rank per step: stop at a step boundary
         states.append(ds.state_dict())
     assert {s["step"] for s in states} == {stop_step} and {s["consumed"] for s in states} == {0}
     resumed = []
     for r in range(dp * cp):
-        ds = PackedDataset(tiny_build, r // cp, dp, r % cp, cp, seed=2, window=window)
+        ds = PackedDataset(tiny_build, world=World(r // cp, dp, r % cp, cp), balance=Balance(seed=2, window=window))
         ds.load_state_dict(states[0])
         resumed.append(items(ds))
     got = step_tokens(resumed)
@@ -163,49 +171,49 @@ def test_refuses_states_it_cannot_resume(tiny_build: Path, tmp_path: Path) -> No
     shutil.copytree(tiny_build / "shards", other)
     manifest = json.loads((other / "manifest.json").read_text())
     write_manifest(other, {**manifest, "mix_fingerprint": "another mix"})
-    ds = PackedDataset(tiny_build, 0, 2)
+    ds = PackedDataset(tiny_build, world=World(0, 2))
     items(ds, 1)  # inside step 0
     state = ds.state_dict()
     with pytest.raises(StateError, match="step boundary"):
-        PackedDataset(tiny_build, 0, 4).load_state_dict(state)
-    PackedDataset(tiny_build, 0, 2, 1, 2).load_state_dict(state)  # another cp_size inside a step is fine
+        PackedDataset(tiny_build, world=World(0, 4)).load_state_dict(state)
+    PackedDataset(tiny_build, world=World(0, 2, 1, 2)).load_state_dict(state)  # another cp_size inside a step is fine
     with pytest.raises(StateError, match="another build"):
-        PackedDataset(other, 0, 2).load_state_dict(state)
+        PackedDataset(other, world=World(0, 2)).load_state_dict(state)
     with pytest.raises(StateError, match="seed"):
-        PackedDataset(tiny_build, 0, 2, seed=1).load_state_dict(state)
+        PackedDataset(tiny_build, world=World(0, 2), balance=Balance(seed=1)).load_state_dict(state)
     with pytest.raises(StateError, match="period"):
-        PackedDataset(tiny_build, 0, 2, period=2).load_state_dict(state)
+        PackedDataset(tiny_build, world=World(0, 2), balance=Balance(period=2)).load_state_dict(state)
     older = {k: v for k, v in state.items() if k != "period"}  # saved before the period option existed
-    PackedDataset(tiny_build, 0, 2).load_state_dict(older)
+    PackedDataset(tiny_build, world=World(0, 2)).load_state_dict(older)
     with pytest.raises(StateError, match="version"):
-        PackedDataset(tiny_build, 0, 2).load_state_dict({"next": 3})
+        PackedDataset(tiny_build, world=World(0, 2)).load_state_dict({"next": 3})
 
 
 def test_world_comes_from_the_environment(tiny_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "8")
     assert World.detect(cp_size=2) == World(dp_rank=2, dp_size=4, cp_rank=1, cp_size=2)
-    ds = PackedDataset(tiny_build, cp_size=2)
-    assert (ds.dp_rank, ds.dp_size, ds.cp_rank) == (2, 4, 1)
+    ds = PackedDataset(tiny_build, world=World.detect(cp_size=2))
+    assert ds.world == World(dp_rank=2, dp_size=4, cp_rank=1, cp_size=2)
     with pytest.raises(ValueError, match="not divisible"):
         World.detect(cp_size=3)
 
 
 def test_dataloader_workers_split_without_duplicates(tiny_build: Path) -> None:
-    ds = PackedDataset(tiny_build, 0, 2)
+    ds = PackedDataset(tiny_build, world=World(0, 2))
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     got = sorted(item["sequence"] for item in loader)
     assert got == sorted(ds.rank_sequences().tolist())
 
 
 def test_a_new_loader_pass_continues_where_the_consumer_stopped(tiny_build: Path) -> None:
-    reference = [i["sequence"] for i in items(PackedDataset(tiny_build, 1, 2, seed=8))]
-    loader = PackedLoader(PackedDataset(tiny_build, 1, 2, seed=8), num_workers=2)
+    reference = [i["sequence"] for i in items(PackedDataset(tiny_build, world=World(1, 2), balance=Balance(seed=8)))]
+    loader = PackedLoader(PackedDataset(tiny_build, world=World(1, 2), balance=Balance(seed=8)), num_workers=2)
     first = [i["sequence"] for i in items(loader, 5)]
     second = [i["sequence"] for i in items(loader)]
     assert first + second == reference
     with pytest.raises(ValueError, match="persistent_workers"):
-        PackedLoader(PackedDataset(tiny_build, 0, 1), num_workers=1, persistent_workers=True)
+        PackedLoader(PackedDataset(tiny_build, world=World(0, 1)), num_workers=1, persistent_workers=True)
 
 
 def test_resume_at_random_points_with_and_without_workers(tiny_build: Path) -> None:
@@ -213,11 +221,11 @@ def test_resume_at_random_points_with_and_without_workers(tiny_build: Path) -> N
     for _ in range(6):
         dp = int(rng.choice([1, 2, 4]))
         cp = int(rng.choice([1, 2]))
-        kw = {"seed": int(rng.integers(100)), "window": int(rng.choice([1, 2, 3]))}
+        balance = Balance(seed=int(rng.integers(100)), window=int(rng.choice([1, 2, 3])))
         rank = (int(rng.integers(dp)), int(rng.integers(cp)))
 
-        def make(rank=rank, dp=dp, cp=cp, kw=kw) -> PackedDataset:
-            return PackedDataset(tiny_build, rank[0], dp, rank[1], cp, **kw)
+        def make(rank=rank, dp=dp, cp=cp, balance=balance) -> PackedDataset:
+            return PackedDataset(tiny_build, world=World(rank[0], dp, rank[1], cp), balance=balance)
 
         reference = items(make())
         stop = int(rng.integers(len(reference) + 1))
@@ -227,13 +235,13 @@ def test_resume_at_random_points_with_and_without_workers(tiny_build: Path) -> N
         resumed = PackedLoader(make(), num_workers=2 - workers)  # another worker count on resume
         resumed.load_state_dict(loader.state_dict())
         tail = items(resumed)
-        assert all(same(a, b) for a, b in zip(head + tail, reference, strict=True)), (dp, cp, kw, stop)
+        assert all(same(a, b) for a, b in zip(head + tail, reference, strict=True)), (dp, cp, balance, stop)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 64])
 def test_chunked_items_equal_single_items(tiny_build: Path, chunk: int) -> None:
     # the chunked fast path (cp_size 1) builds exactly what item() builds, padding included
-    ds = PackedDataset(tiny_build, 0, 1, chunk=chunk)
+    ds = PackedDataset(tiny_build, world=World(0, 1), payload=Payload(chunk=chunk))
     order = ds.rank_sequences().tolist()
     got = items(ds)
     assert [g["sequence"] for g in got] == order
@@ -249,10 +257,10 @@ def test_chunked_items_equal_single_items(tiny_build: Path, chunk: int) -> None:
 @pytest.mark.parametrize("cp", [1, 2])
 def test_reused_arrays_never_change_an_item_still_held(tiny_build: Path, cp: int) -> None:
     # chunks reuse their arrays once no item of theirs is alive: the tensors a consumer keeps must stay intact
-    ds = PackedDataset(tiny_build, 0, 1, 0, cp, chunk=2)
+    ds = PackedDataset(tiny_build, world=World(0, 1, 0, cp), payload=Payload(chunk=2))
     kept = [(g["sequence"], g["labels"], g["position_ids"][3:], g["indices"]) for k, g in enumerate(ds) if k % 3 == 0]
-    assert all(len(pool) <= 4 for pool in ds._chunks._pool.values())
-    assert "cp_labels" in ds._chunks._pool if cp > 1 else "labels" in ds._chunks._pool
+    assert all(len(pool) <= 4 for pool in ds._builder._pool.values())
+    assert "cp_labels" in ds._builder._pool if cp > 1 else "labels" in ds._builder._pool
     for i, labels, pos, indices in kept:
         want = ds.item(i)
         assert torch.equal(labels, want["labels"]) and torch.equal(pos, want["position_ids"][3:])

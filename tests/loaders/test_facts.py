@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from loaders import PackedDataset, RunFacts
+from loaders import Balance, PackedDataset, RunFacts, World
 from loaders.facts import CostModel, PhaseFacts
+from mixing.format.manifest import parse_manifest
 from mixing.format.shards import ShardSet
 
 
 def test_facts_are_the_builds_and_match_what_the_loader_yields(tiny_build: Path) -> None:
-    ds = PackedDataset(tiny_build, 0, 1)
+    ds = PackedDataset(tiny_build, world=World(0, 1))
     facts = ds.facts
     m = json.loads((tiny_build / "shards" / "manifest.json").read_text())
     assert isinstance(facts, RunFacts)
@@ -43,14 +44,18 @@ def test_facts_are_the_builds_and_match_what_the_loader_yields(tiny_build: Path)
 
 def test_the_loaders_default_seed_is_the_mix_files(tiny_build: Path) -> None:
     """One seed fixes the run: the tiny mix says ``seed: 7``, and the loader deals with 7 unless told."""
-    default, seven, zero = (PackedDataset(tiny_build, 1, 2, seed=s) for s in (None, 7, 0))
-    assert default.seed == 7 == default.state_dict()["seed"]
+    default, seven, zero = (PackedDataset(tiny_build, world=World(1, 2), balance=Balance(seed=s)) for s in (None, 7, 0))
+    assert default.settings.balance.seed == 7 == default.state_dict()["seed"]
     assert [it["sequence"] for it in default] == [it["sequence"] for it in seven]
-    assert [it["sequence"] for it in PackedDataset(tiny_build, 1, 2)] != [it["sequence"] for it in zero]
+    assert [it["sequence"] for it in PackedDataset(tiny_build, world=World(1, 2))] != [it["sequence"] for it in zero]
 
 
 def test_a_manifest_without_the_new_fields_gives_none_and_seed_zero() -> None:
-    m = {"seq_len": 8, "global_batch": 2, "sequences": 4, "pad_id": 3}
+    files = {kind: {"name": f"shard-00000.{kind}", "bytes": 1, "sha256": "0" * 64} for kind in ("tokens", "meta")}
+    fields = {"seq_len": 8, "global_batch": 2, "sequences": 4, "pad_id": 3}
+    old = {"format_version": 2, "dtype": "uint16", "shards": [{"first_sequence": 0, "sequences": 4, "files": files}]}
+    m, sealed = parse_manifest(json.dumps({**old, **fields}).encode(), "manifest.json")
+    assert not sealed
     facts = RunFacts.from_manifest(m, steps=2, tokens=20)
     assert (facts.seed, facts.eos_id, facts.vocab_size, facts.pad_id, facts.pad_is_eos) == (0, None, None, 3, False)
     assert (facts.phases, facts.cost, facts.micro_batches) == ((), CostModel(), "equal")

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from loaders import PackedDataset, PackedLoader
+from loaders import Balance, PackedDataset, PackedLoader, Payload, Reading, World
+from loaders.feed import SegmentTable
 from loaders.index import index_folder
 from mixing.format.index import ARRAYS, INDEX
 from mixing.format.store import sha256_file
@@ -53,13 +54,39 @@ def folder_of(ds: PackedDataset, cache: Path) -> Path:
     return index_folder(cache, ds.shards.manifest_bytes)
 
 
+def table_of(ds: PackedDataset) -> SegmentTable:
+    """The segment table the item builder of ``ds`` reads (here: of a local build, the whole build's)."""
+    return ds._feed.read(np.zeros(1, np.int64), np.empty((1, ds.facts.seq_len), np.int64))[0]
+
+
 def test_the_index_arrays_are_memory_mapped_not_copied(sharded_build: Path, tmp_path: Path) -> None:
-    ds = PackedDataset(sharded_build, 0, 1, window=2, fields=LEAN, cache_dir=tmp_path)
+    ds = PackedDataset(
+        sharded_build,
+        world=World(0, 1),
+        balance=Balance(window=2),
+        payload=Payload(fields=LEAN),
+        reading=Reading(cache_dir=tmp_path),
+    )
     next(iter(ds))
     shards = ds.shards
     offs, segs = shards.segments
-    cu, at = ds._chunks._cu_all
-    arrays = [shards.steps, shards.seq_tokens, shards.seq_cost, offs, segs, cu, at, shards.sequence(5).segments]
+    table = table_of(ds)
+    assert table.cu is not None
+    cu, at = table.cu
+    arrays = [
+        table.offsets,
+        table.lengths,
+        table.used,
+        table.steps,
+        shards.steps,
+        shards.seq_tokens,
+        shards.seq_cost,
+        offs,
+        segs,
+        cu,
+        at,
+        shards.sequence(5).segments,
+    ]
     assert all(mapped(a) for a in arrays)
     assert shards.steps is shards.steps and ds.planner.shards is shards  # the planner reads the same maps
     assert all(meta == {} for _, meta in shards._open.values())  # no shard's meta.npz was read into memory
@@ -76,10 +103,14 @@ def test_items_equal_those_read_from_the_shards_own_metadata(
     for build in (tiny_build, sharded_build):
         for fields in (None, LEAN) if cp == 1 else (None,):
             for window in (1, 2):
-                kw: dict[str, Any] = {"window": window, "fields": fields, "chunk": 3}
+                kw: dict[str, Any] = {
+                    "world": World(1, 2, cp - 1, cp),
+                    "balance": Balance(window=window),
+                    "payload": Payload(fields=fields, chunk=3),
+                }
                 with pytest.warns(UserWarning, match="cannot keep the build's index there"):
-                    plain = PackedDataset(build, 1, 2, cp - 1, cp, cache_dir=no_cache, **kw)
-                indexed = PackedDataset(build, 1, 2, cp - 1, cp, cache_dir=tmp_path / "cache", **kw)
+                    plain = PackedDataset(build, reading=Reading(cache_dir=no_cache), **kw)
+                indexed = PackedDataset(build, reading=Reading(cache_dir=tmp_path / "cache"), **kw)
                 assert plain.shards.index is None and indexed.shards.index is not None
                 want, got = read(plain, how), read(indexed, how)
                 assert len(want) == len(got) > 0
@@ -110,9 +141,23 @@ def rewrite_as(build: Path, version: int, dest: Path) -> Path:
 def test_old_format_builds_read_through_the_index(sharded_build: Path, tmp_path: Path, version: int) -> None:
     old = rewrite_as(sharded_build, version, tmp_path / "old")
     for cp, fields in ((1, LEAN), (2, None)):
-        want = list(PackedDataset(sharded_build, 0, 1, cp - 1, cp, window=2, fields=fields, cache_dir=tmp_path / "c3"))
-        ds = PackedDataset(old, 0, 1, cp - 1, cp, window=2, fields=fields, cache_dir=tmp_path / "c")
-        assert ds.shards.manifest["format_version"] == version and ds.shards.index is not None
+        want = list(
+            PackedDataset(
+                sharded_build,
+                world=World(0, 1, cp - 1, cp),
+                balance=Balance(window=2),
+                payload=Payload(fields=fields),
+                reading=Reading(cache_dir=tmp_path / "c3"),
+            )
+        )
+        ds = PackedDataset(
+            old,
+            world=World(0, 1, cp - 1, cp),
+            balance=Balance(window=2),
+            payload=Payload(fields=fields),
+            reading=Reading(cache_dir=tmp_path / "c"),
+        )
+        assert ds.shards.manifest.format_version == version and ds.shards.index is not None
         got = list(ds)
         assert len(got) == len(want) and all(same(a, b) for a, b in zip(want, got, strict=True))
 
@@ -120,8 +165,11 @@ def test_old_format_builds_read_through_the_index(sharded_build: Path, tmp_path:
 def test_a_random_segmentation_gives_the_same_index_as_the_shards(tmp_path: Path) -> None:
     lens = [[5, 7], [], [24], [1] * 24, [3, 3, 3], [23], [12, 12], [2]]
     build = random_build(tmp_path, lens, 24, 0, shard_sequences=3)
-    ds = PackedDataset(build, 0, 1, fields=LEAN, cache_dir=tmp_path / "cache")
-    cu, at = ds._chunks._cu_all
+    ds = PackedDataset(
+        build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(cache_dir=tmp_path / "cache")
+    )
+    cu, at = table_of(ds).cu or (None, None)
+    assert cu is not None and at is not None
     for i, seg in enumerate(lens):
         want = np.cumsum([0, *seg, *([24 - sum(seg)] if sum(seg) < 24 else [])])
         assert cu[at[i] : at[i + 1]].tolist() == want.tolist()
@@ -151,11 +199,15 @@ def test_a_damaged_index_is_named_and_made_again(
     sharded_build: Path, tmp_path: Path, target: str, how: str, verify: bool, says: str
 ) -> None:
     cache = tmp_path / "cache"
-    want = list(PackedDataset(sharded_build, 0, 1, window=2, cache_dir=cache))
-    folder = folder_of(PackedDataset(sharded_build, 0, 1, cache_dir=cache), cache)
+    want = list(
+        PackedDataset(sharded_build, world=World(0, 1), balance=Balance(window=2), reading=Reading(cache_dir=cache))
+    )
+    folder = folder_of(PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=cache)), cache)
     damage(folder / target, how)
     with pytest.warns(UserWarning, match=says):
-        ds = PackedDataset(sharded_build, 0, 1, window=2, cache_dir=cache, verify=verify)
+        ds = PackedDataset(
+            sharded_build, world=World(0, 1), balance=Balance(window=2), reading=Reading(cache_dir=cache, verify=verify)
+        )
     got = list(ds)
     assert len(got) == len(want) and all(same(a, b) for a, b in zip(want, got, strict=True))
     record = json.loads((folder / INDEX).read_text())
@@ -164,20 +216,20 @@ def test_a_damaged_index_is_named_and_made_again(
 
 def test_an_interrupted_index_is_made_again_without_a_word(sharded_build: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    want = list(PackedDataset(sharded_build, 0, 1, cache_dir=cache))
-    folder = folder_of(PackedDataset(sharded_build, 0, 1, cache_dir=cache), cache)
+    want = list(PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=cache)))
+    folder = folder_of(PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=cache)), cache)
     (folder / INDEX).unlink()  # what a killed writer leaves, had it written into place (it writes elsewhere)
     (folder / "segments.npy").write_bytes(b"partial")
     killed = folder.parent / f".{folder.name}.999999.tmp"  # what it leaves where it writes
     killed.mkdir()
     (killed / "step.npy").write_bytes(b"partial")
-    got = list(PackedDataset(sharded_build, 0, 1, cache_dir=cache))
+    got = list(PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=cache)))
     assert all(same(a, b) for a, b in zip(want, got, strict=True))
     assert (folder / INDEX).exists() and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
 
 
 def open_in_child(build: Path, cache: Path) -> None:
-    ds = PackedDataset(build, 0, 1, cache_dir=cache)
+    ds = PackedDataset(build, world=World(0, 1), reading=Reading(cache_dir=cache))
     os._exit(0 if ds.shards.index is not None and len(list(ds)) > 0 else 1)
 
 
@@ -190,26 +242,36 @@ def test_the_index_is_made_once_per_node_and_remade_verified(sharded_build: Path
     for p in procs:
         p.join()
     assert [p.exitcode for p in procs] == [0, 0, 0]
-    folder = folder_of(PackedDataset(sharded_build, 0, 1, cache_dir=cache), cache)
+    folder = folder_of(PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=cache)), cache)
     made = (folder / INDEX).stat().st_mtime_ns
     assert len(list((cache / "index").glob("*/index.json"))) == 1
-    PackedDataset(sharded_build, 0, 1, cache_dir=cache, verify=False)
+    PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=cache, verify=False))
     assert (folder / INDEX).stat().st_mtime_ns == made  # mapped as it is, not made again
     shutil.rmtree(cache / "index")
-    PackedDataset(sharded_build, 0, 1, cache_dir=cache, verify=False)  # made from unverified metadata
+    # made from unverified metadata
+    PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=cache, verify=False))
     assert json.loads((folder / INDEX).read_text())["meta_verified"] is False
-    PackedDataset(sharded_build, 0, 1, cache_dir=cache)  # a verifying reader does not trust that one
+    # a verifying reader does not trust that one
+    PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=cache))
     assert json.loads((folder / INDEX).read_text())["meta_verified"] is True
 
 
 def test_a_spawned_worker_maps_the_index_itself(sharded_build: Path, tmp_path: Path) -> None:
-    ds = PackedDataset(sharded_build, 0, 1, fields=LEAN, cache_dir=tmp_path)
+    ds = PackedDataset(
+        sharded_build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(cache_dir=tmp_path)
+    )
     want = list(ds)
-    ds.load_state_dict(PackedDataset(sharded_build, 0, 1, fields=LEAN, cache_dir=tmp_path).state_dict())
+    ds.load_state_dict(
+        PackedDataset(
+            sharded_build, world=World(0, 1), payload=Payload(fields=LEAN), reading=Reading(cache_dir=tmp_path)
+        ).state_dict()
+    )
     copy = pickle.loads(pickle.dumps(ds))  # what a spawned DataLoader worker receives
-    held = {**copy.shards.__dict__, **copy._chunks.__dict__}
-    assert held["_index"] is None and not held["_open"] and not {"steps", "segments", "_cu_all"} & set(held)
-    assert copy.shards.index is not None and mapped(copy.shards.steps) and mapped(copy._chunks._cu_all[0])
+    held = {**copy.shards.__dict__, **copy._feed.__dict__, **copy._builder.__dict__}
+    assert held["_index"] is None and not held["_open"] and not held["_plain"] and not held["_pool"]
+    assert not {"steps", "segments", "seq_tokens"} & set(held)
+    cu = table_of(copy).cu
+    assert copy.shards.index is not None and mapped(copy.shards.steps) and cu is not None and mapped(cu[0])
     got = list(copy)
     assert len(got) == len(want) and all(same(a, b) for a, b in zip(want, got, strict=True))
 
@@ -217,6 +279,6 @@ def test_a_spawned_worker_maps_the_index_itself(sharded_build: Path, tmp_path: P
 def test_the_digest_names_the_build_not_its_folder(sharded_build: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(sharded_build / "shards", copy / "shards")
-    a = PackedDataset(sharded_build, 0, 1, cache_dir=tmp_path / "cache")
-    b = PackedDataset(copy, 0, 1, cache_dir=tmp_path / "cache")
+    a = PackedDataset(sharded_build, world=World(0, 1), reading=Reading(cache_dir=tmp_path / "cache"))
+    b = PackedDataset(copy, world=World(0, 1), reading=Reading(cache_dir=tmp_path / "cache"))
     assert a.shards._index_dir == b.shards._index_dir  # one index for every copy of the build on the node

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from loaders import PackedDataset, PackedLoader
+from loaders import PackedDataset, PackedLoader, Payload, Reading, World
 from loaders.integrity import CorruptShardError
 from mixing.format.index import ARRAYS
 
@@ -54,11 +54,15 @@ def test_a_flipped_bit_is_named_before_any_token_of_its_file(
     root = copy_shards(sharded_build, tmp_path)
     bad = shard_file(root, DAMAGED, kind)
     flip_bit(bad)
-    first = PackedDataset(sharded_build, 0, 1, verify=False).shards.manifest["shards"][DAMAGED]
-    damaged = range(first["first_sequence"], first["first_sequence"] + first["sequences"])
+    first = PackedDataset(sharded_build, world=World(0, 1), reading=Reading(verify=False)).shards.manifest.shards[
+        DAMAGED
+    ]
+    damaged = range(first.first_sequence, first.first_sequence + first.sequences)
     seen: list[int] = []
     with pytest.raises(CorruptShardError, match=re.escape(str(bad)) + ".*sha256") as err:
-        ds = PackedDataset(root, 0, 1, chunk=4, cache_dir=tmp_path / "cache")
+        ds = PackedDataset(
+            root, world=World(0, 1), payload=Payload(chunk=4), reading=Reading(cache_dir=tmp_path / "cache")
+        )
         for item in read_path(ds, how):
             seen.append(item["sequence"])
     assert "\n" not in str(err.value)  # one line, also when it comes from a worker
@@ -75,41 +79,52 @@ def test_a_shard_file_of_another_size_is_named(sharded_build: Path, tmp_path: Pa
     data = bad.read_bytes()
     bad.write_bytes(data[:-100] if change == "truncated" else data + b"\0")
     with pytest.raises(CorruptShardError, match=re.escape(str(bad)) + r": \d+ bytes, the manifest records \d+"):
-        list(PackedDataset(root, 0, 1, cache_dir=tmp_path / "cache"))
+        list(PackedDataset(root, world=World(0, 1), reading=Reading(cache_dir=tmp_path / "cache")))
 
 
 @pytest.mark.parametrize("how", ["chunk", "item"])
 def test_sound_files_give_the_items_of_an_unverified_reader(sharded_build: Path, tmp_path: Path, how: str) -> None:
-    def items(**kw: Any) -> list[dict[str, Any]]:
-        return list(read_path(PackedDataset(sharded_build, 1, 2, cp_rank=1, cp_size=2, chunk=3, **kw), how))
+    def items(reading: Reading) -> list[dict[str, Any]]:
+        ds = PackedDataset(sharded_build, world=World(1, 2, 1, 2), payload=Payload(chunk=3), reading=reading)
+        return list(read_path(ds, how))
 
-    verified, plain = items(cache_dir=tmp_path), items(verify=False)
+    verified, plain = items(Reading(cache_dir=tmp_path)), items(Reading(verify=False))
     assert len(verified) == len(plain) > 0
     for a, b in zip(verified, plain, strict=True):
         assert a.keys() == b.keys()
         assert all(a[k].equal(b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
-    n_files = 2 * len(PackedDataset(sharded_build, verify=False).shards.manifest["shards"]) + len(ARRAYS)
+    n_files = 2 * len(PackedDataset(sharded_build, reading=Reading(verify=False)).shards.manifest.shards) + len(ARRAYS)
     assert len(list((tmp_path / "verified").iterdir())) == n_files  # each file's verdict kept (shards, index)
 
 
 def test_a_verdict_kept_on_the_node_does_not_hide_a_later_change(sharded_build: Path, tmp_path: Path) -> None:
     root = copy_shards(sharded_build, tmp_path)
     cache = tmp_path / "cache"
-    expected = [it["sequence"] for it in PackedDataset(root, 0, 1, cache_dir=cache)]  # all verified, kept
-    assert [it["sequence"] for it in PackedDataset(root, 0, 1, cache_dir=cache)] == expected
+    expected = [
+        it["sequence"] for it in PackedDataset(root, world=World(0, 1), reading=Reading(cache_dir=cache))
+    ]  # all verified, kept
+    assert [
+        it["sequence"] for it in PackedDataset(root, world=World(0, 1), reading=Reading(cache_dir=cache))
+    ] == expected
     bad = shard_file(root, DAMAGED, "tokens.npy")
     mtime = bad.stat().st_mtime_ns
     flip_bit(bad)
     os.utime(bad, ns=(mtime + 10**9, mtime + 10**9))  # a rewrite shows in its mtime (whatever the clock's grain)
     with pytest.raises(CorruptShardError, match=re.escape(str(bad))):
-        list(PackedDataset(root, 0, 1, cache_dir=cache))
+        list(PackedDataset(root, world=World(0, 1), reading=Reading(cache_dir=cache)))
 
 
 def test_verify_false_is_the_explicit_opt_out(sharded_build: Path, tmp_path: Path) -> None:
     root = copy_shards(sharded_build, tmp_path)
     flip_bit(shard_file(root, DAMAGED, "tokens.npy"))
-    sound = list(itertools.chain.from_iterable(it["input_ids"].tolist() for it in PackedDataset(sharded_build, 0, 1)))
+    sound = list(
+        itertools.chain.from_iterable(
+            it["input_ids"].tolist() for it in PackedDataset(sharded_build, world=World(0, 1))
+        )
+    )
     served = list(
-        itertools.chain.from_iterable(it["input_ids"].tolist() for it in PackedDataset(root, 0, 1, verify=False))
+        itertools.chain.from_iterable(
+            it["input_ids"].tolist() for it in PackedDataset(root, world=World(0, 1), reading=Reading(verify=False))
+        )
     )
     assert sum(a != b for a, b in zip(sound, served, strict=True)) == 1  # trusted as asked: one token differs

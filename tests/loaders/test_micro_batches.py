@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import PackedDataset, varlen
+from loaders import Balance, PackedDataset, World, varlen
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance
 from loaders.state import StateError
 from mixing import MixError
@@ -57,7 +57,7 @@ def test_every_step_is_read_once_over_ranks_with_any_dp(tiny_build: Path, dp: in
     full = ShardSet(tiny_build / "shards")  # 4 sequences per step: dp=3 only works with unequal counts
     per_step: dict[int, list[int]] = defaultdict(list)
     for r in range(dp):
-        ds = PackedDataset(tiny_build, r, dp, seed=5, micro_batches="unequal")
+        ds = PackedDataset(tiny_build, world=World(r, dp), balance=Balance(seed=5, micro_batches="unequal"))
         expected = len(ds)
         got = items(ds)
         assert len(got) == expected and len(ds) == 0
@@ -66,13 +66,13 @@ def test_every_step_is_read_once_over_ranks_with_any_dp(tiny_build: Path, dp: in
     assert all(sorted(v) == np.flatnonzero(full.steps == t).tolist() for t, v in per_step.items())
     assert len(per_step) == full.steps.max() + 1
     with pytest.raises(ValueError, match="not divisible"):
-        PackedDataset(tiny_build, 0, 3)
+        PackedDataset(tiny_build, world=World(0, 3))
 
 
 @pytest.mark.parametrize("stop", [1, 2, 5, 9])
 def test_resume_inside_a_step_gives_the_uninterrupted_stream(tiny_build: Path, stop: int) -> None:
     def make() -> PackedDataset:
-        return PackedDataset(tiny_build, 0, 3, seed=5, micro_batches="unequal")
+        return PackedDataset(tiny_build, world=World(0, 3), balance=Balance(seed=5, micro_batches="unequal"))
 
     reference = items(make())
     first = make()
@@ -82,7 +82,7 @@ def test_resume_inside_a_step_gives_the_uninterrupted_stream(tiny_build: Path, s
     assert head + items(resumed) == reference
     if first.state_dict()["consumed"]:
         with pytest.raises(StateError, match="micro-batches"):
-            PackedDataset(tiny_build, 0, 2, seed=5).load_state_dict(first.state_dict())
+            PackedDataset(tiny_build, world=World(0, 2), balance=Balance(seed=5)).load_state_dict(first.state_dict())
 
 
 def test_the_mix_files_option_reaches_the_loader(tiny_build: Path, tmp_path: Path) -> None:
@@ -92,8 +92,9 @@ def test_the_mix_files_option_reaches_the_loader(tiny_build: Path, tmp_path: Pat
     assert manifest["micro_batches"] == "equal"  # the default, recorded by the build
     manifest["micro_batches"] = "unequal"
     write_manifest(copy / "shards", manifest)
-    assert PackedDataset(copy, 0, 3).micro_batches == "unequal"
-    assert PackedDataset(copy, 0, 2, micro_batches="equal").micro_batches == "equal"
+    assert PackedDataset(copy, world=World(0, 3)).settings.balance.micro_batches == "unequal"
+    equal = PackedDataset(copy, world=World(0, 2), balance=Balance(micro_batches="equal"))
+    assert equal.settings.balance.micro_batches == "equal"
 
 
 def test_mix_file_names_a_bad_micro_batches_value() -> None:
@@ -118,14 +119,14 @@ def test_a_token_budget_caps_every_ranks_share_of_a_step(tiny_build: Path, tmp_p
     full = ShardSet(build / "shards")
     per_step: dict[int, list[int]] = defaultdict(list)
     for r in range(3):
-        ds = PackedDataset(build, r, 3, seed=5)
+        ds = PackedDataset(build, world=World(r, 3), balance=Balance(seed=5))
         for step, group in itertools.groupby(items(ds), key=lambda x: x[0]):
             seqs = [s for *_, s in group]
             assert int(full.seq_tokens[seqs].sum()) <= 128  # the budget holds on every rank and step
             per_step[step] += seqs
     assert all(sorted(v) == np.flatnonzero(full.steps == t).tolist() for t, v in per_step.items())
     with pytest.raises(ValueError, match="max_tokens 128 cannot hold an equal share"):
-        PackedDataset(build, 0, 1)  # 4 sequences of 64 tokens on one rank
+        PackedDataset(build, world=World(0, 1))  # 4 sequences of 64 tokens on one rank
 
 
 def test_budget_falls_back_to_near_equal_counts_when_the_greedy_start_cannot_meet_it() -> None:
@@ -137,8 +138,8 @@ def test_budget_falls_back_to_near_equal_counts_when_the_greedy_start_cannot_mee
 
 def test_varlen_micro_batches_keep_every_real_token_and_boundary(tiny_build: Path, tmp_path: Path) -> None:
     build = budget_build(tiny_build, tmp_path, 2 * 64)
-    ds = PackedDataset(build, 1, 3, seed=5)
-    whole = PackedDataset(build, 1, 3, seed=5)
+    ds = PackedDataset(build, world=World(1, 3), balance=Balance(seed=5))
+    whole = PackedDataset(build, world=World(1, 3), balance=Balance(seed=5))
     for batch in varlen.by_step(ds):
         parts = [whole.item(s) for s in batch["sequences"]]
         n = [int(p["num_tokens"]) for p in parts]
@@ -151,4 +152,4 @@ def test_varlen_micro_batches_keep_every_real_token_and_boundary(tiny_build: Pat
         assert (batch["labels"].numpy()[ends] == -100).all()  # no label crosses a document boundary
         assert (batch["position_ids"].numpy()[cu[:-1]] == 0).all()  # every document starts at position 0
     with pytest.raises(ValueError, match="whole-sequence"):
-        varlen.concat(list(itertools.islice(PackedDataset(build, 0, 3, cp_rank=0, cp_size=2), 1)))
+        varlen.concat(list(itertools.islice(PackedDataset(build, world=World(0, 3, 0, 2)), 1)))

@@ -16,12 +16,20 @@ import numpy as np
 import polars as pl
 import pytest
 
-from loaders import PackedDataset
+from loaders import Balance, PackedDataset, Payload, World
 from loaders.balance import dp_imbalance
 from loaders.planner import StepPlanner
-from loaders.stream import stream_compositions, stream_mixture_error
-from mixing.format.shards import ShardSet, write_shards
-from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, shards_mixture_error
+from loaders.stream import stream_compositions, stream_planner
+from mixing.format.shard_writer import write_shards
+from mixing.format.shards import ShardSet
+from mixing.plan.mixture import (
+    GOAL_PHASE,
+    GOAL_WINDOW,
+    MixtureError,
+    compositions_mixture_error,
+    mixture_error,
+    shards_mixture_error,
+)
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 S, BATCH = 64, 8
@@ -62,6 +70,13 @@ def synthetic_build(root: Path, seed: int = 0) -> ShardSet:
     return ShardSet(root)
 
 
+def stream_mixture_error(shards: ShardSet, quotas: pl.DataFrame, window: int | None = None) -> MixtureError:
+    """``mixture_error`` of the training steps a :class:`loaders.PackedDataset` reads (regroup ``window``;
+    default: the manifest's) against the plan's ``quotas``."""
+    steps = stream_compositions(stream_planner(shards, Balance(window=window)))
+    return compositions_mixture_error(steps, list(shards.manifest.sources or ()), quotas)
+
+
 def build_compositions(shards: ShardSet) -> np.ndarray:
     offs, segs = shards.segments
     out = np.zeros((int(shards.steps.max()) + 1, 5))
@@ -98,14 +113,14 @@ def test_each_sequence_once_and_phases_kept(shards: ShardSet) -> None:
     rows = np.stack([planner.step_sequences(t) for t in range(planner.steps)])
     assert sorted(rows.ravel().tolist()) == list(range(len(shards)))  # every sequence exactly once
     assert (shards.steps[rows] == np.arange(planner.steps)[:, None]).sum() < rows.size  # it did regroup
-    for ph in shards.manifest["phases"]:  # no sequence leaves its phase
-        a, b = ph["first_step"], ph["first_step"] + ph["steps"]
+    for ph in shards.manifest.phases:  # no sequence leaves its phase
+        a, b = ph.first_step, ph.first_step + ph.steps
         assert ((shards.steps[rows[a:b]] >= a) & (shards.steps[rows[a:b]] < b)).all()
 
 
 def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
     """The library figure equals the composition of the items the DP ranks actually receive."""
-    ranks = [PackedDataset(shards.dir, r, 4, fields=("input_ids",)) for r in range(4)]
+    ranks = [PackedDataset(shards.dir, world=World(r, 4), payload=Payload(fields=("input_ids",))) for r in range(4)]
     offs, segs = shards.segments
     got = np.zeros((int(shards.steps.max()) + 1, 5), dtype=np.int64)
     for item in itertools.chain.from_iterable(ranks):
@@ -114,10 +129,10 @@ def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
     assert np.array_equal(got, stream_compositions(ranks[0].planner))
     quotas = pl.DataFrame(
         [
-            {"step": t, "phase": ph["phase"], "source": s, "quota": int(v)}
-            for ph in shards.manifest["phases"]
-            for t in range(ph["first_step"], ph["first_step"] + ph["steps"])
-            for s, v in zip(shards.manifest["sources"], build_compositions(shards)[t], strict=True)
+            {"step": t, "phase": ph.phase, "source": s, "quota": int(v)}
+            for ph in shards.manifest.phases
+            for t in range(ph.first_step, ph.first_step + ph.steps)
+            for s, v in zip(shards.manifest.sources, build_compositions(shards)[t], strict=True)
         ]
     )
     stream, built = stream_mixture_error(shards, quotas), shards_mixture_error(shards, quotas)
@@ -128,8 +143,11 @@ def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
 @pytest.mark.parametrize("stop", [0, 5, 9, 10, 13, 38, 41, 49])
 def test_resume_at_any_step_across_the_edges(shards: ShardSet, stop: int) -> None:
     def make() -> PackedDataset:  # with edges (StepPlanner's edge_windows; the loader's default is off)
-        ds = PackedDataset(shards.dir, 1, 4, seed=2, fields=("input_ids",))
-        ds.planner = StepPlanner(ds.shards, ds.window, ds.seed, ds.period, slack=ds.planner.slack, edge_windows=2)
+        ds = PackedDataset(
+            shards.dir, world=World(1, 4), balance=Balance(seed=2), payload=Payload(fields=("input_ids",))
+        )
+        b = ds.settings.balance
+        ds.planner = StepPlanner(ds.shards, b.window, b.seed, b.period, slack=ds.planner.slack, edge_windows=2)
         return ds
 
     def seqs(ds: PackedDataset, n: int | None = None) -> list[tuple[int, int]]:

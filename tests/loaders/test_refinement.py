@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import PackedDataset, PackedLoader, StateError
+from loaders import Balance, PackedDataset, PackedLoader, StateError, World
 from loaders.balance import regroup_window
 from loaders.refinement import refine_steps
 from mixing.format.manifest import write_manifest
@@ -88,8 +88,8 @@ def items(ds, n: int | None = None) -> list[tuple[int, int, int]]:
     return [(int(i["step"]), int(i["slot"]), int(i["sequence"])) for i in itertools.islice(ds, n)]
 
 
-def make(build: Path, **kw) -> PackedDataset:
-    return PackedDataset(build, 0, 2, seed=3, window=2, period=2, **kw)
+def make(build: Path, slack: float | None = None) -> PackedDataset:
+    return PackedDataset(build, world=World(0, 2), balance=Balance(seed=3, window=2, period=2, slack=slack))
 
 
 @pytest.mark.parametrize("stop", [0, 3, 6, 9, 11, 15])
@@ -108,9 +108,13 @@ def test_resume_from_the_states_context_equals_the_uninterrupted_stream(tiny_bui
 
 
 def test_refinement_changes_steps_only_with_period_and_window(tiny_build: Path) -> None:
-    assert PackedDataset(tiny_build, 0, 2, window=2, period=0).planner.slack == 0
-    assert PackedDataset(tiny_build, 0, 2, window=1, period=2).planner.slack == 0
-    on = [s for r in range(2) for *_, s in items(PackedDataset(tiny_build, r, 2, window=2, period=2))]
+    assert PackedDataset(tiny_build, world=World(0, 2), balance=Balance(window=2, period=0)).planner.slack == 0
+    assert PackedDataset(tiny_build, world=World(0, 2), balance=Balance(window=1, period=2)).planner.slack == 0
+    on = [
+        s
+        for r in range(2)
+        for *_, s in items(PackedDataset(tiny_build, world=World(r, 2), balance=Balance(window=2, period=2)))
+    ]
     assert sorted(on) == list(range(len(make(tiny_build).shards)))  # every sequence once over the ranks
 
 
@@ -137,12 +141,13 @@ def test_the_mix_files_regroup_is_the_loaders_default(tiny_build: Path, tmp_path
     shutil.copytree(tiny_build / "shards", copy / "shards")
     manifest = json.loads((copy / "shards" / "manifest.json").read_text())
     assert manifest["regroup"] is None  # the tiny mix has none: steps exactly as built
-    assert (PackedDataset(tiny_build, 0, 2).window, PackedDataset(tiny_build, 0, 2).period) == (1, 0)
+    default = PackedDataset(tiny_build, world=World(0, 2)).settings.balance
+    assert (default.window, default.period) == (1, 0)
     manifest["regroup"] = {"window": 2, "period": 2, "slack": 1.2}
     write_manifest(copy / "shards", manifest)
-    ds = PackedDataset(copy, 0, 2)
-    assert (ds.window, ds.period, ds.planner.slack) == (2, 2, 1.2)
-    assert PackedDataset(copy, 0, 2, window=1).planner.slack == 0  # arguments override it
+    ds = PackedDataset(copy, world=World(0, 2))
+    assert (ds.settings.balance.window, ds.settings.balance.period, ds.planner.slack) == (2, 2, 1.2)
+    assert PackedDataset(copy, world=World(0, 2), balance=Balance(window=1)).planner.slack == 0  # arguments override it
 
 
 def test_a_build_with_balance_options_reaches_the_loader(tmp_path: Path) -> None:
@@ -155,8 +160,9 @@ def test_a_build_with_balance_options_reaches_the_loader(tmp_path: Path) -> None
     manifest = json.loads((tmp_path / "b" / "shards" / "manifest.json").read_text())
     assert manifest["regroup"] == {"window": 2, "period": 2, "slack": 1.15}
     assert manifest["micro_batches"] == "unequal"
-    ranks = [PackedDataset(tmp_path / "b", r, 3) for r in range(3)]  # 4 sequences per step over 3 ranks
-    assert all((d.window, d.period, d.micro_batches, d.planner.slack) == (2, 2, "unequal", 1.15) for d in ranks)
+    ranks = [PackedDataset(tmp_path / "b", world=World(r, 3)) for r in range(3)]  # 4 sequences per step over 3 ranks
+    settings = [(d.settings.balance, d.planner.slack) for d in ranks]
+    assert all((b.window, b.period, b.micro_batches, slack) == (2, 2, "unequal", 1.15) for b, slack in settings)
     seen = sorted(s for d in ranks for *_, s in items(d))
     assert seen == list(range(len(ranks[0].shards)))
     (tmp_path / "m.yaml").write_text(mix.replace("steps: 4", "steps: 5"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loaders import PackedDataset, PackedLoader
+from loaders import Balance, PackedDataset, PackedLoader, Payload, Reading, World
 from tests.conftest import moto_endpoint
 
 
@@ -32,21 +32,15 @@ def test_s3_stream_equals_the_local_stream_within_the_cache_bound(
     s3: dict, sharded_build: Path, tmp_path: Path
 ) -> None:
     s3["fs"].put(str(sharded_build / "shards"), "weir-test/tiny/shards", recursive=True)
-    local = PackedDataset(sharded_build, 1, 2, 0, 2, seed=4, window=3)
-    shards = local.shards.manifest["shards"]
+    local = PackedDataset(sharded_build, world=World(1, 2, 0, 2), balance=Balance(seed=4, window=3))
+    shards = local.shards.manifest.shards
     assert len(shards) >= 3, "the shard size override no longer works, so eviction would not be exercised"
-    one = max(sum(f["bytes"] for f in s["files"].values()) for s in shards)
+    one = max(sum(f.bytes for f in s.files.both()) for s in shards)
     remote = PackedDataset(
         "s3://weir-test/tiny",
-        1,
-        2,
-        0,
-        2,
-        seed=4,
-        window=3,
-        cache_dir=tmp_path,
-        cache_bytes=2 * one,
-        storage_options=s3["opts"],
+        world=World(1, 2, 0, 2),
+        balance=Balance(seed=4, window=3),
+        reading=Reading(cache_dir=tmp_path, cache_bytes=2 * one, storage_options=s3["opts"]),
     )
     assert remote.build_id == local.build_id
     peak = 0
@@ -60,13 +54,18 @@ def test_s3_stream_equals_the_local_stream_within_the_cache_bound(
 
 def test_s3_missing_build_is_a_clear_error(s3: dict) -> None:
     with pytest.raises(Exception, match=r"no manifest\.json"):
-        PackedDataset("s3://weir-test/nothing", 0, 1, storage_options=s3["opts"])
+        PackedDataset("s3://weir-test/nothing", world=World(0, 1), reading=Reading(storage_options=s3["opts"]))
 
 
 def test_s3_with_workers_each_in_its_own_cache_folder(s3: dict, sharded_build: Path, tmp_path: Path) -> None:
     s3["fs"].put(str(sharded_build / "shards"), "weir-test/tiny2/shards", recursive=True)
-    local = [i["sequence"] for i in PackedDataset(sharded_build, 0, 2, seed=1)]
-    remote = PackedDataset("s3://weir-test/tiny2", 0, 2, seed=1, cache_dir=tmp_path, storage_options=s3["opts"])
+    local = [i["sequence"] for i in PackedDataset(sharded_build, world=World(0, 2), balance=Balance(seed=1))]
+    remote = PackedDataset(
+        "s3://weir-test/tiny2",
+        world=World(0, 2),
+        balance=Balance(seed=1),
+        reading=Reading(cache_dir=tmp_path, storage_options=s3["opts"]),
+    )
     got = [i["sequence"] for i in PackedLoader(remote, num_workers=2)]
     assert got == local
     assert len([p for p in next(tmp_path.iterdir()).iterdir() if (p / "manifest.json").exists()]) == 3
@@ -81,14 +80,19 @@ def test_s3_damaged_object_or_cached_file_is_named_before_its_tokens(
     root = copy_shards(sharded_build, tmp_path / "damaged")
     flip_bit(shard_file(root, DAMAGED, "tokens.npy"))
     s3["fs"].put(str(root / "shards"), "weir-test/damaged/shards", recursive=True)
-    opts = {"cache_dir": tmp_path / "c1", "storage_options": s3["opts"], "chunk": 4}
+    reading = Reading(cache_dir=tmp_path / "c1", storage_options=s3["opts"])
     with pytest.raises(
         CorruptShardError, match=rf"s3://weir-test/damaged/shards/shard-0000{DAMAGED}\.tokens\.npy: sha256"
     ):
-        list(PackedLoader(PackedDataset("s3://weir-test/damaged", 0, 1, **opts), num_workers=2))
+        damaged = PackedDataset("s3://weir-test/damaged", world=World(0, 1), payload=Payload(chunk=4), reading=reading)
+        list(PackedLoader(damaged, num_workers=2))
     # a sound bucket, but a damaged file of the right size already in this process's cache folder
     s3["fs"].put(str(sharded_build / "shards"), "weir-test/sound/shards", recursive=True)
-    ds = PackedDataset("s3://weir-test/sound", 0, 1, cache_dir=tmp_path / "c2", storage_options=s3["opts"])
+    ds = PackedDataset(
+        "s3://weir-test/sound",
+        world=World(0, 1),
+        reading=Reading(cache_dir=tmp_path / "c2", storage_options=s3["opts"]),
+    )
     stale = ds.shards.dir / shard_file(root, DAMAGED, "tokens.npy").name
     stale.write_bytes(shard_file(root, DAMAGED, "tokens.npy").read_bytes())
     seen = []

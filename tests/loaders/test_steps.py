@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from loaders import IGNORE_INDEX, ExhaustedError, PackedDataset, PackedLoader, Step, StepLoader
+from loaders import IGNORE_INDEX, ExhaustedError, PackedDataset, PackedLoader, Payload, Step, StepLoader, World
 from tests.loaders.test_micro_batches import budget_build
 
 
@@ -53,8 +53,8 @@ def test_a_step_is_the_ranks_items_of_the_step(
     build = tiny_build if budget is None else budget_build(tiny_build, tmp_path, budget)  # equal / unequal
     dp = 2 if budget is None else 3
     for rank in range(dp):
-        steps = StepLoader(PackedDataset(build, rank, dp), layout, micro_batch)
-        want = by_step(PackedDataset(build, rank, dp))
+        steps = StepLoader(PackedDataset(build, world=World(rank, dp)), layout, micro_batch)
+        want = by_step(PackedDataset(build, world=World(rank, dp)))
         expected_layout = layout or ("stacked" if budget is None else "varlen")
         seen = []
         for step in steps:
@@ -91,7 +91,7 @@ def test_a_step_is_the_ranks_items_of_the_step(
 @pytest.mark.parametrize("workers", [0, 2])
 def test_state_after_every_step_resumes_the_rest_here_and_on_another_world(tiny_build: Path, workers: int) -> None:
     def make(rank: int = 1, dp: int = 2, state: dict[str, Any] | None = None) -> StepLoader:
-        ds = PackedDataset(tiny_build, rank, dp)
+        ds = PackedDataset(tiny_build, world=World(rank, dp))
         steps = StepLoader(PackedLoader(ds, num_workers=workers) if workers else ds)
         if state is not None:
             steps.load_state_dict(state)
@@ -126,9 +126,9 @@ def test_state_after_every_step_resumes_the_rest_here_and_on_another_world(tiny_
 
 def test_a_second_pass_is_refused_and_rewind_repeats_the_first(tiny_build: Path) -> None:
     for make in (
-        lambda: PackedDataset(tiny_build, 0, 2),
-        lambda: PackedLoader(PackedDataset(tiny_build, 0, 2), num_workers=2),
-        lambda: StepLoader(PackedDataset(tiny_build, 0, 2)),
+        lambda: PackedDataset(tiny_build, world=World(0, 2)),
+        lambda: PackedLoader(PackedDataset(tiny_build, world=World(0, 2)), num_workers=2),
+        lambda: StepLoader(PackedDataset(tiny_build, world=World(0, 2))),
     ):
         loader: Any = make()
         first = [it["sequence"] if isinstance(it, dict) else it.sequences for it in loader]
@@ -141,14 +141,18 @@ def test_a_second_pass_is_refused_and_rewind_repeats_the_first(tiny_build: Path)
 
 def test_what_step_loader_cannot_group_is_refused_up_front(tiny_build: Path) -> None:
     with pytest.raises(ValueError, match="cp_size"):
-        StepLoader(PackedDataset(tiny_build, 0, 1, cp_rank=0, cp_size=2))
+        StepLoader(PackedDataset(tiny_build, world=World(0, 1, 0, 2)))
     with pytest.raises(ValueError, match="cu_seqlens"):
-        StepLoader(PackedDataset(tiny_build, 0, 1, fields=("input_ids",)))
+        StepLoader(PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields=("input_ids",))))
     with pytest.raises(ValueError, match="layout"):
-        StepLoader(PackedDataset(tiny_build, 0, 1), layout="padded")
+        StepLoader(PackedDataset(tiny_build, world=World(0, 1)), layout="padded")
     assert np.array_equal(  # a lean item is enough: input_ids and cu_seqlens
-        next(iter(StepLoader(PackedDataset(tiny_build, 0, 1, fields=("input_ids", "cu_seqlens"))))).micro_batches[0][
-            "input_ids"
-        ],
-        next(iter(StepLoader(PackedDataset(tiny_build, 0, 1)))).micro_batches[0]["input_ids"],
+        next(
+            iter(
+                StepLoader(
+                    PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields=("input_ids", "cu_seqlens")))
+                )
+            )
+        ).micro_batches[0]["input_ids"],
+        next(iter(StepLoader(PackedDataset(tiny_build, world=World(0, 1))))).micro_batches[0]["input_ids"],
     )

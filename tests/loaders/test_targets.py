@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from loaders import PackedDataset
+from loaders import PackedDataset, Payload, World
 from loaders.targets import cp_position_ids, labels, position_ids
 from tests.loaders.segmentations import random_build, segmentations
 
@@ -17,7 +17,7 @@ def check_targets(build: Path, cp: int = 1) -> int:
     """Every item of every CP rank: the rebuilt labels/positions equal the item's; returns items checked."""
     checked = 0
     for rank in range(cp):
-        for item in PackedDataset(build, 0, 1, rank, cp):
+        for item in PackedDataset(build, world=World(0, 1, rank, cp)):
             cu = item["cu_seqlens"]
             if cp == 1:
                 S = len(item["input_ids"])
@@ -34,9 +34,9 @@ def test_targets_equal_the_loaders_on_the_demo_build(demo_build: Path) -> None:
 
 
 def test_targets_from_a_lean_item(tiny_build: Path) -> None:
-    lean = PackedDataset(tiny_build, 0, 1, fields=("input_ids", "cu_seqlens"))
+    lean = PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields=("input_ids", "cu_seqlens")))
     padded = 0
-    for item, full in zip(lean, PackedDataset(tiny_build, 0, 1), strict=True):
+    for item, full in zip(lean, PackedDataset(tiny_build, world=World(0, 1)), strict=True):
         assert set(item) == {"input_ids", "cu_seqlens", "step", "slot", "sequence", "num_tokens"}
         got = labels(item["input_ids"], item["cu_seqlens"], item["num_tokens"])
         assert got.dtype == torch.int64 and torch.equal(got, full["labels"])

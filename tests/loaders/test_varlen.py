@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loaders import ExhaustedError, PackedDataset, PackedLoader, varlen
+from loaders import Balance, ExhaustedError, PackedDataset, PackedLoader, World, varlen
 from tests.loaders.test_micro_batches import budget_build
 
 
@@ -23,7 +23,7 @@ def test_state_after_every_micro_batch_is_a_step_boundary_that_resumes_the_rest(
     build = budget_build(tiny_build, tmp_path, 2 * 64)  # unequal counts: 4 sequences per step over 3 ranks
 
     def loader(state: dict[str, Any] | None = None, rank: int = 1, size: int = 3) -> PackedLoader | PackedDataset:
-        ds = PackedDataset(build, rank, size, seed=5)
+        ds = PackedDataset(build, world=World(rank, size), balance=Balance(seed=5))
         out = PackedLoader(ds, num_workers=workers) if workers else ds
         if state is not None:
             out.load_state_dict(state)
@@ -46,5 +46,9 @@ def test_state_after_every_micro_batch_is_a_step_boundary_that_resumes_the_rest(
     rest = [summary(b) for r in range(2) for b in varlen.by_step(loader(states[k], r, 2))]
     assert min(s for s, *_ in rest) == k + 1
     assert sorted(q for _, seqs, _ in rest for q in seqs) == sorted(
-        q for r in range(3) for it in PackedDataset(build, r, 3, seed=5) if it["step"] > k for q in [it["sequence"]]
+        q
+        for r in range(3)
+        for it in PackedDataset(build, world=World(r, 3), balance=Balance(seed=5))
+        if it["step"] > k
+        for q in [it["sequence"]]
     )

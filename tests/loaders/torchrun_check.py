@@ -14,18 +14,18 @@ from collections import defaultdict
 import numpy as np
 import torch.distributed as dist
 
-from loaders import PackedDataset
+from loaders import Balance, PackedDataset, World
 from mixing.format.shards import ShardSet
 
 
 def main(build: str, out: str) -> None:
     dist.init_process_group("gloo")
-    ds = PackedDataset(build, cp_size=2, seed=9)
+    ds = PackedDataset(build, world=World.detect(cp_size=2), balance=Balance(seed=9))
     mine = [(it["step"], it["sequence"], it["indices"].numpy(), it["input_ids"].numpy()) for it in ds]
     # stop at a step boundary, save, and resume in a fresh dataset: the same stream, bit for bit
-    first = PackedDataset(build, cp_size=2, seed=9)
+    first = PackedDataset(build, world=World.detect(cp_size=2), balance=Balance(seed=9))
     head = [it for _, it in zip(range(2 * first.per_rank), first, strict=False)]
-    again = PackedDataset(build, cp_size=2, seed=9)
+    again = PackedDataset(build, world=World.detect(cp_size=2), balance=Balance(seed=9))
     again.load_state_dict(first.state_dict())
     resumed = [
         (it["step"], it["sequence"], it["indices"].numpy(), it["input_ids"].numpy()) for it in head + list(again)
@@ -35,7 +35,7 @@ def main(build: str, out: str) -> None:
         for a, b in zip(resumed, mine, strict=True)
     )
     # regrouped and refined (window 2, period 2): every rank plans alone, and the plans must agree
-    regrouped = PackedDataset(build, cp_size=2, seed=9, window=2, period=2)
+    regrouped = PackedDataset(build, world=World.detect(cp_size=2), balance=Balance(seed=9, window=2, period=2))
     steps_of = [(it["step"], it["sequence"]) for it in regrouped]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (ds.world, mine, same, steps_of))
@@ -54,7 +54,7 @@ def main(build: str, out: str) -> None:
             sizes[step] += 1
         if sorted(seq for _, seq in union) != list(range(len(ShardSet(ds.shards.dir)))):
             problems.append("regrouped: DP ranks do not read every sequence exactly once")
-        elif set(sizes.values()) != {ds.global_batch}:
+        elif set(sizes.values()) != {ds.facts.global_batch}:
             problems.append(f"regrouped: training steps of {sorted(set(sizes.values()))} sequences")
         shards = ShardSet(ds.shards.dir)
         rebuilt: dict[int, np.ndarray] = {}
@@ -63,8 +63,8 @@ def main(build: str, out: str) -> None:
         for _, items, _, _ in gathered:
             for step, seq, idx, ids in items:
                 per_step[step].add(seq)
-                buf = rebuilt.setdefault(seq, np.full(ds.seq_len, -1, np.int64))
-                hits = filled.setdefault(seq, np.zeros(ds.seq_len, np.int64))
+                buf = rebuilt.setdefault(seq, np.full(ds.facts.seq_len, -1, np.int64))
+                hits = filled.setdefault(seq, np.zeros(ds.facts.seq_len, np.int64))
                 ok = idx >= 0
                 buf[idx[ok]] = ids[ok]
                 np.add.at(hits, idx[ok], 1)

@@ -71,12 +71,12 @@ def test_another_user_reads_the_whole_build(tiny_mix_path: Path, shared_dir: Pat
     # Python itself lives under /root (not readable by nobody): import first, then drop to nobody, then read
     reader = (
         "import encodings.cp437, json, os, pathlib, sys\n"
-        "from mixing.pack.packed import inspect_build\n"
+        "from mixing.report import inspect_build\n"
         "root = pathlib.Path(sys.argv[1])\n"
         f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
         "n = sum(len(p.read_bytes()) >= 0 for p in sorted(root.rglob('*')) if p.is_file())\n"
         "report = inspect_build(root)\n"
-        "print(json.dumps({'files': n, 'uid': os.getuid(), 'corrupt': report['corrupt_files']}))"
+        "print(json.dumps({'files': n, 'uid': os.getuid(), 'corrupt': report.corrupt_files}))"
     )
     r = subprocess.run([sys.executable, "-c", reader, str(out)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr

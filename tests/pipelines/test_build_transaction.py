@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mixing import load_mix
-from mixing.pack.packed import inspect_build
+from mixing.report import inspect_build
 from pipelines.transaction import build_output, reuse_previous
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,8 +136,8 @@ def test_a_second_build_into_the_same_output_stops_naming_the_first_or_waits_for
                 p.kill()
                 p.communicate()
     assert beside(out) == {"out"}
-    assert inspect_build(out)["corrupt_files"] == []
-    assert inspect_build(out)["steps"] == load_mix(tiny_mix_path).total_steps
+    assert inspect_build(out).corrupt_files == ()
+    assert inspect_build(out).steps == load_mix(tiny_mix_path).total_steps
 
 
 def test_reuse_skips_what_killed_writers_left_and_gives_files_the_umask_mode(tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ def test_build_and_inspect_match_an_independent_count(demo_build: Path) -> None:
 
     # every packed segment is exactly the independently tokenized document slice it claims to be
     shards = ShardSet(demo_build / "shards")
-    sources = shards.manifest["sources"]
+    sources = shards.manifest.sources
     for i in range(len(shards)):
         view = shards.sequence(i)
         pos = 0

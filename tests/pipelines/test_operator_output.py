@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from mixing import load_mix
 from mixing.format.shards import ShardSet
-from mixing.pack.packed import REPORT, inspect_build, saved_report
+from mixing.report import REPORT, inspect_build, saved_report
 from mixing.stages import STAGES
 from pipelines import ui
 from pipelines.cli import app
@@ -151,8 +151,9 @@ def test_a_build_hashes_its_shards_once_and_weir_build_prints_the_saved_figures(
     assert len(calls) == 1, "the packed_shards asset verifies the shards; the CLI summary reads its report"
     report = saved_report(out)
     assert report is not None
-    assert report == json.loads(json.dumps(inspect_build(out)))
-    assert f"{report['tokens']:,} tokens" in r.output
+    assert report == inspect_build(out)
+    assert report.as_json() == json.loads(json.dumps(inspect_build(out).as_json()))
+    assert f"{report.tokens:,} tokens" in r.output
 
     # the saved figures are trusted only while they belong to these shards and are unedited
     saved = json.loads((out / REPORT).read_text())

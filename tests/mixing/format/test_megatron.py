@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mixing.format.megatron import export_megatron
-from mixing.format.shards import ShardSet, token_dtype, write_shards
+from mixing.format.shard_writer import token_dtype, write_shards
+from mixing.format.shards import ShardSet
 from tests.mixing.pack.test_packing import _build
 
 

@@ -15,10 +15,12 @@ import pytest
 
 from mixing import stages
 from mixing.format.layout import BuildLayout
-from mixing.format.shards import FORMAT_VERSION, ShardError, ShardSet, token_dtype, write_shards
+from mixing.format.shard_writer import token_dtype, write_shards
+from mixing.format.shards import FORMAT_VERSION, ShardError, ShardSet
 from mixing.ingest.tokenizer import load_tokenizer
-from mixing.pack.packed import inspect_build, write_packed
+from mixing.pack.packed import write_packed
 from mixing.pack.packing import pack_plan
+from mixing.report import inspect_build
 from mixing.spec.mixfile import load_mix
 from tests.conftest import ROOT, moto_endpoint
 from tests.mixing.pack.test_packing import _build
@@ -43,11 +45,11 @@ def test_dtype_follows_the_vocabulary() -> None:
 @pytest.mark.parametrize("high", [50000, 200000])
 def test_round_trip_and_manifest_fields(tmp_path: Path, high: int) -> None:
     tokens, step, offs, segs = _toy(high=high)
-    m = write_shards(tmp_path, tokens, step, offs, segs, 2, {"cost": {"attention": 1.0, "linear": 2.0}, "x": 1})
+    m = write_shards(tmp_path, tokens, step, offs, segs, 2, {"cost": {"attention": 1.0, "linear": 2.0}, "mix": "x"})
     s = ShardSet(tmp_path)
-    assert m["format_version"] == FORMAT_VERSION and m["sequences"] == 5 and m["seq_len"] == 16
-    assert m["dtype"] == ("uint16" if high <= 1 << 16 else "uint32") and len(m["shards"]) == 3
-    assert all({"bytes", "sha256", "name"} <= set(f) for sh in m["shards"] for f in sh["files"].values())
+    assert m.format_version == FORMAT_VERSION and m.sequences == 5 and m.seq_len == 16 and m.mix == "x"
+    assert m.dtype == ("uint16" if high <= 1 << 16 else "uint32") and len(m.shards) == 3
+    assert all(f.bytes > 0 and len(f.sha256) == 64 and f.name for sh in m.shards for f in sh.files.both())
     for i in range(5):
         v = s.sequence(i)
         assert np.array_equal(v.tokens, tokens[i]) and np.array_equal(v.segments, segs[offs[i] : offs[i + 1]])
@@ -59,18 +61,18 @@ def test_round_trip_and_manifest_fields(tmp_path: Path, high: int) -> None:
     assert np.allclose(s.seq_cost, cum[offs[1:]] - cum[offs[:-1]])
     assert np.array_equal(s.steps, step) and s.verify() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f["name"] for sh in m["shards"] for f in sh["files"].values()] + ["manifest.json"]
+        [f.name for sh in m.shards for f in sh.files.both()] + ["manifest.json"]
     )
 
 
 def test_a_flipped_byte_is_reported_by_name(tiny_mix_path: Path, tmp_path: Path) -> None:
     layout = _build(tiny_mix_path, tmp_path / "b")
-    name = ShardSet(layout.shards_dir).manifest["shards"][0]["files"]["tokens"]["name"]
+    name = ShardSet(layout.shards_dir).manifest.shards[0].files.tokens.name
     p = layout.shards_dir / name
     data = bytearray(p.read_bytes())
     data[-3] ^= 0x01
     p.write_bytes(bytes(data))
-    assert inspect_build(layout.root)["corrupt_files"] == [name]
+    assert inspect_build(layout.root).corrupt_files == (name,)
 
 
 KILLED_WRITER = textwrap.dedent(
@@ -117,9 +119,9 @@ def test_sigkill_while_writing_leaves_nothing_trusted_and_a_rerun_completes(
     (layout.shards_dir / ".shard-00009.tokens.npy.abc.tmp").write_bytes(b"half")  # a file cut mid-write
     stages.pack(load_mix(tiny_mix_path), layout)
     again = ShardSet(layout.shards_dir)
-    assert again.verify() == [] and again.manifest["shards"] == clean["shards"]
+    assert again.verify() == [] and again.manifest.shards == clean.shards
     assert sorted(p.name for p in layout.shards_dir.iterdir()) == sorted(
-        [f["name"] for sh in clean["shards"] for f in sh["files"].values()] + ["manifest.json"]
+        [f.name for sh in clean.shards for f in sh.files.both()] + ["manifest.json"]
     )
 
 
@@ -142,18 +144,18 @@ def test_s3_write_read_and_verify(s3_endpoint: str, tmp_path: Path) -> None:
     tokens, step, offs, segs = _toy()
     local = write_shards(tmp_path, tokens, step, offs, segs, 2, {"cost": {}})
     remote = write_shards("s3://weir-test/b/shards", tokens, step, offs, segs, 2, {"cost": {}}, storage_options=opts)
-    assert remote["shards"] == local["shards"]  # same bytes, same checksums
+    assert remote.shards == local.shards  # same bytes, same checksums
     s = ShardSet("s3://weir-test/b/shards", storage_options=opts)
     assert s.verify() == [] and len(s) == 5
     for i in range(5):
         assert np.array_equal(s.sequence(i).tokens, tokens[i])
     assert not [p for p in fs.ls("weir-test/b/shards") if p.endswith(".tmp")]
-    name = remote["shards"][1]["files"]["meta"]["name"]
+    name = remote.shards[1].files.meta.name
     data = bytearray(fs.cat_file(f"weir-test/b/shards/{name}"))
     data[10] ^= 0xFF
     fs.pipe_file(f"weir-test/b/shards/{name}", bytes(data))
     assert ShardSet("s3://weir-test/b/shards", storage_options=opts).verify() == [name]
-    tok = remote["shards"][0]["files"]["tokens"]["name"]
+    tok = remote.shards[0].files.tokens.name
     fs.pipe_file(f"weir-test/b/shards/{tok}", fs.cat_file(f"weir-test/b/shards/{tok}")[:40])  # cut in its header
     with pytest.raises(ShardError, match=rf"^s3://weir-test/b/shards/{tok}: not a readable \.npy file"):
         ShardSet("s3://weir-test/b/shards", storage_options=opts).shard_tokens(0)
@@ -172,12 +174,11 @@ def test_a_build_packs_straight_to_s3(s3_endpoint: str, tiny_mix_path: Path, tmp
     layout = _build(tiny_mix_path, tmp_path / "b")
     mix = load_mix(tiny_mix_path)
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
-    cost = (mix.balance.cost.attention, mix.balance.cost.linear)
-    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost)
+    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=mix.balance.cost.model())
     url = "s3://weir-build/tiny/shards"
     write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, tok.eos_id, out=url, storage_options=opts)
     local, remote = ShardSet(layout.shards_dir), ShardSet(url, storage_options=opts)
-    assert remote.manifest["shards"] == local.manifest["shards"] and remote.verify() == []
+    assert remote.manifest.shards == local.manifest.shards and remote.verify() == []
     assert all(np.array_equal(remote.sequence(i).tokens, local.sequence(i).tokens) for i in range(len(local)))
 
 
@@ -196,12 +197,12 @@ def test_format_1_builds_still_read(tmp_path: Path) -> None:
 
     tokens, step, offs, segs = _toy(high=1000)
     m = write_shards(tmp_path, tokens, step, offs, segs, 10, {"cost": {"attention": 1.0, "linear": 0.0}})
-    meta = tmp_path / m["shards"][0]["files"]["meta"]["name"]
+    meta = tmp_path / m.shards[0].files.meta.name
     with np.load(meta) as z:
         old = {k: z[k] for k in ("step", "seg_offsets", "segments")}  # what format 1 wrote
     with meta.open("wb") as f:
         np.savez(f, **old)
-    old_manifest = {k: v for k, v in m.items() if k != "manifest_sha256"}  # format 1 carried no checksum
+    old_manifest = m.as_json()  # format 1 carried no checksum
     (tmp_path / "manifest.json").write_text(json.dumps({**old_manifest, "format_version": 1}))
     s = ShardSet(tmp_path)
     length = segs[:, 3].astype(float)
@@ -218,18 +219,24 @@ def test_the_manifest_carries_its_own_checksum(tmp_path: Path) -> None:
     tokens, step, offs, segs = _toy()
     m = write_shards(tmp_path, tokens, step, offs, segs, 2, {"cost": {"attention": 1.0, "linear": 0.0}, "pad_id": 3})
     p = tmp_path / "manifest.json"
-    assert m[CHECKSUM_FIELD] == manifest_digest(m) == manifest_digest(json.loads(p.read_text()))
+    sealed = {**m.as_json(), CHECKSUM_FIELD: m.manifest_sha256}
+    assert m.manifest_sha256 == manifest_digest(m.as_json()) == manifest_digest(json.loads(p.read_text()))
+    assert json.loads(p.read_text()) == sealed
     assert ShardSet(tmp_path).sealed
     p.write_text(json.dumps(json.loads(p.read_text()), indent=None))  # other whitespace, same content: still reads
     assert ShardSet(tmp_path).manifest == m
     for edit in ({"pad_id": 4}, {"cost": {"attention": 1.0, "linear": 1.0}}, {"note": "hand-written"}):
-        p.write_text(json.dumps({**m, **edit}))
+        p.write_text(json.dumps({**sealed, **edit}))
         with pytest.raises(
             ShardError, match=rf"^{tmp_path}/manifest\.json: content does not match its manifest_sha256"
         ):
             ShardSet(tmp_path)
-        write_manifest(tmp_path, {**m, **edit})  # a change made on purpose is written with a new checksum
-        assert ShardSet(tmp_path).manifest == {**m, **edit, CHECKSUM_FIELD: manifest_digest({**m, **edit})}
+    for edit in ({"pad_id": 4}, {"cost": {"attention": 1.0, "linear": 1.0}}, {"mix": "hand-written"}):
+        write_manifest(tmp_path, {**sealed, **edit})  # a change made on purpose is written with a new checksum
+        assert ShardSet(tmp_path).manifest.as_json() == {**m.as_json(), **edit}
+        assert ShardSet(tmp_path).manifest.manifest_sha256 == manifest_digest({**m.as_json(), **edit})
+    with pytest.raises(ShardError, match=r"manifest\.json: note: not a field of the manifest"):
+        write_manifest(tmp_path, {**sealed, "note": "hand-written"})  # a writer is held to the declared fields
 
 
 @pytest.mark.parametrize("per_shard", [1, 2, 10])

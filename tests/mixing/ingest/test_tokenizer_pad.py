@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loaders import IGNORE_INDEX, PackedDataset
+from loaders import IGNORE_INDEX, PackedDataset, World
 from mixing.ingest.tokenizer import EOS, prepare_tokenizer, train_bpe
 from mixing.spec.mixfile import TokenizerSpec
 from tests.conftest import ROOT, TINY_MIX, shared_path, write_tiny_sources
@@ -93,7 +93,7 @@ def test_a_build_with_a_pad_token_masks_padding_by_id_without_touching_any_eos(t
     out = tmp_path / "build"
     cmd = [sys.executable, "-m", "pipelines.cli", "build", str(tmp_path / "mix.yaml"), "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
-    ds = PackedDataset(out, 0, 1)
+    ds = PackedDataset(out, world=World(0, 1))
     facts = ds.facts
     assert (facts.eos_id, facts.pad_id, facts.pad_is_eos) == (0, 1, False)
     padding = eos_ends = documents = 0

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mixing import stages
+from mixing.format.cost import CostModel
 from mixing.format.layout import BuildLayout
 from mixing.format.shards import ShardSet
 from mixing.ingest.documents import open_documents
@@ -39,7 +40,7 @@ PHASES = [(s, "a" if s < 6 else "b") for s in range(10)]
 
 def test_units_are_conserved_and_never_split_or_moved_across_phases() -> None:
     units = _random_units(0, 10, 8)
-    p = pack_units(units, PHASES, ("x", "y", "z"), S, 8, cost=(1.0, 64.0))
+    p = pack_units(units, PHASES, ("x", "y", "z"), S, 8, cost=CostModel(1.0, 64.0))
     assert len(p.seq_step) == 10 * 8 and (np.bincount(p.seq_step) == 8).all()
     placed = [tuple(r) for r in np.concatenate([p.segments, p.dropped]).tolist()]
     planned = [(u[1], u[2], u[3], u[0]) for u in units.tolist()]
@@ -79,7 +80,7 @@ def test_cost_breaks_ties_between_equally_free_sequences() -> None:
     # 700 → seq 0, 350 + 350 → seq 1: both have 300 slots free; seq 1 is cheaper (2·350² < 700²), so the
     # 100-token unit joins seq 1, although seq 0 comes first
     units = np.array([(700, 0, 0, 0, 0, 0), (350, 0, 1, 0, 0, 1), (350, 0, 2, 0, 0, 2), (100, 0, 3, 0, 0, 3)])
-    p = pack_units(units, [(0, "a")], ("x",), 1000, 2, cost=(1.0, 0.0))
+    p = pack_units(units, [(0, "a")], ("x",), 1000, 2, cost=CostModel(1.0, 0.0))
     seqs = [sorted(x.tolist()) for x in np.split(p.segments[:, 3], p.seg_offsets[1:-1])]
     assert seqs == [[700], [100, 350, 350]]
     assert np.allclose(p.seq_cost, [700**2, 2 * 350**2 + 100**2])
@@ -121,26 +122,27 @@ def test_every_planned_token_is_in_the_shards_once_and_boundaries_match_position
     layout = _build(tiny_mix_path, tmp_path / "build")
     shards = ShardSet(layout.shards_dir)
     m = shards.manifest
-    docs = {name: open_documents(layout.source_dir(name)) for name in m["sources"]}
+    assert m.sources is not None and m.per_source is not None
+    docs = {name: open_documents(layout.source_dir(name)) for name in m.sources}
     seen: Counter[tuple[str, int, int, int]] = Counter()
     for i in range(len(shards)):
         v = shards.sequence(i)
         pos = 0
         for src, doc, start, length in v.segments.tolist():
-            name = m["sources"][src]
+            name = m.sources[src]
             expect = np.asarray(docs[name].document(doc)[start : start + length])
             assert np.array_equal(np.asarray(v.tokens[pos : pos + length]), expect)
             seen[(name, doc, start, length)] += 1
             pos += length
-        assert (np.asarray(v.tokens[pos:]) == m["pad_id"]).all()
+        assert (np.asarray(v.tokens[pos:]) == m.pad_id).all()
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         planned = Counter(
             con.sql("SELECT source, doc_id, start, length FROM plan_units").fetchall()  # type: ignore[arg-type]
         )
-    for name, s in m["per_source"].items():
-        assert s["tokens_planned"] == s["tokens_packed"] + s["tokens_dropped"], name
+    for name, s in m.per_source.items():
+        assert s.tokens_planned == s.tokens_packed + s.tokens_dropped, name
     packed_tokens = sum(k[3] * c for k, c in seen.items())
-    assert packed_tokens + sum(s["tokens_dropped"] for s in m["per_source"].values()) == sum(
+    assert packed_tokens + sum(s.tokens_dropped for s in m.per_source.values()) == sum(
         k[3] * c for k, c in planned.items()
     )
     assert not (seen - planned), "a packed unit that was not planned, or packed more often than planned"
@@ -157,4 +159,4 @@ def test_every_planned_token_is_in_the_shards_once_and_boundaries_match_position
 def test_same_seed_same_bytes(tiny_mix_path: Path, tmp_path: Path) -> None:
     a = ShardSet(_build(tiny_mix_path, tmp_path / "a").shards_dir).manifest
     b = ShardSet(_build(tiny_mix_path, tmp_path / "b").shards_dir).manifest
-    assert [s["files"] for s in a["shards"]] == [s["files"] for s in b["shards"]]
+    assert [s.files for s in a.shards] == [s.files for s in b.shards]

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mixing.format.cost import CostModel
 from mixing.pack import reference as v1
 from mixing.pack.packing import Packing, pack_plan, pack_units
 from mixing.plan.mixture import mixture_error
@@ -124,7 +125,7 @@ plans = st.tuples(
     st.sampled_from([16, 100, 512, 1000]),  # S
     st.integers(1, 4),  # sources
     st.sampled_from([0.7, 1.0, 1.05, 1.3]),  # plan draws this × each step's capacity
-    st.sampled_from([(1.0, 0.0), (1.0, 64.0), (0.0, 1.0)]),  # cost
+    st.sampled_from([CostModel(1.0, 0.0), CostModel(1.0, 64.0), CostModel(0.0, 1.0)]),  # cost
 )
 
 
@@ -175,10 +176,10 @@ def test_packing_invariants(engine: str, plan: tuple) -> None:  # type: ignore[t
 def test_pack_plan_streams_blocks_of_any_size_to_the_same_packing(engine: str, tmp_path: Path) -> None:
     units, steps, quotas = random_plan(7, 12, 4, 256, 3, 1.1)
     write_plan(tmp_path / "plan.duckdb", units, steps, quotas)
-    ref = v1.pack_plan(tmp_path / "plan.duckdb", 256, 4, (1.0, 16.0))
+    ref = v1.pack_plan(tmp_path / "plan.duckdb", 256, 4, CostModel(1.0, 16.0))
     assert len(ref.dropped) and len(ref.segments) > 100  # a plan that carries and drops
     for chunk in (1, 37, 10**9):  # a step at a time, blocks cutting anywhere, everything at once
-        p = pack_plan(tmp_path / "plan.duckdb", 256, 4, (1.0, 16.0), engine=engine, chunk_units=chunk)
+        p = pack_plan(tmp_path / "plan.duckdb", 256, 4, CostModel(1.0, 16.0), engine=engine, chunk_units=chunk)
         for f in FIELDS:
             assert np.array_equal(getattr(p, f), getattr(ref, f)), (chunk, f)
 

@@ -1,4 +1,5 @@
-"""The planner over synthetic documents: mixture error, one draw per epoch, length limits, infeasible plans."""
+"""The planner over synthetic documents: mixture error, one draw per epoch, length limits (infeasible plans:
+test_feasibility.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from mixing.plan.audit import audit_plan
 from mixing.plan.curriculum import phase_spans
-from mixing.plan.curriculum_plan import PlanError, make_plan, preview_plan
+from mixing.plan.curriculum_plan import make_plan, preview_plan
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW
 from mixing.spec.mixfile import Mix, parse_mix
 
@@ -147,52 +148,6 @@ def test_plan_is_deterministic_and_preview_writes_nothing(tmp_path: Path) -> Non
     assert tables(db)["plan_units"] != before["plan_units"]
 
 
-INFEASIBLE = """\
-name: i
-sequence: {length: 128, global_batch: 8}
-sources:
-  a: {uri: x, max_epochs: 1}
-  b: {uri: y}
-curriculum:
-  - {phase: warm, steps: 10, mixture: {a: 0.5, b: 0.5}, max_doc_tokens: MAXDOC}
-  - {phase: main, steps: STEPS, mixture: {a: 0.5, b: 0.5}}
-"""
-
-
-@pytest.mark.parametrize(
-    ("maxdoc", "steps", "words"),
-    [
-        # a runs out under its cap: 10+40 steps × 512 tokens of a > 20,000 tokens × 1 epoch
-        (
-            "1000",
-            "40",
-            ["source 'a' runs out in phase 'main'", "needs 25600 tokens", "has 20000 tokens", "max_epochs is 1"],
-        ),
-        # the warmup's length limit leaves nothing of a
-        ("5", "1", ["phase(s) 'warm'", "source 'a'", "at most 5 tokens", "no document that short"]),
-        # the length limit leaves too few tokens of a for the warmup within one epoch
-        ("100", "1", ["phase(s) 'warm' need 5120 tokens of source 'a'", "at most 100 tokens", "hold 1000 tokens"]),
-    ],
-)
-def test_infeasible_plan_names_phase_source_tokens_and_writes_nothing(
-    tmp_path: Path, maxdoc: str, steps: str, words: list[str]
-) -> None:
-    db = tmp_path / "w.duckdb"
-    # a: 10 documents of 100 tokens and 90 of 211 (20,000 tokens); b: plenty
-    write_documents(db, {"a": np.array([100] * 10 + [211] * 89 + [221]), "b": np.full(500, 100)})
-    with duckdb.connect(str(db), read_only=True) as con:
-        assert con.sql("SELECT sum(n_tokens) FROM documents WHERE source = 'a'").fetchall()[0][0] == 20000
-    ok = parse_mix(INFEASIBLE.replace("MAXDOC", "1000").replace("STEPS", "1"))
-    make_plan(ok, db)  # an earlier, feasible plan stays as it was
-    before = tables(db)
-    bad = parse_mix(INFEASIBLE.replace("MAXDOC", maxdoc).replace("STEPS", steps))
-    with pytest.raises(PlanError) as e:
-        make_plan(bad, db)
-    for w in words:
-        assert w in str(e.value), str(e.value)
-    assert tables(db) == before
-
-
 def test_plan_does_not_depend_on_the_draw_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The draw streams each source's order in chunks of documents; the plan must not change with the chunk."""
     import mixing.plan.draws as draws_mod
@@ -216,33 +171,6 @@ def test_plan_does_not_depend_on_the_draw_chunk(tmp_path: Path, monkeypatch: pyt
     assert digests[0] == digests[1]
     with duckdb.connect(str(tmp_path / "chunk7.duckdb"), read_only=True) as con:
         assert con.sql("SELECT max(epoch) FROM plan_units").fetchall()[0][0] >= 1  # several epochs were needed
-
-
-def test_infeasible_plan_names_every_phase_and_source_at_once(tmp_path: Path) -> None:
-    """Three sources, each infeasible in its own way: one error lists all, with tokens had and needed."""
-    db = tmp_path / "w.duckdb"
-    write_documents(
-        db, {"a": np.full(100, 200), "b": np.full(100, 200), "c": np.array([], np.int64), "d": np.full(9, 9)}
-    )
-    mix = parse_mix(
-        "name: i\nsequence: {length: 128, global_batch: 8}\nsources:\n  a: {uri: x, max_epochs: 1}\n"
-        "  b: {uri: y, max_epochs: 1}\n  c: {uri: z}\n  d: {uri: w}\n"
-        "curriculum:\n  - {phase: warm, steps: 10, mixture: {a: 0.3, b: 0.3, c: 0.3, d: 0.1}, max_doc_tokens: 100}\n"
-        "  - {phase: main, steps: 60, mixture: {a: 0.5, b: 0.5}}\n"
-    )
-    before = tables(db)
-    with pytest.raises(PlanError) as e:
-        make_plan(mix, db)
-    lines = str(e.value).splitlines()
-    assert lines[0] == "the plan cannot be met (5 problems):", lines
-    body = "\n".join(lines[1:])
-    for s in ("a", "b"):  # over max_epochs in main, and no document short enough for warm
-        assert f"source {s!r} runs out in phase 'main': the plan needs " in body
-        assert "has 20000 tokens and max_epochs is 1" in body
-        assert f"phase(s) 'warm' need 3072 tokens of source {s!r} from documents of at most 100 tokens" in body
-    assert "phase 'warm' needs 3072 tokens of source 'c', but it has no documents" in body
-    assert len(lines) == 6 and all(line.startswith("- ") for line in lines[1:])
-    assert tables(db) == before
 
 
 def test_plan_under_a_small_duckdb_memory_limit_spills_and_is_the_same(tmp_path: Path) -> None:

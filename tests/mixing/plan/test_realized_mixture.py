@@ -15,9 +15,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixing.pack.packed import build_mixture_error, inspect_build
+from mixing.format.cost import CostModel
 from mixing.pack.packing import pack_units
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error
+from mixing.report import build_mixture_error, inspect_build
 
 S, BATCH = 256, 32
 
@@ -53,7 +54,7 @@ def _plan(seed: int, n_src: int) -> tuple[np.ndarray, list[tuple[int, str]], np.
 def test_realized_mixture_meets_the_goals_and_tokens_are_conserved(seed: int, n_src: int) -> None:
     units, steps, quotas = _plan(seed, n_src)
     sources = tuple(f"s{k}" for k in range(n_src))
-    p = pack_units(units, steps, sources, S, BATCH, cost=(1.0, 64.0), quotas=quotas)
+    p = pack_units(units, steps, sources, S, BATCH, cost=CostModel(1.0, 64.0), quotas=quotas)
     # conservation: every planned unit exactly once, packed or dropped, whole; so per source too
     out = Counter(map(tuple, np.concatenate([p.segments, p.dropped]).tolist()))
     assert out == Counter((u[1], u[2], u[3], u[0]) for u in units.tolist())
@@ -108,9 +109,9 @@ def test_the_shortest_source_is_not_what_a_phase_end_drops() -> None:
 
 def test_the_demo_build_meets_the_mixture_goals(demo_build: Path) -> None:
     report = inspect_build(demo_build)
-    me = report["mixture_error"]
-    assert me["ok"] and me["window"] <= GOAL_WINDOW and me["phase"] <= GOAL_PHASE, me
-    assert build_mixture_error(demo_build).window == me["window"]
-    assert report["packing_efficiency"] >= 0.995 and report["truncated_docs"] == 0
-    for name, s in report["per_source"].items():
-        assert s["tokens_planned"] == s["tokens_packed"] + s["tokens_dropped"], name
+    me = report.mixture_error
+    assert me.ok and me.window <= GOAL_WINDOW and me.phase <= GOAL_PHASE, me
+    assert build_mixture_error(demo_build).window == me.window
+    assert report.packing_efficiency >= 0.995 and report.truncated_docs == 0
+    for name, s in report.per_source.items():
+        assert s.tokens_planned == s.tokens_packed + s.tokens_dropped, name

@@ -1,64 +1,55 @@
-"""Items built a chunk at a time from a local build, for :class:`loaders.PackedDataset` (any ``cp_size``).
+"""``ItemBuilder``: the items of a chunk of packed sequences, cut for one CP rank, for
+:class:`loaders.PackedDataset`, from whichever feed gives their tokens and segments (:mod:`loaders.feed`: a
+local build's index, or a streamed build's verified views), so that local and remote items are the same.
 
 Building items one by one costs tens of µs of numpy calls each; here every array of a chunk of items is made
-by one numpy pass from the build's segment index (the CP split of all items' documents included, by
-:func:`loaders.context_parallel.zigzag_runs`, then one gather per array), only the requested
-fields are computed, and the arrays are reused once no item holds them. Deterministic: the items equal
-:meth:`loaders.PackedDataset.item`'s, whatever the chunk.
+by one numpy pass (the CP split of all items' documents included, by
+:func:`loaders.context_parallel.zigzag_runs`, then one gather per array), only the requested fields are
+computed, and the arrays are reused once no item holds them. Deterministic: an item does not depend on the
+chunk it was built in, nor on the feed.
 """
 
 from __future__ import annotations
 
 import sys
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
 
 from loaders.context_parallel import expand_runs, split, zigzag_runs
-from loaders.fields import FIELDS, IGNORE_INDEX
-from mixing.format.shards import ShardSet
+from loaders.feed import Feed, SegmentTable
+from loaders.fields import IGNORE_INDEX
+from loaders.world import World
 
-__all__ = ["IGNORE_INDEX", "ChunkBuilder"]
+__all__ = ["ItemBuilder"]
 
 
-class ChunkBuilder:
-    """Items of a local :class:`~mixing.format.shards.ShardSet` (its whole segment index, memory-mapped when the
-    build's index is in use, else loaded once), cut for
-    CP rank ``cp_rank`` of ``cp_size`` by ``cp_split``, carrying ``fields`` (checked by the caller)."""
+class ItemBuilder:
+    """Items of the sequences ``feed`` gives (``seq_len`` slots each, ``pad_id`` in padding), cut for the CP
+    rank of ``world`` by ``cp_split``, carrying ``fields`` (checked by the caller, in
+    :data:`~loaders.fields.FIELDS` order)."""
 
     def __init__(
-        self,
-        shards: ShardSet,
-        fields: tuple[str, ...] = FIELDS,
-        cp_size: int = 1,
-        cp_rank: int = 0,
-        cp_split: str = "zigzag",
-        pad_id: int = 0,
+        self, feed: Feed, *, seq_len: int, pad_id: int, fields: tuple[str, ...], world: World, cp_split: str
     ) -> None:
-        m = shards.manifest
-        self.shards, self.S, self.fields = shards, int(m["seq_len"]), fields
-        self.cp_size, self.cp_rank, self.pad_id = cp_size, cp_rank, pad_id
-        self.zigzag = cp_size > 1 and cp_split == "zigzag"
+        self.feed, self.S, self.pad_id, self.fields = feed, seq_len, pad_id, fields
+        self.cp_size, self.cp_rank = world.cp_size, world.cp_rank
+        self.zigzag = world.cp_size > 1 and cp_split == "zigzag"
         # the other splits take the same slots of every sequence (they depend on S only)
         fixed = np.arange(self.S, dtype=np.int64)
-        if cp_size > 1 and not self.zigzag:
-            fixed = split(np.array([self.S]), cp_size, cp_rank, cp_split)
+        if world.cp_size > 1 and not self.zigzag:
+            fixed = split(np.array([self.S]), world.cp_size, world.cp_rank, cp_split)
         self._fixed, self._fixed_t = fixed, torch.from_numpy(fixed)
         self._pool: dict[str, list[np.ndarray]] = {}
-        self._plain: dict[int, np.ndarray] = {}
-        self._first = np.array([int(sh["first_sequence"]) for sh in m["shards"]], dtype=np.int64)
         self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
 
     def __getstate__(self) -> dict[str, Any]:
-        # a spawned worker starts with no pooled arrays and maps shards and index itself (not pickled copies)
-        drop = {"_pool", "_plain", "_cu_all"}
-        return {k: v for k, v in self.__dict__.items() if k not in drop} | {"_pool": {}, "_plain": {}}
+        return {**self.__dict__, "_pool": {}}  # a spawned worker starts with no pooled arrays
 
     def build(self, seqs: list[int]) -> list[dict[str, Any]]:
         """Global sequences ``seqs`` as items: the requested fields plus ``step`` (the build's), ``sequence``
-        and ``num_tokens``, equal to :meth:`loaders.PackedDataset.item`'s.
+        and ``num_tokens`` (see :class:`loaders.PackedDataset` for what each holds).
 
         One numpy pass per array over all of them: each array field of item ``k`` is a view of one flat
         int64 block shared by the chunk (the block lives as long as any of them); ``indices`` is one shared
@@ -66,29 +57,23 @@ class ChunkBuilder:
         """
         S, n, want = self.S, len(seqs), self.fields
         N = n * S
-        idx = np.asarray(seqs, dtype=np.int64)
-        shard = np.searchsorted(self._first, idx, side="right") - 1
-        rows = (idx - self._first[shard]).tolist()
         # the whole sequences back to back, then one slot more: what a CP padding slot (index -1) gathers
         tokens = self._take("tokens", N + 1)
         tokens[N] = self.pad_id
-        block = tokens[:N].reshape(n, S)
-        stored = [self._stored(k) for k in shard.tolist()]
-        for k in range(n):  # one copy per row (no gathered temporary), converting to int64 on the way
-            block[k] = stored[k][rows[k]]
+        table, rows = self.feed.read(np.asarray(seqs, dtype=np.int64), tokens[:N].reshape(n, S))
+        used = table.used[rows]
         cols: dict[str, list[Any]] = {}
-        if self._lean:  # no labels, positions or per-document split: the build's cu_seqlens, made once
-            used = self.shards.seq_tokens[idx]
+        if self._lean and table.cu is not None:  # no labels, positions or per-document split: the index's cu
             cus = []
             if "cu_seqlens" in want or "cu_seqlens_padded" in want:
-                cu_all, at = self._cu_all
-                count = at[idx + 1] - at[idx]  # ≥ 2 boundaries per item
+                cu_all, at = table.cu
+                count = at[rows + 1] - at[rows]  # ≥ 2 boundaries per item
                 head = np.cumsum(count) - count
-                gather = expand_runs(at[idx], count, head, np.empty(int(head[-1] + count[-1]), np.int64))
+                gather = expand_runs(at[rows], count, head, np.empty(int(head[-1] + count[-1]), np.int64))
                 cus = list(torch.from_numpy(cu_all[gather]).split(count.tolist()))
             self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used)
         else:
-            seg, first, cu, used = self._layout(idx)
+            seg, first, cu = self._layout(table, rows, used)
             if self.zigzag:
                 self._zigzag(cols, tokens, seg, first, cu, used)
             else:
@@ -100,21 +85,22 @@ class ChunkBuilder:
             cols["cu_seqlens"] = cus
         if "cu_seqlens_padded" in want and not self.zigzag:
             cols["cu_seqlens_padded"] = cus
-        cols["step"] = self.shards.steps[idx].tolist()
+        cols["step"] = table.steps[rows].tolist()
         cols["sequence"] = list(seqs)
         cols["num_tokens"] = used.tolist()
         keys = list(cols)
         # every column has one entry per item by construction; a strict zip per item costs more than the dict
         return [dict(zip(keys, values, strict=False)) for values in zip(*cols.values(), strict=True)]
 
-    def _layout(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Segments of sequences ``idx`` back to back, each one's padding (if any) as one more segment:
+    def _layout(
+        self, table: SegmentTable, rows: np.ndarray, used: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Segments of ``table``'s ``rows`` back to back, each one's padding (if any) as one more segment:
         lengths ``seg`` [m], ``first`` [n+1] (item k's segments are ``first[k]:first[k+1]``), boundaries
-        ``cu`` [m+1] in the concatenated positions (item k starts at k·S), real tokens ``used`` [n]."""
-        S, n = self.S, len(idx)
-        offs, segs = self.shards.segments
-        lo, n_real = offs[idx], offs[idx + 1] - offs[idx]
-        used = self.shards.seq_tokens[idx]
+        ``cu`` [m+1] in the concatenated positions (item k starts at k·S); ``used``: the rows' real tokens."""
+        S, n = self.S, len(rows)
+        offs = table.offsets
+        lo, n_real = offs[rows], offs[rows + 1] - offs[rows]
         n_seg = n_real + (used < S)
         first = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(n_seg, out=first[1:])
@@ -122,10 +108,10 @@ class ChunkBuilder:
         seg[first[1:] - 1] = S - used  # the last entry of each item: its padding, overwritten when it has none
         item_of = np.repeat(np.arange(n), n_real)
         e = np.arange(len(item_of)) - np.repeat(np.cumsum(n_real) - n_real, n_real)  # index inside its item
-        seg[first[item_of] + e] = segs[lo[item_of] + e, 3]
+        seg[first[item_of] + e] = table.lengths[lo[item_of] + e]
         cu = np.zeros(len(seg) + 1, dtype=np.int64)
         np.cumsum(seg, out=cu[1:])
-        return seg, first, cu, used
+        return seg, first, cu
 
     def _item_cu(
         self, seg: np.ndarray, first: np.ndarray, cu: np.ndarray
@@ -144,20 +130,6 @@ class ChunkBuilder:
         pcu = np.zeros(len(seg) + 1, dtype=np.int64)
         np.cumsum(-(-seg // two) * two, out=pcu[1:])
         return cus, list(torch.split(torch.from_numpy((pcu[src] - pcu[first[owner]]).astype(np.int32)), bounds))
-
-    @cached_property
-    def _cu_all(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every sequence's ``cu_seqlens`` back to back (int32) and where each begins (int64 [n+1]), for the
-        lean fields: the build's index maps them (:mod:`loaders.index`), else they are made once here (4 bytes
-        per segment, against the 32 of the segment index)."""
-        index = self.shards.index
-        if index is not None:
-            return index["cu_seqlens"], index["cu_offsets"]
-        seg, first, cu, _ = self._layout(np.arange(len(self.shards.seq_tokens)))
-        at = np.zeros(len(first), dtype=np.int64)
-        np.cumsum(first[1:] - first[:-1] + 1, out=at[1:])
-        cus = self._item_cu(seg, first, cu)[0]
-        return (torch.cat(cus).numpy() if cus else np.zeros(0, np.int32)), at
 
     def _whole(
         self, cols: dict[str, list[Any]], tokens: np.ndarray, seg: np.ndarray, cu: np.ndarray, used: np.ndarray
@@ -241,12 +213,6 @@ class ChunkBuilder:
                 torch.sub(part, k * S, out=parts[k])
             local[pad] = -1
             cols["indices"] = parts
-
-    def _stored(self, k: int) -> np.ndarray:
-        """Shard ``k``'s tokens as a plain ndarray over its memory map (row access without memmap's overhead)."""
-        if k not in self._plain:
-            self._plain[k] = np.asarray(self.shards.shard_tokens(k))
-        return self._plain[k]
 
     def _take(self, role: str, size: int) -> np.ndarray:
         """An int64 array of ``size`` for ``role`` (one per array a chunk makes), reused when free.

@@ -1,0 +1,31 @@
+"""The trainer's stream of a finished build judged against its plan: :mod:`loaders.stream`'s tokens per
+source of every training step under the mix file's ``balance.regroup``, measured with
+:func:`mixing.plan.mixture.compositions_mixture_error` against the plan's quotas. What ``weir inspect``, the
+build summary and the ``packed_shards`` Dagster check show beside the build's own ``mixture_error``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from loaders.stream import stream_compositions, stream_planner
+from mixing.format.layout import BuildLayout
+from mixing.format.shards import ShardSet
+from mixing.plan.mixture import compositions_mixture_error, largest_sequence
+from mixing.report import StreamMixtureReport
+
+__all__ = ["stream_report"]
+
+
+def stream_report(root: str | Path) -> StreamMixtureReport:
+    """``mixture_error`` of the trainer's stream of the finished build at ``root`` under its manifest's
+    ``regroup``: the keys of :func:`mixing.report.inspect_build`'s ``mixture_error`` plus ``regroup``
+    (the window, period and slack it was measured with)."""
+    layout = BuildLayout(Path(root))
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
+    shards = ShardSet(layout.shards_dir)
+    steps = stream_compositions(stream_planner(shards))
+    me = compositions_mixture_error(steps, list(shards.manifest.sources or ()), quotas, unit=largest_sequence(shards))
+    return StreamMixtureReport(**dict(me.report()), regroup=shards.manifest.regrouping)

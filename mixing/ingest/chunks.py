@@ -1,0 +1,288 @@
+"""The chunk cache of a tokenized source: a source's files tokenized in chunks under ``chunks/<key>/``.
+
+Chunks: the files are cut at stable, path-determined boundaries (about :data:`_GROUP` files each; changing a
+file never moves a boundary). A chunk's ``key`` hashes its files' paths and fingerprints, the tokenizer's
+fingerprint and the source's rendering spec, so equal keys mean equal documents and a chunk whose key is
+already there is reused: a rebuild after one file changed re-tokenizes only that file's chunk.
+
+A chunk folder holds ``tokens.bin`` (little-endian uint32 token ids), ``docs.parquet`` (``file``, ``line``,
+``n_tokens``, ``meta``: :data:`CHUNK_SCHEMA`), ``quarantine.jsonl`` (one line per malformed record) and
+``report.json``, written last, holding the record counts, the sha256 of the three files and a checksum of
+itself. :func:`read_chunk` verifies all of them and raises :class:`ChunkDamaged` on any mismatch.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import polars as pl
+
+from mixing.ingest.formats import READER_VERSION
+from mixing.ingest.records import Record, has_surrogate
+from mixing.ingest.sources import read_ahead, skipped_record
+from mixing.ingest.tokenizer import TextTokenizer
+from mixing.spec.mixfile import SourceSpec
+
+__all__ = [
+    "CHUNK_SCHEMA",
+    "ChunkDamaged",
+    "chunk_groups",
+    "chunk_keys",
+    "read_chunk",
+    "tokenize_chunks",
+]
+
+CHUNK_SCHEMA = {"file": pl.String, "line": pl.Int64, "n_tokens": pl.Int64, "meta": pl.String}
+_BATCH_BYTES = 1 << 20  # text per encode call: large enough to keep every tokenizer thread busy
+_GROUP = 32  # files per chunk, on average
+_CHUNK_FILES = ("tokens.bin", "docs.parquet", "quarantine.jsonl")  # checksummed in report.json
+_CHUNK_VERSION = 2  # 2: chunks carry checksums
+
+Group = list[dict[str, Any]]  # rows of the source's index frame (``path``, ``fingerprint``, ``skipped``)
+
+
+class ChunkDamaged(Exception):
+    """A chunk whose files do not match the checksums its report.json recorded."""
+
+
+class _Chunk:
+    """One chunk being tokenized into a temporary folder, renamed to ``chunks/<key>`` when complete."""
+
+    def __init__(self, final: Path) -> None:
+        self.final = final
+        self.tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        self.tokens: IO[bytes] = (self.tmp / "tokens.bin").open("wb")
+        self.quarantine: IO[str] = (self.tmp / "quarantine.jsonl").open("w", encoding="utf-8")
+        self.missing: Counter[str] = Counter()
+        self.meta: dict[str, list[Any]] = {k: [] for k in CHUNK_SCHEMA}
+        self.pending = 0  # records read but not yet encoded
+        self.read_all = False
+        self.seen = 0
+        self.bytes_in = 0
+        self.reasons: Counter[str] = Counter()
+
+    def bad(self, rec: Record) -> None:
+        self.seen += 1
+        self.reasons[rec.reason or "?"] += 1
+        if rec.reason == "missing field" and rec.error and rec.error.endswith(" is missing"):
+            self.missing[rec.error.split(": ", 1)[1].removesuffix(" is missing")] += 1
+        row = {"file": rec.file, "line": rec.line, "reason": rec.reason, "detail": rec.error, "sample": rec.sample}
+        line = json.dumps(row, ensure_ascii=False)
+        if not line.isascii() and has_surrogate(line):  # a file name that is not UTF-8: escaped instead
+            line = json.dumps(row)
+        self.quarantine.write(line + "\n")
+
+    def add(self, recs: list[Record], ids: np.ndarray, lengths: np.ndarray) -> None:
+        self.tokens.write(ids.tobytes())
+        self.meta["file"].extend(r.file for r in recs)
+        self.meta["line"].extend(r.line for r in recs)
+        self.meta["n_tokens"].extend(lengths.tolist())
+        self.meta["meta"].extend(r.meta for r in recs)
+        self.pending -= len(recs)
+
+    def finish(self) -> None:
+        self.tokens.close()
+        self.quarantine.close()
+        pl.DataFrame(self.meta, schema=CHUNK_SCHEMA).write_parquet(self.tmp / "docs.parquet")
+        report = {
+            "seen": self.seen,
+            "bytes_in": self.bytes_in,
+            "reasons": dict(self.reasons),
+            "missing": dict(self.missing),
+            "sha256": {f: _sha256_file(self.tmp / f) for f in _CHUNK_FILES},
+        }
+        body = json.dumps(report, sort_keys=True)
+        text = json.dumps({**report, "check": hashlib.sha256(body.encode()).hexdigest()})
+        (self.tmp / "report.json").write_text(text)  # written last: the chunk is complete
+        shutil.rmtree(self.final, ignore_errors=True)
+        os.replace(self.tmp, self.final)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _chunk_report(chunk: Path) -> dict[str, Any]:
+    """The chunk's report.json, checked against its own checksum; raises :class:`ChunkDamaged`."""
+    try:
+        rep = json.loads((chunk / "report.json").read_text())
+        check = rep.pop("check")
+        body = json.dumps(rep, sort_keys=True)
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise ChunkDamaged(f"report.json unreadable: {type(e).__name__}") from None
+    if hashlib.sha256(body.encode()).hexdigest() != check or not isinstance(rep.get("sha256"), dict):
+        raise ChunkDamaged("report.json checksum mismatch")
+    return rep  # type: ignore[no-any-return]
+
+
+def chunk_groups(files: pl.DataFrame, tokenizer: TextTokenizer, spec: SourceSpec) -> list[tuple[Group, str]]:
+    """``files`` (an index frame) as chunks in order: each chunk's rows and its key.
+
+    Consecutive files are cut where a path's hash says so: boundaries never depend on file contents. A file
+    without a fingerprint gets a random key, so its chunk is never reused (nor equal between two calls).
+    """
+    groups: list[Group] = [[]]
+    for row in files.iter_rows(named=True):
+        groups[-1].append(row)
+        if int(hashlib.sha1(row["path"].encode()).hexdigest()[:8], 16) % _GROUP == 0:
+            groups.append([])
+    return [(g, _key(g, tokenizer, spec)) for g in groups if g]
+
+
+def _key(group: Group, tokenizer: TextTokenizer, spec: SourceSpec) -> str:
+    fps = f"{tokenizer.fingerprint}|{spec.render_fingerprint()}|r{READER_VERSION}|c{_CHUNK_VERSION}"
+    h = hashlib.sha256(fps.encode())
+    for row in group:
+        fp = row.get("fingerprint") or os.urandom(8).hex()  # no fingerprint: never reuse
+        h.update(f"|{row['path']}|{fp}".encode())
+    return h.hexdigest()[:32]
+
+
+def chunk_keys(files: pl.DataFrame, tokenizer: TextTokenizer, spec: SourceSpec) -> list[str]:
+    """The chunk keys :func:`mixing.ingest.documents.tokenize_source` gives ``files`` (an index frame):
+    equal keys, equal documents.
+
+    A build folder whose ``chunks/`` holds every key of a source's current files holds that source's
+    documents as a build would make them now (same files, tokenizer and rendering).
+    """
+    return [key for _group, key in chunk_groups(files, tokenizer, spec)]
+
+
+def tokenize_chunks(
+    spec: SourceSpec,
+    todo: list[tuple[Group, str]],
+    tokenizer: TextTokenizer,
+    chunks_dir: Path,
+    storage_options: dict[str, Any] | None,
+    done_files: int,
+    started: float,
+    report: Callable[[int, int, int], None],
+) -> None:
+    """Tokenize every record of the ``todo`` chunks (rows, key) into ``chunks_dir/<key>``.
+
+    One thread reads and parses (:func:`mixing.ingest.sources.read_ahead`, at most four 256 KB hand-overs
+    queued), one runs the tokenizer on the next ~1 MB batch (it releases the GIL), and the caller's thread
+    writes the previous batch; memory is bounded by those batches, not by the source.
+
+    ``report(files done, documents written, bytes of text read)`` is called about once a second from
+    ``started`` (``time.perf_counter``), and once at the end; files done start at ``done_files`` (the files
+    of reused chunks).
+    """
+    batch: list[tuple[_Chunk, Record]] = []
+    batch_bytes = 0
+    open_chunks: list[_Chunk] = []
+    docs = text_bytes = 0
+    last = started
+
+    # Two batches in flight at most: the tokenizer encodes batch k+1 on a worker thread (GIL released)
+    # while this thread turns batch k's result into arrays and writes it.
+    encoder = ThreadPoolExecutor(1, thread_name_prefix="weir-encode")
+    inflight: collections.deque[tuple[Future[Any], list[tuple[_Chunk, Record]]]] = collections.deque()
+
+    def write(handle: Any, done: list[tuple[_Chunk, Record]]) -> None:
+        nonlocal docs
+        ids, lengths = tokenizer.encode_finish(handle)
+        ends = np.cumsum(lengths)
+        i = 0
+        while i < len(done):  # hand each chunk its run of consecutive records in one write
+            j = i
+            while j < len(done) and done[j][0] is done[i][0]:
+                j += 1
+            lo = int(ends[i - 1]) if i else 0
+            done[i][0].add([r for _c, r in done[i:j]], ids[lo : int(ends[j - 1])], lengths[i:j])
+            i = j
+        docs += len(done)
+
+    def flush(final: bool = False) -> None:
+        nonlocal batch, batch_bytes
+        if batch:
+            inflight.append((encoder.submit(tokenizer.encode_start, [r.text or "" for _c, r in batch]), batch))
+            batch, batch_bytes = [], 0
+        while len(inflight) > (0 if final else 1):
+            fut, done = inflight.popleft()
+            write(fut.result(), done)
+        for c in [c for c in open_chunks if c.read_all and not c.pending]:
+            c.finish()
+            open_chunks.remove(c)
+
+    chunks: dict[int, _Chunk] = {}
+    files_left = [len(group) for group, _key in todo]
+    try:
+        paths = [[_path_or_skipped(row) for row in group] for group, _key in todo]
+        for gi, rec in read_ahead(paths, spec, storage_options):
+            chunk = chunks.get(gi)
+            if chunk is None:
+                chunk = chunks[gi] = _Chunk(chunks_dir / todo[gi][1])
+                open_chunks.append(chunk)
+            if rec is None:  # end of a file
+                done_files += 1
+                files_left[gi] -= 1
+                chunk.read_all = files_left[gi] == 0
+                if time.perf_counter() - last >= 1.0:
+                    last = time.perf_counter()
+                    report(done_files, docs, text_bytes)
+                continue
+            if rec.text is None:
+                chunk.bad(rec)
+                continue
+            size = len(rec.text.encode("utf-8", "surrogatepass"))
+            chunk.seen += 1
+            chunk.bytes_in += size
+            chunk.pending += 1
+            text_bytes += size
+            batch.append((chunk, rec))
+            batch_bytes += size
+            if batch_bytes >= _BATCH_BYTES:
+                flush()
+        flush(final=True)
+    finally:
+        encoder.shutdown()
+    assert not open_chunks, "every chunk is complete once every file was read and encoded"
+    if todo:
+        report(done_files, docs, text_bytes)
+
+
+def _path_or_skipped(row: dict[str, Any]) -> str | Record:
+    skipped = row.get("skipped")
+    return skipped_record(row["path"], skipped) if skipped else row["path"]
+
+
+def read_chunk(c: Path, tok_f: IO[bytes]) -> tuple[dict[str, Any], pl.DataFrame, bytes]:
+    """Copy chunk ``c``'s tokens to ``tok_f`` and read its report (``seen``, ``bytes_in``, ``reasons``,
+    ``missing``), documents and quarantine lines, checking each file against the report's sha256 (hashing
+    the tokens as they are copied); raises :class:`ChunkDamaged`."""
+    rep = _chunk_report(c)
+    sums = rep["sha256"]
+    try:
+        h = hashlib.sha256()
+        with (c / "tokens.bin").open("rb") as tokens:
+            while block := tokens.read(1 << 22):
+                h.update(block)
+                tok_f.write(block)
+        if h.hexdigest() != sums.get("tokens.bin"):
+            raise ChunkDamaged("tokens.bin sha256 mismatch")
+        raw = {name: (c / name).read_bytes() for name in _CHUNK_FILES[1:]}
+    except OSError as e:
+        raise ChunkDamaged(f"{type(e).__name__}: {e.strerror}") from None
+    for name, data in raw.items():
+        if hashlib.sha256(data).hexdigest() != sums.get(name):
+            raise ChunkDamaged(f"{name} sha256 mismatch")
+    return rep, pl.read_parquet(io.BytesIO(raw["docs.parquet"])), raw["quarantine.jsonl"]

@@ -1,0 +1,122 @@
+"""One item builder, two feeds: items built in chunks from a local build's index equal those built one at a
+time from each sequence's verified view read from the shards' own metadata (a streamed build's way), for
+any CP size and split and any fields."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loaders import FIELDS, Balance, FieldsError, PackedDataset, Payload, World
+from loaders.feed import IndexFeed, ViewFeed
+from loaders.integrity import VerifiedShardSet
+from loaders.items import ItemBuilder
+from tests.loaders.segmentations import random_build, segmentations
+
+SPLITS = ("zigzag", "sequence_zigzag", "contiguous")
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+    )
+
+
+def view_builder(ds: PackedDataset) -> ItemBuilder:
+    """The builder of ``ds``'s items fed as a streamed build is: verified views of shards opened without the
+    node's index (each sequence's segments from its shard's ``meta.npz``)."""
+    shards = VerifiedShardSet(ds.shards.dir, None)
+    assert shards.index is None
+    return ItemBuilder(
+        ViewFeed(shards),
+        seq_len=ds.facts.seq_len,
+        pad_id=ds.facts.pad_id,
+        fields=ds.settings.fields,
+        world=ds.world,
+        cp_split=ds.settings.cp_split,
+    )
+
+
+def check_feeds_agree(build: Path, cp: int, how: str, chunks: list[int], fields=None) -> int:
+    """For every CP rank: items built from the index in chunks of the sizes ``chunks`` (cycled) equal those
+    built one at a time from the views; returns the number of items compared."""
+    compared = 0
+    for rank in range(cp):
+        ds = PackedDataset(build, world=World(0, 1, rank, cp), cp_split=how, payload=Payload(fields=fields))
+        assert isinstance(ds._feed, IndexFeed) and ds.shards.index is not None
+        views = view_builder(ds)
+        seqs = list(range(len(ds.shards)))
+        k = 0
+        while seqs:
+            size = chunks[k % len(chunks)]
+            head, seqs = seqs[:size], seqs[size:]
+            for got, i in zip(ds.items(head), head, strict=True):
+                assert same(got, views.build([i])[0]), (cp, how, rank, i)
+                compared += 1
+            k += 1
+    return compared
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(segmentations(), st.lists(st.integers(1, 9), min_size=1, max_size=3), st.integers(0, 9))
+def test_both_feeds_give_the_same_items_on_random_segmentations(
+    seg: tuple[int, list[list[int]]], chunks: list[int], pad_id: int
+) -> None:
+    S, seg_lens = seg
+    with tempfile.TemporaryDirectory() as tmp:
+        build = random_build(Path(tmp), seg_lens, S, pad_id, shard_sequences=3)
+        check_feeds_agree(build, 1, "zigzag", chunks)
+        for cp in (2, 3, 4):
+            for how in SPLITS if S % (2 * cp) == 0 else ("zigzag",):
+                check_feeds_agree(build, cp, how, chunks)
+        check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "cu_seqlens"))
+        check_feeds_agree(build, 3, "zigzag", chunks, fields=("labels", "indices", "cu_seqlens_padded"))
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_both_feeds_give_the_same_items_on_the_demo_build(demo_build: Path, cp: int) -> None:
+    for how in SPLITS:
+        if how == "zigzag" or PackedDataset(demo_build, world=World(0, 1)).facts.seq_len % (2 * cp) == 0:
+            assert check_feeds_agree(demo_build, cp, how, [32, 5]) > 0
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_iteration_with_fewer_fields_gives_the_same_arrays(tiny_build: Path, cp: int) -> None:
+    lean = ("input_ids", "labels", "cu_seqlens")
+    full = list(PackedDataset(tiny_build, world=World(1, 2, cp - 1, cp), balance=Balance(seed=4, window=2)))
+    got = list(
+        PackedDataset(
+            tiny_build, world=World(1, 2, cp - 1, cp), balance=Balance(seed=4, window=2), payload=Payload(fields=lean)
+        )
+    )
+    meta = ("step", "slot", "sequence", "num_tokens")
+    assert all(same(g, {k: f[k] for k in (*lean, *meta)}) for g, f in zip(got, full, strict=True))
+    assert {k for f in full for k in f} == {*FIELDS, *meta}
+
+
+def test_fields_are_checked_at_the_edge(tiny_build: Path) -> None:
+    with pytest.raises(FieldsError, match="'label'"):
+        PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields=("input_ids", "label")))
+    with pytest.raises(ValueError, match="not the string"):
+        PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields="input_ids"))
+    with pytest.raises(ValueError, match="must include 'labels' when cp_size > 1"):
+        PackedDataset(tiny_build, world=World(0, 1, 0, 2), payload=Payload(fields=("input_ids", "cu_seqlens")))
+    ds = PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields=["cu_seqlens", "input_ids", "input_ids"]))
+    assert ds.settings.fields == ("input_ids", "cu_seqlens")
+
+
+def test_a_streamed_builds_chunks_never_span_two_shards(sharded_build: Path) -> None:
+    ds = PackedDataset(sharded_build, world=World(0, 2), balance=Balance(window=3))
+    first = np.array([sh.first_sequence for sh in ds.shards.manifest.shards])
+    mine = list(ds.assignments())
+    cut = list(ViewFeed(ds.shards).chunks(mine, 5))
+    assert [a for c in cut for a in c] == mine and all(len(c) <= 5 for c in cut)
+    shard = lambda c: set(np.searchsorted(first, [s for *_, s in c], side="right").tolist())  # noqa: E731
+    assert all(len(shard(c)) == 1 for c in cut)
+    assert any(len(shard(c)) > 1 for c in IndexFeed(ds.shards).chunks(mine, 5))  # a local build's do

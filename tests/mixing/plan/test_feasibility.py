@@ -1,0 +1,128 @@
+"""Infeasible plans name every phase, source and token count at once and write nothing; a feasible plan's
+warnings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+from mixing.plan.curriculum_plan import PlanError, make_plan
+from mixing.plan.feasibility import plan_warnings
+from mixing.spec.mixfile import parse_mix
+from tests.mixing.plan.test_plan import tables, write_documents
+
+INFEASIBLE = """\
+name: i
+sequence: {length: 128, global_batch: 8}
+sources:
+  a: {uri: x, max_epochs: 1}
+  b: {uri: y}
+curriculum:
+  - {phase: warm, steps: 10, mixture: {a: 0.5, b: 0.5}, max_doc_tokens: MAXDOC}
+  - {phase: main, steps: STEPS, mixture: {a: 0.5, b: 0.5}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("maxdoc", "steps", "words"),
+    [
+        # a runs out under its cap: 10+40 steps × 512 tokens of a > 20,000 tokens × 1 epoch
+        (
+            "1000",
+            "40",
+            ["source 'a' runs out in phase 'main'", "needs 25600 tokens", "has 20000 tokens", "max_epochs is 1"],
+        ),
+        # the warmup's length limit leaves nothing of a
+        ("5", "1", ["phase(s) 'warm'", "source 'a'", "at most 5 tokens", "no document that short"]),
+        # the length limit leaves too few tokens of a for the warmup within one epoch
+        ("100", "1", ["phase(s) 'warm' need 5120 tokens of source 'a'", "at most 100 tokens", "hold 1000 tokens"]),
+    ],
+)
+def test_infeasible_plan_names_phase_source_tokens_and_writes_nothing(
+    tmp_path: Path, maxdoc: str, steps: str, words: list[str]
+) -> None:
+    db = tmp_path / "w.duckdb"
+    # a: 10 documents of 100 tokens and 90 of 211 (20,000 tokens); b: plenty
+    write_documents(db, {"a": np.array([100] * 10 + [211] * 89 + [221]), "b": np.full(500, 100)})
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.sql("SELECT sum(n_tokens) FROM documents WHERE source = 'a'").fetchall()[0][0] == 20000
+    ok = parse_mix(INFEASIBLE.replace("MAXDOC", "1000").replace("STEPS", "1"))
+    make_plan(ok, db)  # an earlier, feasible plan stays as it was
+    before = tables(db)
+    bad = parse_mix(INFEASIBLE.replace("MAXDOC", maxdoc).replace("STEPS", steps))
+    with pytest.raises(PlanError) as e:
+        make_plan(bad, db)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    assert tables(db) == before
+
+
+def test_infeasible_plan_names_every_phase_and_source_at_once(tmp_path: Path) -> None:
+    """Three sources, each infeasible in its own way: one error lists all, with tokens had and needed."""
+    db = tmp_path / "w.duckdb"
+    write_documents(
+        db, {"a": np.full(100, 200), "b": np.full(100, 200), "c": np.array([], np.int64), "d": np.full(9, 9)}
+    )
+    mix = parse_mix(
+        "name: i\nsequence: {length: 128, global_batch: 8}\nsources:\n  a: {uri: x, max_epochs: 1}\n"
+        "  b: {uri: y, max_epochs: 1}\n  c: {uri: z}\n  d: {uri: w}\n"
+        "curriculum:\n  - {phase: warm, steps: 10, mixture: {a: 0.3, b: 0.3, c: 0.3, d: 0.1}, max_doc_tokens: 100}\n"
+        "  - {phase: main, steps: 60, mixture: {a: 0.5, b: 0.5}}\n"
+    )
+    before = tables(db)
+    with pytest.raises(PlanError) as e:
+        make_plan(mix, db)
+    lines = str(e.value).splitlines()
+    assert lines[0] == "the plan cannot be met (5 problems):", lines
+    body = "\n".join(lines[1:])
+    for s in ("a", "b"):  # over max_epochs in main, and no document short enough for warm
+        assert f"source {s!r} runs out in phase 'main': the plan needs " in body
+        assert "has 20000 tokens and max_epochs is 1" in body
+        assert f"phase(s) 'warm' need 3072 tokens of source {s!r} from documents of at most 100 tokens" in body
+    assert "phase 'warm' needs 3072 tokens of source 'c', but it has no documents" in body
+    assert len(lines) == 6 and all(line.startswith("- ") for line in lines[1:])
+    assert tables(db) == before
+
+
+def test_a_segment_that_runs_out_after_an_earlier_one_drew_its_short_documents(tmp_path: Path) -> None:
+    """Enough short documents of a in all, but the unlimited phase before takes its share of them first."""
+    db = tmp_path / "w.duckdb"
+    write_documents(db, {"a": np.array([20] * 50 + [60] * 50), "b": np.full(500, 25)})
+    mix = parse_mix(
+        "name: s\nsequence: {length: 64, global_batch: 4}\nsources:\n  a: {uri: x, max_epochs: 1}\n  b: {uri: y}\n"
+        "curriculum:\n  - {phase: p1, steps: 20, mixture: {a: 0.5, b: 0.5}}\n"
+        "  - {phase: p2, steps: 5, mixture: {a: 0.5, b: 0.5}, max_doc_tokens: 30}\n"
+    )
+    before = tables(db)
+    with pytest.raises(PlanError) as e:
+        make_plan(mix, db)
+    assert str(e.value) == (
+        "phase 'p2' runs out of source 'a' from documents of at most 30 tokens: the phases up to it need 3200 "
+        "tokens of it, but only 2920 can be drawn in order within max_epochs 1 (4000 tokens per epoch)"
+    )
+    assert tables(db) == before
+
+
+def test_warnings_name_undrawn_uncapped_repeats_and_sources_at_their_cap() -> None:
+    mix = parse_mix(
+        "name: w\nsequence: {length: 64, global_batch: 4}\nsources:\n  a: {uri: x}\n  b: {uri: y, max_epochs: 2}\n"
+        "  c: {uri: z}\n  d: {uri: v, max_epochs: 3}\n"
+        "curriculum:\n  - {phase: p, steps: 5, mixture: {a: 0.5, b: 0.25, d: 0.25}}\n"
+    )
+    per_source = pl.DataFrame(
+        {
+            "source": ["a", "b", "c", "d"],
+            "tokens_planned": [10, 10, 0, 10],
+            "epochs": [1.5, 2.0, 0.0, 1.2],
+            "max_epochs": [float("inf"), 2.0, float("inf"), 3.0],
+        }
+    )
+    assert plan_warnings(mix, per_source) == [
+        "source 'a' is repeated 1.50 times (no max_epochs caps it)",
+        "source 'b' is drawn 2.00 epochs, at its max_epochs 2",
+        "source 'c' is declared but no phase draws it",
+    ]
