@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loaders import PackedDataset, PackedLoader
+from loaders import Balance, PackedDataset, PackedLoader, Payload, World
 from loaders.balance import dp_imbalance
 from loaders.planner import StepPlanner
 from loaders.stream import stream_compositions
-from mixing.format.shards import ShardSet, write_shards
+from mixing.format.shard_writer import write_shards
+from mixing.format.shards import ShardSet
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error
 
 S, BATCH, HEAVY = 64, 8, 4
@@ -24,6 +25,7 @@ SOURCES = ["books", "a", "b"]
 # phase, steps, documents of 8 tokens of source a and of b in each light pack (8 per pack): the light
 # sources change their mixture at each boundary; half of every step is full-length "books"
 PHASES = (("warmup", 20, 5), ("main", 40, 4), ("anneal", 20, 3))
+ONE = Payload(fields=("input_ids",))
 
 
 def synthetic_build(root: Path, phases: tuple[tuple[str, int, int], ...] = PHASES) -> ShardSet:
@@ -86,10 +88,10 @@ def test_each_sequence_once_and_phases_kept(shards: ShardSet) -> None:
     planner = StepPlanner(shards, window=20, period=10, slack=1.15)
     rows = np.stack([planner.step_sequences(t) for t in range(planner.steps)])
     assert sorted(rows.ravel().tolist()) == list(range(len(shards)))  # every sequence exactly once
-    for ph in shards.manifest["phases"]:  # no sequence leaves its phase
-        a, b = ph["first_step"], ph["first_step"] + ph["steps"]
+    for ph in shards.manifest.phases or ():  # no sequence leaves its phase
+        a, b = ph.first_step, ph.first_step + ph.steps
         assert ((shards.steps[rows[a:b]] >= a) & (shards.steps[rows[a:b]] < b)).all()
-    ranks = [PackedDataset(shards.dir, r, 4, fields=("input_ids",)) for r in range(4)]
+    ranks = [PackedDataset(shards.dir, world=World(r, 4), payload=ONE) for r in range(4)]
     seen = sorted(int(i["sequence"]) for i in itertools.chain.from_iterable(ranks))
     assert seen == list(range(len(shards)))  # what the ranks read in one pass
 
@@ -101,7 +103,7 @@ def seqs(ds: PackedDataset | PackedLoader, n: int | None = None) -> list[tuple[i
 @pytest.mark.parametrize("stop", [0, 7, 19, 20, 21, 29, 30, 59, 61, 79])
 def test_resume_at_any_step_is_exact(shards: ShardSet, stop: int) -> None:
     def make() -> PackedDataset:
-        return PackedDataset(shards.dir, 1, 4, seed=3, fields=("input_ids",))
+        return PackedDataset(shards.dir, world=World(1, 4), balance=Balance(seed=3), payload=ONE)
 
     reference = seqs(make())
     first = make()
@@ -113,13 +115,17 @@ def test_resume_at_any_step_is_exact(shards: ShardSet, stop: int) -> None:
 
 @pytest.mark.parametrize("stop", [20, 30, 65])
 def test_elastic_resume_reads_the_same_remaining_steps(shards: ShardSet, stop: int) -> None:
-    reference = {x for r in range(4) for x in seqs(PackedDataset(shards.dir, r, 4, seed=3, fields=("input_ids",)))}
-    first = PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",))
+    reference = {
+        x
+        for r in range(4)
+        for x in seqs(PackedDataset(shards.dir, world=World(r, 4), balance=Balance(seed=3), payload=ONE))
+    }
+    first = PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE)
     seqs(first, stop * 2)  # a step boundary
     state = first.state_dict()
     got = set()
     for r in range(2):  # resumed on 2 ranks
-        ds = PackedDataset(shards.dir, r, 2, seed=3, fields=("input_ids",))
+        ds = PackedDataset(shards.dir, world=World(r, 2), balance=Balance(seed=3), payload=ONE)
         ds.load_state_dict(state)
         got |= set(seqs(ds))
     assert got == {x for x in reference if x[0] >= stop}
@@ -127,9 +133,11 @@ def test_elastic_resume_reads_the_same_remaining_steps(shards: ShardSet, stop: i
 
 def test_a_loader_with_workers_resumes_exactly(shards: ShardSet) -> None:
     def make() -> PackedLoader:
-        return PackedLoader(PackedDataset(shards.dir, 2, 4, seed=3, fields=("input_ids",)), num_workers=2)
+        return PackedLoader(
+            PackedDataset(shards.dir, world=World(2, 4), balance=Balance(seed=3), payload=ONE), num_workers=2
+        )
 
-    reference = seqs(PackedDataset(shards.dir, 2, 4, seed=3, fields=("input_ids",)))
+    reference = seqs(PackedDataset(shards.dir, world=World(2, 4), balance=Balance(seed=3), payload=ONE))
     loader = make()
     head = seqs(loader, 47)  # past the boundary at step 20
     resumed = make()
@@ -138,19 +146,34 @@ def test_a_loader_with_workers_resumes_exactly(shards: ShardSet) -> None:
 
 
 def test_a_state_of_the_layout_before_resumes_only_on_it(shards: ShardSet) -> None:
-    ds = PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",))
+    ds = PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE)
     seqs(ds, 50)
     older = {k: v for k, v in ds.state_dict().items() if k != "layout"}  # saved before layouts were named
     with pytest.raises(ValueError, match="layout 0"):
-        PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",)).load_state_dict(older)
+        PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE).load_state_dict(older)
+
+
+def test_balance_layout_0_resumes_a_state_saved_before_layouts(shards: ShardSet) -> None:
+    before = Balance(seed=3, layout=0)  # the heaviest-first layout, as loaders before issue 16 read this build
+    ds = PackedDataset(shards.dir, world=World(0, 4), balance=before, payload=ONE)
+    assert ds.settings.balance.layout == 0 == ds.planner.layout
+    reference = seqs(PackedDataset(shards.dir, world=World(0, 4), balance=before, payload=ONE))
+    assert reference != seqs(PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE))
+    head = seqs(ds, 50)
+    older = {k: v for k, v in ds.state_dict().items() if k != "layout"}  # saved before layouts were named
+    resumed = PackedDataset(shards.dir, world=World(0, 4), balance=before, payload=ONE)
+    resumed.load_state_dict(older)
+    assert head + seqs(resumed) == reference
 
 
 def test_a_run_of_one_phase_keeps_the_layout_before(tmp_path: Path) -> None:
     shards = synthetic_build(tmp_path, (("main", 40, 4),))
     assert StepPlanner(shards, window=20, period=10).layout == 0  # no boundary: nothing to match
-    ds = PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",))
+    ds = PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE)
     seqs(ds, 50)
     older = {k: v for k, v in ds.state_dict().items() if k != "layout"}
-    resumed = PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",))
+    resumed = PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE)
     resumed.load_state_dict(older)  # a state from before layouts were named resumes as it did
-    assert seqs(resumed) == seqs(PackedDataset(shards.dir, 0, 4, seed=3, fields=("input_ids",)))[50:]
+    assert (
+        seqs(resumed) == seqs(PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE))[50:]
+    )

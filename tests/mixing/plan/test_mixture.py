@@ -65,7 +65,7 @@ def test_whole_units_set_the_goal_where_one_is_more_than_it() -> None:
     assert me.unit_phase == pytest.approx(1 / 40) and me.goal_phase == pytest.approx(1 / 40)
     assert me.ok  # what whole sequences allow, no more
     report = me.report()
-    assert report["goal_window"] == pytest.approx(0.025) and report["unit_window"] == pytest.approx(0.025)
+    assert report.goal_window == pytest.approx(0.025) and report.unit_window == pytest.approx(0.025)
     realized[13] = [8192, 3 * 8192]  # two sequences off in a window: more than whole units explain
     assert not mixture_error(realized, planned, phase, ("a", "b"), ("one", "two"), unit=8192).ok
     # at long context and a larger batch one sequence is below the goal: the goal stays docs/design.md's
@@ -92,5 +92,5 @@ def test_the_shards_unit_is_their_fullest_sequence(demo_build: Path) -> None:
     me = shards_mixture_error(shards, quotas)
     offs, segs = shards.segments
     fullest = max(int(segs[offs[i] : offs[i + 1], 3].sum()) for i in range(len(shards)))
-    per_step = int(shards.manifest["global_batch"]) * int(shards.manifest["seq_len"])
+    per_step = (shards.manifest.global_batch or 0) * shards.manifest.seq_len
     assert me.unit_window == pytest.approx(fullest / (10 * per_step), rel=1e-4)  # quotas round per step
