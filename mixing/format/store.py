@@ -1,24 +1,39 @@
-"""A folder on a local disk or any fsspec filesystem (``s3://...``), with atomic, checksummed writes.
+"""The one storage layer of a build root: a local folder or any fsspec URL (``s3://bucket/prefix``).
 
-Local files are written under a temporary name beside the target and renamed (``layout.atomic_path``);
-on object stores the object is uploaded under a temporary key (it appears whole or not at all) and moved.
-Every write returns the file's size and sha256, computed while writing (no second read).
+Writes are whole-file and checksummed: every write returns the file's size and sha256, computed while
+writing (no second read). Local files are written under a temporary name beside the target and renamed
+(``layout.atomic_path``). On object stores (s3, gcs, azure, memory) an object appears whole when its upload
+completes, so it is written straight to its key: there is no rename there, and what makes a set of objects
+trustworthy is the record written after them (a stage's commit record, :mod:`mixing.format.commit`; the
+shards' manifest). Other fsspec filesystems get a temporary name and a move, as local files do.
+
+:meth:`Store.open` is the checked way in: a URL whose protocol fsspec does not know, or a root it cannot
+reach (no such bucket, no endpoint, refused credentials), is one :class:`StoreError` line that names the
+root without its credentials, never a local folder with a strange name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import fsspec
 
+from mixing.errors import WeirError
 from mixing.format.layout import atomic_path
 
-__all__ = ["HashingWriter", "Store", "is_local", "sha256_file"]
+__all__ = ["HashingWriter", "Store", "StoreError", "is_local", "redact_url", "sha256_file"]
+
+_WHOLE_ON_UPLOAD = {"s3", "s3a", "gs", "gcs", "abfs", "az", "memory"}  # an object is visible only once complete
+
+
+class StoreError(WeirError):
+    """A build root that cannot be used: unknown protocol, unreachable, or refused."""
 
 
 def sha256_file(path: Path) -> str:
@@ -52,39 +67,110 @@ def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
+def redact_url(url: str) -> str:
+    """``url`` without credentials (``s3://KEY:SECRET@bucket`` → ``s3://***@bucket``) for messages."""
+    return re.sub(r"^([a-z0-9+.-]+://)[^/@]*@", r"\1***@", str(url))
+
+
 class Store:
-    """A folder on a local disk or any fsspec filesystem, with atomic whole-file writes."""
+    """A folder on a local disk or any fsspec filesystem: whole-file checksummed writes, reads, listings.
+
+    Names are ``/``-separated paths relative to the folder (``sources/web/chunks/<key>/tokens.bin``).
+    """
 
     def __init__(self, url: str | Path, storage_options: dict[str, Any] | None = None) -> None:
         self.url = str(url).rstrip("/")
         self.local = is_local(self.url)
         self.path = Path(self.url.removeprefix("file://"))
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        protocol = self.fs.protocol
+        self.protocol = protocol[0] if isinstance(protocol, tuple | list) else str(protocol)
+
+    @classmethod
+    def open(cls, url: str | Path, storage_options: dict[str, Any] | None = None) -> Store:
+        """A store at ``url`` that is known reachable: a local folder (created), or a remote root whose bucket
+        answers a listing. Raises :class:`StoreError` (one line, no credentials) otherwise."""
+        shown = redact_url(str(url))
+        if not is_local(str(url)):
+            protocol = str(url).split("://", 1)[0]
+            try:
+                fsspec.get_filesystem_class(protocol)
+            except (ValueError, ImportError) as e:
+                known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) > 1)[:12])
+                raise StoreError(f"build root {shown}: fsspec cannot reach {protocol}:// ({e}); known: {known}") from None
+        try:
+            store = cls(url, storage_options)
+        except Exception as e:  # a filesystem's constructor refusing its options
+            raise StoreError(f"build root {shown}: {type(e).__name__}: {_first_line(e)}") from None
+        if store.local:
+            try:
+                store.path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"build root {shown}: cannot create it ({e.strerror})") from None
+            return store
+        bucket = store.root.split("/", 1)[0]
+        try:
+            store.fs.ls(bucket, detail=False)
+        except FileNotFoundError:
+            raise StoreError(f"build root {shown}: no bucket {bucket!r} at this endpoint; create it first") from None
+        except Exception as e:  # refused credentials, no endpoint: botocore's and aiohttp's own types
+            raise StoreError(f"build root {shown}: unreachable ({type(e).__name__}: {_first_line(e)})") from None
+        return store
 
     def key(self, name: str) -> str:
         return f"{self.root}/{name}"
 
-    def put(self, name: str, write: Callable[[BinaryIO], None]) -> dict[str, Any]:
-        """Write ``name`` via ``write(stream)`` under a temporary name, rename it; return bytes and sha256."""
+    def sub(self, name: str) -> Store:
+        """The folder ``name`` inside this one, on the same filesystem and options."""
+        return Store(f"{self.url}/{name}", self.storage_options)
+
+    def put(self, name: str, write: Callable[[BinaryIO], None] | bytes) -> dict[str, Any]:
+        """Write ``name`` whole (``write(stream)``, or the bytes given); return ``{name, bytes, sha256}``."""
+        fill: Callable[[BinaryIO], None] = (lambda f: f.write(write)) if isinstance(write, bytes) else write  # type: ignore[func-returns-value]
         if self.local:
             with atomic_path(self.path / name) as tmp, tmp.open("wb") as f:
                 hw = HashingWriter(f)
-                write(hw)  # type: ignore[arg-type]
+                fill(hw)  # type: ignore[arg-type]
+        elif self.protocol in _WHOLE_ON_UPLOAD:
+            with self.fs.open(self.key(name), "wb") as f:
+                hw = HashingWriter(f)
+                fill(hw)  # type: ignore[arg-type]
         else:
-            remote_tmp = self.key(f".{name}.{uuid.uuid4().hex}.tmp")
+            parent, _, base = name.rpartition("/")
+            remote_tmp = self.key(f"{parent + '/' if parent else ''}.{base}.{uuid.uuid4().hex}.tmp")
             with self.fs.open(remote_tmp, "wb") as f:
                 hw = HashingWriter(f)
-                write(hw)  # type: ignore[arg-type]
+                fill(hw)  # type: ignore[arg-type]
             self.fs.mv(remote_tmp, self.key(name))
         return {"name": name, "bytes": hw.n, "sha256": hw.h.hexdigest()}
 
-    def names(self) -> list[str]:
+    def put_file(self, name: str, local: Path) -> dict[str, Any]:
+        """Copy the local file ``local`` to ``name`` (as :meth:`put`)."""
+        with local.open("rb") as src:
+            return self.put(name, lambda f: _copy(src, f))
+
+    def get_file(self, name: str, local: Path) -> None:
+        """Copy ``name`` to the local path ``local`` (written under a temporary name and renamed)."""
+        with atomic_path(local) as tmp:
+            if self.local:
+                tmp.write_bytes((self.path / name).read_bytes())
+            else:
+                self.fs.get_file(self.key(name), str(tmp))
+
+    def names(self, folder: str = "") -> list[str]:
+        """The entries (files and folders) directly in ``folder`` (default: this one), sorted; [] if missing."""
         if self.local:
-            return sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
+            p = self.path / folder
+            return sorted(x.name for x in p.iterdir()) if p.is_dir() else []
         try:
-            return sorted(p.rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
+            listed = self.fs.ls(self.key(folder) if folder else self.root, detail=False)
         except FileNotFoundError:
             return []
+        return sorted(x.rstrip("/").rsplit("/", 1)[-1] for x in listed)
+
+    def exists(self, name: str) -> bool:
+        return (self.path / name).exists() if self.local else bool(self.fs.exists(self.key(name)))
 
     def remove(self, name: str) -> None:
         if self.local:
@@ -92,10 +178,35 @@ class Store:
         elif self.fs.exists(self.key(name)):
             self.fs.rm(self.key(name))
 
+    def remove_tree(self, folder: str) -> None:
+        """Remove ``folder`` and everything under it (nothing if missing)."""
+        if self.local:
+            import shutil
+
+            shutil.rmtree(self.path / folder, ignore_errors=True)
+        else:
+            try:
+                self.fs.rm(self.key(folder), recursive=True)
+            except FileNotFoundError:
+                pass
+            self.fs.invalidate_cache()
+
     def read(self, name: str) -> bytes:
         if self.local:
             return (self.path / name).read_bytes()
-        return self.fs.cat_file(self.key(name))
+        return self.fs.cat_file(self.key(name))  # type: ignore[no-any-return]
+
+    def read_ranges(self, name: str, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
+        """Bytes ``[starts[i], ends[i])`` of ``name``, one ``bytes`` each; remote ranges are fetched concurrently."""
+        if self.local:
+            with (self.path / name).open("rb") as f:
+                out = []
+                for s, e in zip(starts, ends, strict=True):
+                    f.seek(s)
+                    out.append(f.read(e - s))
+                return out
+        key = self.key(name)
+        return list(self.fs.cat_ranges([key] * len(starts), list(starts), list(ends)))
 
     def digest(self, name: str) -> tuple[int, str] | None:
         """(bytes, sha256) of ``name``, or None when it is missing."""
@@ -110,3 +221,13 @@ class Store:
                 h.update(block)
                 n += len(block)
         return n, h.hexdigest()
+
+
+def _copy(src: BinaryIO, dst: BinaryIO) -> None:
+    while block := src.read(1 << 22):
+        dst.write(block)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__

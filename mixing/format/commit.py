@@ -1,0 +1,116 @@
+"""Stage commit records: the point at which a stage's outputs in a build root become trustworthy.
+
+An object store has no rename, so a stage cannot publish a folder atomically. Instead each run of a stage
+(one per source for per-source stages) ends by writing ``commits/<stage>[/<partition>].json``, written last,
+listing every file it published with its size and sha256, and sealed by a checksum of its own text. Before
+a stage writes anything it removes its record (:func:`uncommit`), so a run killed at any moment leaves no
+record of that stage, never one that lists a half-written file. A reader trusts only files a record lists,
+and only as far as :func:`verify` finds them as listed.
+
+Format: ``{"stage", "partition", "files": {name: {"bytes", "sha256"}}, "summary": {...}, "check"}``;
+``check`` is the sha256 of the record's JSON (sorted keys) without ``check``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from mixing.format.store import Store
+
+__all__ = ["COMMITS", "Commit", "commit", "committed", "read_commit", "uncommit", "verify"]
+
+COMMITS = "commits"  # the folder of commit records in a build root
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A verified-on-read commit record: ``files`` maps each published name to ``(bytes, sha256)``."""
+
+    stage: str
+    partition: str | None
+    files: dict[str, tuple[int, str]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return record_name(self.stage, self.partition)
+
+
+def record_name(stage: str, partition: str | None) -> str:
+    return f"{COMMITS}/{stage}.json" if partition is None else f"{COMMITS}/{stage}/{partition}.json"
+
+
+def _check(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def commit(
+    root: Store,
+    stage: str,
+    partition: str | None,
+    files: list[dict[str, Any]],
+    summary: dict[str, Any] | None = None,
+) -> Commit:
+    """Write the commit record of ``stage`` (``partition``) listing ``files`` (``{name, bytes, sha256}``, as
+    :meth:`Store.put` returns them); call it after every listed file is written."""
+    body = {
+        "stage": stage,
+        "partition": partition,
+        "files": {f["name"]: {"bytes": int(f["bytes"]), "sha256": f["sha256"]} for f in files},
+        "summary": summary or {},
+    }
+    root.put(record_name(stage, partition), json.dumps({**body, "check": _check(body)}, indent=1).encode())
+    return Commit(stage, partition, {n: (v["bytes"], v["sha256"]) for n, v in body["files"].items()}, body["summary"])
+
+
+def uncommit(root: Store, stage: str, partition: str | None) -> None:
+    """Remove the record of ``stage`` (``partition``): its outputs are about to change."""
+    root.remove(record_name(stage, partition))
+
+
+def read_commit(root: Store, stage: str, partition: str | None) -> Commit | None:
+    """The record of ``stage`` (``partition``), or None when it is missing or fails its own checksum."""
+    try:
+        rec = json.loads(root.read(record_name(stage, partition)))
+        check = rec.pop("check")
+        files = {str(n): (int(v["bytes"]), str(v["sha256"])) for n, v in rec["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if check != _check(rec) or rec.get("stage") != stage or rec.get("partition") != partition:
+        return None
+    return Commit(stage, partition, files, dict(rec.get("summary") or {}))
+
+
+def committed(root: Store) -> list[Commit | str]:
+    """Every record in ``root``: a :class:`Commit` for each that reads back whole, the record's name for each that
+    does not (damaged, or written by something else)."""
+    out: list[Commit | str] = []
+    for entry in root.names(COMMITS):
+        if entry.endswith(".json"):
+            found = read_commit(root, entry.removesuffix(".json"), None)
+            out.append(found or f"{COMMITS}/{entry}")
+        else:
+            for rec in root.names(f"{COMMITS}/{entry}"):
+                found = read_commit(root, entry, rec.removesuffix(".json"))
+                out.append(found or f"{COMMITS}/{entry}/{rec}")
+    return out
+
+
+def verify(root: Store, c: Commit, *, deep: bool = True) -> list[str]:
+    """What is wrong with the files ``c`` lists in ``root`` (missing, other size, other sha256 when ``deep``);
+    empty when all of them are as published."""
+    problems = []
+    for name, (size, sha) in sorted(c.files.items()):
+        if not deep:
+            if not root.exists(name):
+                problems.append(f"{name}: missing")
+            continue
+        got = root.digest(name)
+        if got is None:
+            problems.append(f"{name}: missing")
+        elif got != (size, sha):
+            problems.append(f"{name}: {'size' if got[0] != size else 'sha256'} differs from the commit record")
+    return problems
