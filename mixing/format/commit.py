@@ -56,14 +56,15 @@ def commit(
 ) -> Commit:
     """Write the commit record of ``stage`` (``partition``) listing ``files`` (``{name, bytes, sha256}``, as
     :meth:`Store.put` returns them); call it after every listed file is written."""
-    body = {
+    listed = {f["name"]: {"bytes": int(f["bytes"]), "sha256": str(f["sha256"])} for f in files}
+    body: dict[str, Any] = {
         "stage": stage,
         "partition": partition,
-        "files": {f["name"]: {"bytes": int(f["bytes"]), "sha256": f["sha256"]} for f in files},
+        "files": listed,
         "summary": summary or {},
     }
     root.put(record_name(stage, partition), json.dumps({**body, "check": _check(body)}, indent=1).encode())
-    return Commit(stage, partition, {n: (v["bytes"], v["sha256"]) for n, v in body["files"].items()}, body["summary"])
+    return Commit(stage, partition, {n: (v["bytes"], v["sha256"]) for n, v in listed.items()}, summary or {})
 
 
 def uncommit(root: Store, stage: str, partition: str | None) -> None:

@@ -14,9 +14,11 @@ root without its credentials, never a local folder with a strange name.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -97,8 +99,7 @@ class Store:
             try:
                 fsspec.get_filesystem_class(protocol)
             except (ValueError, ImportError) as e:
-                known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) > 1)[:12])
-                raise StoreError(f"build root {shown}: fsspec cannot reach {protocol}:// ({e}); known: {known}") from None
+                raise StoreError(f"build root {shown}: no fsspec filesystem for {protocol}:// ({e})") from None
         try:
             store = cls(url, storage_options)
         except Exception as e:  # a filesystem's constructor refusing its options
@@ -127,7 +128,7 @@ class Store:
 
     def put(self, name: str, write: Callable[[BinaryIO], None] | bytes) -> dict[str, Any]:
         """Write ``name`` whole (``write(stream)``, or the bytes given); return ``{name, bytes, sha256}``."""
-        fill: Callable[[BinaryIO], None] = (lambda f: f.write(write)) if isinstance(write, bytes) else write  # type: ignore[func-returns-value]
+        fill = _writer(write)
         if self.local:
             with atomic_path(self.path / name) as tmp, tmp.open("wb") as f:
                 hw = HashingWriter(f)
@@ -181,14 +182,10 @@ class Store:
     def remove_tree(self, folder: str) -> None:
         """Remove ``folder`` and everything under it (nothing if missing)."""
         if self.local:
-            import shutil
-
             shutil.rmtree(self.path / folder, ignore_errors=True)
         else:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(self.key(folder), recursive=True)
-            except FileNotFoundError:
-                pass
             self.fs.invalidate_cache()
 
     def read(self, name: str) -> bytes:
@@ -221,6 +218,12 @@ class Store:
                 h.update(block)
                 n += len(block)
         return n, h.hexdigest()
+
+
+def _writer(write: Callable[[BinaryIO], None] | bytes) -> Callable[[BinaryIO], None]:
+    if not isinstance(write, bytes):
+        return write
+    return lambda f: None if f.write(write) else None
 
 
 def _copy(src: BinaryIO, dst: BinaryIO) -> None:
