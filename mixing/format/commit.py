@@ -56,7 +56,9 @@ def commit(
 ) -> Commit:
     """Write the commit record of ``stage`` (``partition``) listing ``files`` (``{name, bytes, sha256}``, as
     :meth:`Store.put` returns them); call it after every listed file is written."""
-    listed = {f["name"]: {"bytes": int(f["bytes"]), "sha256": str(f["sha256"])} for f in files}
+    listed: dict[str, dict[str, Any]] = {
+        f["name"]: {"bytes": int(f["bytes"]), "sha256": str(f["sha256"])} for f in files
+    }
     body: dict[str, Any] = {
         "stage": stage,
         "partition": partition,

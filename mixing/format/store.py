@@ -223,7 +223,12 @@ class Store:
 def _writer(write: Callable[[BinaryIO], None] | bytes) -> Callable[[BinaryIO], None]:
     if not isinstance(write, bytes):
         return write
-    return lambda f: None if f.write(write) else None
+    data = write
+
+    def fill(f: BinaryIO) -> None:
+        f.write(data)
+
+    return fill
 
 
 def _copy(src: BinaryIO, dst: BinaryIO) -> None:
