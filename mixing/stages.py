@@ -1,23 +1,31 @@
 """The stages of a build: one function each, reading the previous stages' outputs from a build folder,
 and :data:`STAGES`, the one table of their names, partitioning and dependencies.
 
-Each function writes only under ``layout.root`` (atomically, file by file) and returns a small summary for
-metadata. :data:`STAGES` is what everything that runs or shows stages iterates: the Dagster asset factory
-(asset keys, partitions, deps), ``weir build`` (the order it materializes them in) and ``weir plan
---compute`` (the stages up to ``length_stats``). Order: ``source_index`` (per source) → ``tokenizer`` →
+Each function writes its small files under ``layout.root`` (atomically, file by file), has the engine's
+workers write the large ones (token chunks, shards) straight to the build root, publishes what it made to
+the build root (``layout.url``; nothing to copy when that is ``layout.root`` itself) and ends with the
+stage's commit record there (:mod:`mixing.format.commit`), which it removed before writing anything. It
+returns a small summary for metadata.
+
+:data:`STAGES` is what everything that runs or shows stages iterates: the Dagster asset factory (asset
+keys, partitions, deps), ``weir build`` (the order it materializes them in) and ``weir plan --compute``
+(the stages up to ``length_stats``). Order: ``source_index`` (per source) → ``tokenizer`` →
 ``documents`` (per source) → ``length_stats`` → ``plan`` → ``packed_shards``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
+from mixing.engine import LOCAL, Engine
+from mixing.format.commit import commit, uncommit
 from mixing.format.layout import BuildLayout, atomic_path
-from mixing.format.manifest import Manifest
+from mixing.format.manifest import MANIFEST, Manifest
+from mixing.format.store import sha256_file
 from mixing.ingest.documents import TokenizeReport, tokenize_source
 from mixing.ingest.sources import SourceIndexError, index_source, read_records
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
@@ -48,11 +56,34 @@ Progress = Callable[[str], None]
 StorageOptions = dict[str, Any] | None  # fsspec options (s3 endpoint, credentials) from the Dagster resource
 
 
+def _begin(layout: BuildLayout, stage: str, partition: str | None = None) -> None:
+    """Withdraw ``stage``'s commit record: its outputs are about to change."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    uncommit(layout.store(), stage, partition)
+
+
+def _publish(
+    layout: BuildLayout, stage: str, partition: str | None, names: list[str], published: Iterable[dict[str, Any]] = ()
+) -> None:
+    """Copy the files ``names`` (relative to ``layout.root``) to the build root when it is elsewhere, then write
+    the stage's commit record listing them and the entries already ``published`` there by workers."""
+    store = layout.store()
+    files = list(published)
+    for name in names:
+        local = layout.root / name
+        if layout.target:
+            files.append(store.put_file(name, local))
+        else:
+            files.append({"name": name, "bytes": local.stat().st_size, "sha256": sha256_file(local)})
+    commit(store, stage, partition, files)
+
+
 def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOptions = None) -> pl.DataFrame:
     """List and fingerprint the files of ``source``; write ``sources/<source>/index.parquet``.
 
     Paths (and every other text) are in their shown form: ``{env_NAME}`` values hidden (:mod:`mixing.spec.envvars`).
     """
+    _begin(layout, "source_index", source)
     try:
         df = index_source(mix, source, storage_options)
     except SourceIndexError as e:
@@ -61,6 +92,7 @@ def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOp
         df = df.with_columns(pl.col(pl.String).str.replace_all(value, placeholder, literal=True))
     with atomic_path(layout.source_dir(source) / "index.parquet") as tmp:
         df.write_parquet(tmp)
+    _publish(layout, "source_index", source, [f"sources/{source}/index.parquet"])
     return df
 
 
@@ -93,7 +125,11 @@ def _sample(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = Non
 
 def prepare_tokenizer(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> TextTokenizer:
     """Train (``bpe``) or copy the mix's tokenizer into ``tokenizer/``; needs every source indexed."""
-    return _prepare(mix.tokenizer, layout.tokenizer_dir, _sample(mix, layout, storage_options))
+    _begin(layout, "tokenizer")
+    tok = _prepare(mix.tokenizer, layout.tokenizer_dir, _sample(mix, layout, storage_options))
+    names = sorted(p.name for p in layout.tokenizer_dir.iterdir() if not p.name.startswith("."))
+    _publish(layout, "tokenizer", None, [f"tokenizer/{n}" for n in names])
+    return tok
 
 
 def tokenize(
@@ -102,13 +138,16 @@ def tokenize(
     source: str,
     progress: Progress = lambda _m: None,
     storage_options: StorageOptions = None,
+    engine: Engine = LOCAL,
 ) -> TokenizeReport:
-    """Tokenize every indexed file of ``source`` into ``sources/<source>/`` (reusing unchanged chunks).
+    """Tokenize every indexed file of ``source`` on ``engine`` into chunks in the build root's
+    ``sources/<source>/chunks/`` (reusing unchanged ones), and index them in ``sources/<source>/``.
 
     Raises :class:`mixing.ingest.documents.DocumentsError` when records were read but none was kept."""
+    _begin(layout, "documents", source)
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     files = pl.read_parquet(layout.source_dir(source) / "index.parquet")
-    return tokenize_source(
+    report = tokenize_source(
         source,
         mix.sources[source],
         files,
@@ -117,22 +156,32 @@ def tokenize(
         progress,
         storage_options,
         require_documents=True,  # a source none of whose records is kept fails here, saying why
+        chunks=layout.store().sub(f"sources/{source}/chunks"),
+        engine=engine,
     )
+    chunks = [{**r, "name": f"sources/{source}/chunks/{r['name']}"} for r in report.chunk_records]
+    _publish(
+        layout, "documents", source, [f"sources/{source}/{n}" for n in ("docs.parquet", "quarantine.jsonl")], chunks
+    )
+    return report
 
 
 def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
     """Length tables in ``weir.duckdb`` over every source's documents."""
+    _begin(layout, "length_stats")
     files = {name: layout.source_dir(name) / "docs.parquet" for name in mix.sources}
     stats = compute_length_stats(layout.duckdb, files, mix.sequence.length)
     with atomic_path(layout.plan_dir / "length_histogram.parquet") as tmp:
         stats.histogram.write_parquet(tmp)
     with atomic_path(layout.plan_dir / "length_summary.parquet") as tmp:
         stats.summary.write_parquet(tmp)
+    _publish(layout, "length_stats", None, [f"plan/length_{n}.parquet" for n in ("histogram", "summary")])
     return stats
 
 
 def plan(mix: Mix, layout: BuildLayout) -> Plan:
     """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/{quotas,phases,sources}.parquet``)."""
+    _begin(layout, "plan")
     result = make_plan(mix, layout.duckdb)
     with atomic_path(layout.plan_dir / "quotas.parquet") as tmp:
         result.quotas.write_parquet(tmp)
@@ -140,6 +189,7 @@ def plan(mix: Mix, layout: BuildLayout) -> Plan:
         result.phases.write_parquet(tmp)
     with atomic_path(layout.plan_dir / "sources.parquet") as tmp:
         result.per_source.write_parquet(tmp)
+    _publish(layout, "plan", None, [f"plan/{n}.parquet" for n in ("quotas", "phases", "sources")])
     return result
 
 
@@ -148,15 +198,26 @@ def plan_audit(mix: Mix, layout: BuildLayout) -> PlanAudit:
     return audit_plan(layout.duckdb, mix.sequence.length)
 
 
-def pack(mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda _k: None) -> Manifest:
-    """Pack the plan and write ``shards/`` with its manifest (last); return the manifest.
+def pack(
+    mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda _k: None, engine: Engine = LOCAL
+) -> Manifest:
+    """Pack the plan and have ``engine`` write the build root's ``shards/``, then write the manifest (last);
+    return the manifest.
 
-    ``on_shard(k)`` runs after shard ``k`` is written (progress reporting).
+    ``on_shard(k)`` runs as each shard is written (progress reporting; ``k`` counts them).
     """
+    _begin(layout, "packed_shards")
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=mix.balance.cost.model())
     pad, eos = tok.pad_id, tok.eos_id
-    return write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, pad, eos_id=eos, on_shard=on_shard)
+    manifest = write_packed(
+        mix, layout, packing, tok.fingerprint, tok.vocab_size, pad, eos_id=eos, on_shard=on_shard, engine=engine
+    )
+    name = f"shards/{MANIFEST}"
+    got = layout.store().digest(name)
+    assert got is not None, "write_packed wrote the manifest"
+    _publish(layout, "packed_shards", None, [], [{"name": name, "bytes": got[0], "sha256": got[1]}])
+    return manifest
 
 
 def fingerprints(mix: Mix, layout: BuildLayout) -> dict[str, str]:
@@ -174,7 +235,8 @@ class Stage:
 
     ``per_source``: partitioned by source name, run once per source (sorted); else once for the whole mix.
     ``deps``: the stages whose outputs it reads, all earlier in :data:`STAGES`. ``reads_sources``: it reads
-    the sources' files, so ``fn`` takes the fsspec ``storage_options``.
+    the sources' files, so ``fn`` takes the fsspec ``storage_options``. ``fans_out``: ``fn`` takes the
+    ``engine`` that runs its work items (:mod:`mixing.engine`).
     """
 
     name: str
@@ -182,28 +244,37 @@ class Stage:
     deps: tuple[str, ...]
     fn: Callable[..., object]
     reads_sources: bool = False
+    fans_out: bool = False
 
     def partitions(self, mix: Mix) -> list[str | None]:
         """The runs of this stage: each source name (sorted) if ``per_source``, else one run (``None``)."""
         return [*sorted(mix.sources)] if self.per_source else [None]
 
     def run(
-        self, mix: Mix, layout: BuildLayout, source: str | None = None, storage_options: StorageOptions = None
+        self,
+        mix: Mix,
+        layout: BuildLayout,
+        source: str | None = None,
+        storage_options: StorageOptions = None,
+        engine: Engine = LOCAL,
     ) -> object:
         """Run ``fn`` for one partition (``source`` for a per-source stage, else ``None``); return its summary."""
         if (source is not None) != self.per_source:
             raise ValueError(f"stage {self.name!r} runs {'per source' if self.per_source else 'once'}: {source=}")
         args = (mix, layout, source) if self.per_source else (mix, layout)
-        return self.fn(*args, **({"storage_options": storage_options} if self.reads_sources else {}))
+        kwargs: dict[str, Any] = {"storage_options": storage_options} if self.reads_sources else {}
+        return self.fn(*args, **kwargs, **({"engine": engine} if self.fans_out else {}))
 
 
 STAGES: tuple[Stage, ...] = (
     Stage("source_index", per_source=True, deps=(), fn=index, reads_sources=True),
     Stage("tokenizer", per_source=False, deps=("source_index",), fn=prepare_tokenizer, reads_sources=True),
-    Stage("documents", per_source=True, deps=("source_index", "tokenizer"), fn=tokenize, reads_sources=True),
+    Stage(
+        "documents", per_source=True, deps=("source_index", "tokenizer"), fn=tokenize, reads_sources=True, fans_out=True
+    ),
     Stage("length_stats", per_source=False, deps=("documents",), fn=length_stats),
     Stage("plan", per_source=False, deps=("length_stats",), fn=plan),
-    Stage("packed_shards", per_source=False, deps=("plan",), fn=pack),
+    Stage("packed_shards", per_source=False, deps=("plan",), fn=pack, fans_out=True),
 )
 """Every stage, in an order that runs each after its ``deps``."""
 

@@ -7,23 +7,44 @@ import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mixing.format.store import Store
 
 __all__ = ["BuildLayout", "atomic_path", "file_mode", "write_json_atomic"]
 
 
 @dataclass(frozen=True)
 class BuildLayout:
-    """The folders and files of one mix's build under ``root``.
+    """The folders and files of one mix's build under ``root``, and where the build is published.
 
     ``root/``: ``weir.duckdb`` (stats and plan tables), ``tokenizer/``, ``sources/<name>/`` (index,
-    documents, tokens), ``plan/`` (parquet copies of the plan), ``shards/`` (packed shards and
-    ``manifest.json``, written last).
+    documents, chunks of tokens), ``plan/`` (parquet copies of the plan), ``shards/`` (packed shards and
+    ``manifest.json``, written last), ``commits/`` (each stage's commit record, :mod:`mixing.format.commit`).
+
+    ``target``: the fsspec URL (``s3://bucket/prefix``) the build is published to when it is not ``root``
+    itself. Then ``root`` is the driver's local working folder (DuckDB's database, the small files each stage
+    makes there before publishing them), while token chunks and shards are written by the engine's workers
+    straight to ``target`` and never pass through ``root``.
     """
 
     root: Path
+    target: str | None = None
+    storage_options: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Where the build is published: ``target``, or ``root`` itself."""
+        return self.target or str(self.root)
+
+    def store(self) -> Store:
+        """The build root's storage (:class:`mixing.format.store.Store` at :attr:`url`)."""
+        from mixing.format.store import Store  # store.py writes through atomic_path, defined here
+
+        return Store(self.url, self.storage_options)
 
     @property
     def duckdb(self) -> Path:

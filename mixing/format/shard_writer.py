@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from mixing.format.cost import CostModel
 from mixing.format.manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -28,7 +29,7 @@ from mixing.format.manifest import (
 )
 from mixing.format.store import Store
 
-__all__ = ["TokenSource", "token_dtype", "write_shards"]
+__all__ = ["TokenSource", "open_shards", "seal_shards", "token_dtype", "write_shard", "write_shards"]
 
 TokenSource = Callable[[int, int], np.ndarray]  # (lo, hi) -> tokens [hi - lo, S] of those sequences
 
@@ -40,6 +41,83 @@ def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
 
 def _ours(name: str) -> bool:
     return name.startswith("shard-") or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def open_shards(out_dir: Path | str, storage_options: dict[str, Any] | None = None) -> Store:
+    """The shard folder ``out_dir``, made ready for a new build: its manifest removed first (from here on no reader
+    trusts it), then what killed writers left (``.NAME.*.tmp``)."""
+    store = Store(out_dir, storage_options)
+    if store.local:
+        store.path.mkdir(parents=True, exist_ok=True)
+    store.remove(MANIFEST)
+    for name in store.names():
+        if name.startswith(".") and name.endswith(".tmp"):
+            store.remove(name)
+    return store
+
+
+def write_shard(
+    store: Store,
+    k: int,
+    first: int,
+    block: np.ndarray,
+    step: np.ndarray,
+    seg_offsets: np.ndarray,
+    segments: np.ndarray,
+    cost: CostModel,
+) -> ShardEntry:
+    """Write shard ``k``: ``block`` [n, S] of tokens (sequences ``first..first+n-1``), with their ``step`` [n],
+    ``seg_offsets`` [n+1] (from 0) into ``segments`` [m, 4]; return its manifest entry. A function of its
+    arguments only: whichever process writes shard ``k`` writes the same bytes."""
+    block = np.ascontiguousarray(block)
+    lengths = np.asarray(segments[:, 3], np.int64)
+    off = np.asarray(seg_offsets, np.int64)
+    cum = np.concatenate([[0], np.cumsum(lengths)])
+    meta = {
+        "step": np.asarray(step, np.int64),
+        "seg_offsets": off,
+        "segments": np.asarray(segments, np.int64),
+        "seg_cost": cost.of(lengths),
+        "seq_tokens": (cum[off[1:]] - cum[off[:-1]]).astype(np.int64),
+        "seq_cost": cost.sequences(off, lengths),
+    }
+    files = ShardFiles(
+        tokens=ShardFile(**store.put(f"shard-{k:05d}.tokens.npy", partial(_write_npy, block))),
+        meta=ShardFile(**store.put(f"shard-{k:05d}.meta.npz", _npz_bytes(meta))),
+    )
+    return ShardEntry(first_sequence=first, sequences=len(block), files=files)
+
+
+def seal_shards(
+    store: Store,
+    info: BuildInfo,
+    shards: list[ShardEntry],
+    step: np.ndarray,
+    seq_len: int,
+    dtype: Any,
+) -> Manifest:
+    """Write the manifest of ``shards`` (in order; ``step`` [n] of every sequence) last, then remove shard files
+    of older builds that it does not list; return it."""
+    n = len(step)
+    steps = np.asarray(step)
+    per_step = np.unique(steps, return_counts=True)[1] if n else np.zeros(0, np.int64)
+    full = Manifest.model_validate(
+        {
+            **{name: getattr(info, name) for name in info.model_fields_set & set(BuildInfo.model_fields)},
+            "format_version": FORMAT_VERSION,
+            "seq_len": int(seq_len),
+            "sequences": n,
+            "sequences_per_step": int(per_step[0]) if len(per_step) and (per_step == per_step[0]).all() else None,
+            "dtype": str(np.dtype(dtype)),
+            "shards": tuple(shards),
+        }
+    )
+    full = write_manifest(store.url, full, store.storage_options)
+    keep = {f.name for s in shards for f in s.files.both()} | {MANIFEST}
+    for name in store.names():
+        if _ours(name) and name not in keep:
+            store.remove(name)
+    return full
 
 
 def write_shards(
@@ -62,69 +140,29 @@ def write_shards(
     (:class:`~mixing.format.manifest.BuildInfo`, or a dict of its fields, validated before anything is
     written); each segment's and sequence's cost comes from its ``cost`` model. This adds the format fields
     and the shard list, writes the manifest last, removes shard files of older builds, and returns the
-    manifest. ``on_shard(k)`` runs after shard ``k``.
+    manifest. ``on_shard(k)`` runs after shard ``k``. (:func:`write_shard` and :func:`seal_shards` are the
+    two halves, for writers that spread the shards over several processes.)
     """
     info = validated(BuildInfo, info, f"{out_dir}/{MANIFEST}")
-    store = Store(out_dir, storage_options)
-    if store.local:
-        store.path.mkdir(parents=True, exist_ok=True)
-    store.remove(MANIFEST)  # the old build is no longer valid from here on
-    for name in store.names():
-        if name.startswith(".") and name.endswith(".tmp"):
-            store.remove(name)  # left by a writer that was killed
+    store = open_shards(out_dir, storage_options)
     n = len(step)
     take: TokenSource = (lambda lo, hi: tokens[lo:hi]) if isinstance(tokens, np.ndarray) else tokens
-    cum_tok = np.concatenate([[0], np.cumsum(segments[:, 3])])
     shards: list[ShardEntry] = []
-    dtype = None
+    dtype: Any = np.uint16
     for k, lo in enumerate(range(0, n, shard_sequences)):
         hi = min(n, lo + shard_sequences)
-        block = np.ascontiguousarray(take(lo, hi))
+        block = take(lo, hi)
         seq_len, dtype = block.shape[1], block.dtype
         s0, s1 = int(seg_offsets[lo]), int(seg_offsets[hi])
-        off = seg_offsets[lo : hi + 1]
-        lengths = np.asarray(segments[s0:s1, 3], np.int64)
-        meta = {
-            "step": np.asarray(step[lo:hi], np.int64),
-            "seg_offsets": np.asarray(off - s0, np.int64),
-            "segments": np.asarray(segments[s0:s1], np.int64),
-            "seg_cost": info.cost.of(lengths),
-            "seq_tokens": (cum_tok[off[1:]] - cum_tok[off[:-1]]).astype(np.int64),
-            "seq_cost": info.cost.sequences(off - s0, lengths),
-        }
-        files = ShardFiles(
-            tokens=ShardFile(**store.put(f"shard-{k:05d}.tokens.npy", partial(_write_npy, block))),
-            meta=ShardFile(**store.put(f"shard-{k:05d}.meta.npz", partial(_write_bytes, _npz_bytes(meta)))),
+        shards.append(
+            write_shard(store, k, lo, block, step[lo:hi], seg_offsets[lo : hi + 1] - s0, segments[s0:s1], info.cost)
         )
-        shards.append(ShardEntry(first_sequence=lo, sequences=hi - lo, files=files))
         on_shard(k)
-    steps = np.asarray(step)
-    per_step = np.unique(steps, return_counts=True)[1] if n else np.zeros(0, np.int64)
-    full = Manifest.model_validate(
-        {
-            **{name: getattr(info, name) for name in info.model_fields_set & set(BuildInfo.model_fields)},
-            "format_version": FORMAT_VERSION,
-            "seq_len": int(seq_len if seq_len is not None else 0),
-            "sequences": n,
-            "sequences_per_step": int(per_step[0]) if len(per_step) and (per_step == per_step[0]).all() else None,
-            "dtype": str(np.dtype(dtype if dtype is not None else np.uint16)),
-            "shards": tuple(shards),
-        }
-    )
-    full = write_manifest(out_dir, full, storage_options)
-    keep = {f.name for s in shards for f in s.files.both()} | {MANIFEST}
-    for name in store.names():
-        if _ours(name) and name not in keep:
-            store.remove(name)
-    return full
+    return seal_shards(store, info, shards, np.asarray(step), int(seq_len or 0), dtype)
 
 
 def _write_npy(arr: np.ndarray, f: BinaryIO) -> None:
     np.save(f, arr)
-
-
-def _write_bytes(data: bytes, f: BinaryIO) -> None:
-    f.write(data)
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

@@ -170,6 +170,18 @@ class Store:
             return []
         return sorted(x.rstrip("/").rsplit("/", 1)[-1] for x in listed)
 
+    def walk(self, folder: str) -> list[str]:
+        """Every file under ``folder``, as paths relative to it (sorted); [] if missing. One listing, even remote."""
+        if self.local:
+            base = self.path / folder
+            return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+        prefix = self.key(folder).rstrip("/") + "/"
+        try:
+            found = self.fs.find(prefix)
+        except FileNotFoundError:
+            return []
+        return sorted(p.removeprefix(prefix) for p in found if p.startswith(prefix))
+
     def exists(self, name: str) -> bool:
         return (self.path / name).exists() if self.local else bool(self.fs.exists(self.key(name)))
 

@@ -8,14 +8,14 @@ already there is reused: a rebuild after one file changed re-tokenizes only that
 A chunk folder holds ``tokens.bin`` (little-endian uint32 token ids), ``docs.parquet`` (``file``, ``line``,
 ``n_tokens``, ``meta``: :data:`CHUNK_SCHEMA`), ``quarantine.jsonl`` (one line per malformed record) and
 ``report.json``, written last, holding the record counts, the sha256 of the three files and a checksum of
-itself. :func:`read_chunk` verifies all of them and raises :class:`ChunkDamaged` on any mismatch.
+itself. :func:`mixing.ingest.chunk_store.check_chunk` verifies all of them (wherever the chunk is stored)
+and raises :class:`ChunkDamaged` on any mismatch.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -29,6 +29,7 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
+from mixing.format.store import sha256_file
 from mixing.ingest.formats import READER_VERSION
 from mixing.ingest.records import Record, has_surrogate
 from mixing.ingest.sources import read_ahead, skipped_record
@@ -36,18 +37,21 @@ from mixing.ingest.tokenizer import TextTokenizer
 from mixing.spec.mixfile import SourceSpec
 
 __all__ = [
+    "CHUNK_FILES",
     "CHUNK_SCHEMA",
+    "REPORT",
     "ChunkDamaged",
+    "Group",
     "chunk_groups",
     "chunk_keys",
-    "read_chunk",
     "tokenize_chunks",
 ]
 
 CHUNK_SCHEMA = {"file": pl.String, "line": pl.Int64, "n_tokens": pl.Int64, "meta": pl.String}
 _BATCH_BYTES = 1 << 20  # text per encode call: large enough to keep every tokenizer thread busy
 _GROUP = 32  # files per chunk, on average
-_CHUNK_FILES = ("tokens.bin", "docs.parquet", "quarantine.jsonl")  # checksummed in report.json
+CHUNK_FILES = ("tokens.bin", "docs.parquet", "quarantine.jsonl")  # checksummed in report.json
+REPORT = "report.json"
 _CHUNK_VERSION = 2  # 2: chunks carry checksums
 
 Group = list[dict[str, Any]]  # rows of the source's index frame (``path``, ``fingerprint``, ``skipped``)
@@ -103,34 +107,13 @@ class _Chunk:
             "bytes_in": self.bytes_in,
             "reasons": dict(self.reasons),
             "missing": dict(self.missing),
-            "sha256": {f: _sha256_file(self.tmp / f) for f in _CHUNK_FILES},
+            "sha256": {f: sha256_file(self.tmp / f) for f in CHUNK_FILES},
         }
         body = json.dumps(report, sort_keys=True)
         text = json.dumps({**report, "check": hashlib.sha256(body.encode()).hexdigest()})
-        (self.tmp / "report.json").write_text(text)  # written last: the chunk is complete
+        (self.tmp / REPORT).write_text(text)  # written last: the chunk is complete
         shutil.rmtree(self.final, ignore_errors=True)
         os.replace(self.tmp, self.final)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _chunk_report(chunk: Path) -> dict[str, Any]:
-    """The chunk's report.json, checked against its own checksum; raises :class:`ChunkDamaged`."""
-    try:
-        rep = json.loads((chunk / "report.json").read_text())
-        check = rep.pop("check")
-        body = json.dumps(rep, sort_keys=True)
-    except (OSError, ValueError, KeyError, AttributeError) as e:
-        raise ChunkDamaged(f"report.json unreadable: {type(e).__name__}") from None
-    if hashlib.sha256(body.encode()).hexdigest() != check or not isinstance(rep.get("sha256"), dict):
-        raise ChunkDamaged("report.json checksum mismatch")
-    return rep  # type: ignore[no-any-return]
 
 
 def chunk_groups(files: pl.DataFrame, tokenizer: TextTokenizer, spec: SourceSpec) -> list[tuple[Group, str]]:
@@ -174,7 +157,7 @@ def tokenize_chunks(
     storage_options: dict[str, Any] | None,
     done_files: int,
     started: float,
-    report: Callable[[int, int, int], None],
+    report: Callable[[int, int, int, int], None],
 ) -> None:
     """Tokenize every record of the ``todo`` chunks (rows, key) into ``chunks_dir/<key>``.
 
@@ -182,14 +165,14 @@ def tokenize_chunks(
     queued), one runs the tokenizer on the next ~1 MB batch (it releases the GIL), and the caller's thread
     writes the previous batch; memory is bounded by those batches, not by the source.
 
-    ``report(files done, documents written, bytes of text read)`` is called about once a second from
+    ``report(files done, chunks done, documents written, bytes of text read)`` is called about once a second from
     ``started`` (``time.perf_counter``), and once at the end; files done start at ``done_files`` (the files
     of reused chunks).
     """
     batch: list[tuple[_Chunk, Record]] = []
     batch_bytes = 0
     open_chunks: list[_Chunk] = []
-    docs = text_bytes = 0
+    docs = text_bytes = finished = 0
     last = started
 
     # Two batches in flight at most: the tokenizer encodes batch k+1 on a worker thread (GIL released)
@@ -212,7 +195,7 @@ def tokenize_chunks(
         docs += len(done)
 
     def flush(final: bool = False) -> None:
-        nonlocal batch, batch_bytes
+        nonlocal batch, batch_bytes, finished
         if batch:
             inflight.append((encoder.submit(tokenizer.encode_start, [r.text or "" for _c, r in batch]), batch))
             batch, batch_bytes = [], 0
@@ -222,6 +205,7 @@ def tokenize_chunks(
         for c in [c for c in open_chunks if c.read_all and not c.pending]:
             c.finish()
             open_chunks.remove(c)
+            finished += 1
 
     chunks: dict[int, _Chunk] = {}
     files_left = [len(group) for group, _key in todo]
@@ -238,7 +222,7 @@ def tokenize_chunks(
                 chunk.read_all = files_left[gi] == 0
                 if time.perf_counter() - last >= 1.0:
                     last = time.perf_counter()
-                    report(done_files, docs, text_bytes)
+                    report(done_files, finished, docs, text_bytes)
                 continue
             if rec.text is None:
                 chunk.bad(rec)
@@ -257,32 +241,9 @@ def tokenize_chunks(
         encoder.shutdown()
     assert not open_chunks, "every chunk is complete once every file was read and encoded"
     if todo:
-        report(done_files, docs, text_bytes)
+        report(done_files, finished, docs, text_bytes)
 
 
 def _path_or_skipped(row: dict[str, Any]) -> str | Record:
     skipped = row.get("skipped")
     return skipped_record(row["path"], skipped) if skipped else row["path"]
-
-
-def read_chunk(c: Path, tok_f: IO[bytes]) -> tuple[dict[str, Any], pl.DataFrame, bytes]:
-    """Copy chunk ``c``'s tokens to ``tok_f`` and read its report (``seen``, ``bytes_in``, ``reasons``,
-    ``missing``), documents and quarantine lines, checking each file against the report's sha256 (hashing
-    the tokens as they are copied); raises :class:`ChunkDamaged`."""
-    rep = _chunk_report(c)
-    sums = rep["sha256"]
-    try:
-        h = hashlib.sha256()
-        with (c / "tokens.bin").open("rb") as tokens:
-            while block := tokens.read(1 << 22):
-                h.update(block)
-                tok_f.write(block)
-        if h.hexdigest() != sums.get("tokens.bin"):
-            raise ChunkDamaged("tokens.bin sha256 mismatch")
-        raw = {name: (c / name).read_bytes() for name in _CHUNK_FILES[1:]}
-    except OSError as e:
-        raise ChunkDamaged(f"{type(e).__name__}: {e.strerror}") from None
-    for name, data in raw.items():
-        if hashlib.sha256(data).hexdigest() != sums.get(name):
-            raise ChunkDamaged(f"{name} sha256 mismatch")
-    return rep, pl.read_parquet(io.BytesIO(raw["docs.parquet"])), raw["quarantine.jsonl"]

@@ -1,19 +1,22 @@
-"""Tokenized documents of one source: metadata as parquet, token ids as one flat binary file.
+"""Tokenized documents of one source: a document index over token chunks.
 
-Per source folder: ``docs.parquet`` (``doc_id`` int64 0..n-1 in file/record order, ``source``, ``file``,
-``line``, ``n_tokens`` int64, ``offset`` int64 into the token file, ``meta`` JSON string or null,
-``tokenizer``: the fingerprint of the tokenizer that made them), ``tokens.bin`` (little-endian uint32 token
-ids, documents back to back, BOS/EOS as the mix says) and ``quarantine.jsonl`` (one line per malformed
-record: file, line, reason, detail, sample). All three are written to temporary names and renamed.
+A source's tokens live in chunks (:mod:`mixing.ingest.chunks`) under ``<source>/chunks/<key>/`` in the
+build root, written by whichever engine tokenized them (:mod:`mixing.engine`): a chunk is never copied
+again. The source's folder in the local working folder gets ``docs.parquet``, the document index
+(``doc_id`` int64 0..n-1 in file/record order, ``source``, ``file``, ``line``, ``n_tokens`` int64,
+``chunk``: the key of the chunk holding its tokens, ``offset`` int64: its first token's position in that
+chunk's ``tokens.bin``, ``meta`` JSON string or null, ``tokenizer``: the fingerprint of the tokenizer that
+made them) and ``quarantine.jsonl`` (one line per malformed record: file, line, reason, detail, sample). Both
+are written to temporary names and renamed. :func:`open_documents` reads a document's tokens through the
+index, from a local build or any fsspec root.
 
-Incremental: the source's files are tokenized in chunks (:mod:`mixing.ingest.chunks`) kept under
-``chunks/<key>/``; a chunk whose key is already there is reused, so a rebuild after one file changed
-re-tokenizes only that file's chunk. The final files are the chunks concatenated in order, so the result
-equals a clean build byte for byte.
+Incremental: a chunk whose key is already in the root is reused (never submitted again), so a rebuild after
+one file changed tokenizes only that file's chunk; the index equals a clean build's.
 
-Integrity: every chunk is verified against its checksums while it is concatenated; a damaged one (a flipped
-bit in a reused chunk, a truncated file) is deleted, tokenized again, and named in
-:attr:`TokenizeReport.warnings`, so no damaged byte reaches the outputs. Paths the index skipped (dangling
+Integrity: before the index is written, every reused chunk's files are checked against the checksums its
+``report.json`` recorded (on a distributed engine by its workers, in parallel); a damaged chunk is removed,
+tokenized again and named in :attr:`TokenizeReport.warnings`, so no damaged byte reaches the index. A chunk
+tokenized by this build was hashed by its writer as it wrote it. Paths the index skipped (dangling
 symlinks, symlink loops, directories) are quarantined with their reason, so ``docs_seen`` accounts for every
 matched path.
 """
@@ -22,8 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -34,9 +35,20 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from mixing.engine import LOCAL, Engine, LocalEngine
 from mixing.errors import WeirError
 from mixing.format.layout import atomic_path
-from mixing.ingest.chunks import CHUNK_SCHEMA, ChunkDamaged, chunk_groups, read_chunk, tokenize_chunks
+from mixing.format.store import Store
+from mixing.ingest.chunk_store import (
+    ChunkJob,
+    ChunkRead,
+    ChunkTokens,
+    check_chunk,
+    present_keys,
+    tokenize_missing,
+    verify_chunks,
+)
+from mixing.ingest.chunks import CHUNK_SCHEMA, ChunkDamaged, chunk_groups
 from mixing.ingest.tokenizer import TextTokenizer
 from mixing.spec.mixfile import SourceSpec
 
@@ -83,11 +95,15 @@ class TokenizeReport:
     missing_fields: dict[str, int] = field(default_factory=dict)
     chunks_damaged: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    engine: str = "local"
+    workers: int = 1
+    chunk_records: tuple[dict[str, Any], ...] = ()  # {name, bytes, sha256} of each chunk's report.json
 
 
 @dataclass(frozen=True)
 class TokenizeProgress:
-    """One progress event: files done of ``files``, documents kept, MB of text read, rate in MB/s."""
+    """One progress event: files and chunks done, documents kept, MB of text read, rate in MB/s (over every
+    worker of the engine)."""
 
     source: str
     files_done: int
@@ -95,31 +111,35 @@ class TokenizeProgress:
     documents: int
     mb: float
     mb_per_s: float
+    chunks_done: int = 0
+    chunks: int = 0
 
     def __str__(self) -> str:
         return (
             f"{self.source}: {self.files_done}/{self.files} files, {self.documents:,} documents, "
-            f"{self.mb:.1f} MB at {self.mb_per_s:.1f} MB/s"
+            f"{self.chunks_done}/{self.chunks} chunks, {self.mb:.1f} MB at {self.mb_per_s:.1f} MB/s"
         )
 
 
 @dataclass(frozen=True)
 class DocumentSet:
-    """A tokenized source opened for reading; ``tokens`` is a read-only uint32 memory map."""
+    """A tokenized source opened for reading: its index ``docs`` and its chunks' ``tokens``."""
 
     docs: pl.DataFrame
-    tokens: np.ndarray
+    tokens: ChunkTokens
 
     def document(self, doc_id: int) -> np.ndarray:
+        """The tokens (uint32) of document ``doc_id``."""
         row = self.docs.row(doc_id, named=True)
-        return self.tokens[row["offset"] : row["offset"] + row["n_tokens"]]
+        return self.tokens.ranges(row["chunk"], np.array([row["offset"]]), np.array([row["n_tokens"]]))[0]
 
 
-def open_documents(source_dir: Path) -> DocumentSet:
-    docs = pl.read_parquet(source_dir / "docs.parquet")
-    path = source_dir / "tokens.bin"
-    tokens = np.memmap(path, dtype="<u4", mode="r") if path.stat().st_size else np.zeros(0, "<u4")
-    return DocumentSet(docs, tokens)
+def open_documents(source_dir: Path, chunks: Store | None = None) -> DocumentSet:
+    """The documents of the source whose index is in ``source_dir`` (local), tokens in ``chunks`` (default:
+    ``source_dir/chunks``)."""
+    return DocumentSet(
+        pl.read_parquet(source_dir / "docs.parquet"), ChunkTokens(chunks or Store(source_dir / "chunks"))
+    )
 
 
 def tokenize_source(
@@ -131,23 +151,31 @@ def tokenize_source(
     progress: Callable[[str], None] = lambda _msg: None,
     storage_options: dict[str, Any] | None = None,
     require_documents: bool = False,
+    *,
+    chunks: Store | None = None,
+    engine: Engine = LOCAL,
 ) -> TokenizeReport:
     """Tokenize every record of ``files`` (an index frame with ``path``, ``fingerprint`` and optionally
-    ``skipped``; or paths) in order.
+    ``skipped``; or paths) in order, into chunks in ``chunks`` (default ``out_dir/chunks``) on ``engine``, and
+    write the document index and quarantine file to the local folder ``out_dir``.
 
     Malformed records (and skipped paths) go to the quarantine file and are counted; chunks already in
-    ``out_dir/chunks`` with the same key are reused once their checksums match (see the module docstring).
-    ``progress`` gets a line about once a second, and each warning. With ``require_documents``, a source
-    that read records but kept none raises :class:`DocumentsError` naming why (after writing its files).
+    ``chunks`` with the same key are reused once their checksums match (see the module docstring), and
+    chunks of other keys are removed. ``progress`` gets a line about once a second, and each warning.
+    ``storage_options``: fsspec options for the source's files. With ``require_documents``, a source that
+    read records but kept none raises :class:`DocumentsError` naming why (after writing its files).
     """
     if not isinstance(files, pl.DataFrame):
         files = pl.DataFrame({"path": list(files)}, schema={"path": pl.String})
     out_dir.mkdir(parents=True, exist_ok=True)
-    chunks_dir = out_dir / "chunks"
+    chunks = chunks or Store(out_dir / "chunks")
+    job = ChunkJob(spec, tokenizer, chunks.url, chunks.storage_options, storage_options)
     groups = chunk_groups(files, tokenizer, spec)
     keys = [k for _g, k in groups]
-    todo = [(g, k) for g, k in groups if not (chunks_dir / k / "report.json").exists()]
+    have = present_keys(chunks)
+    todo = [(g, k) for g, k in groups if k not in have]
     tokenized = {k for _g, k in todo}
+    distributed = not isinstance(engine, LocalEngine)
     started = time.perf_counter()
     warnings: list[str] = []
     damaged: list[str] = []
@@ -157,32 +185,37 @@ def tokenize_source(
         LOG.warning(msg)
         progress(msg)
 
-    def show_progress(files_done: int, docs: int, text_bytes: int) -> None:
+    def show_progress(files_done: int, chunks_done: int, docs: int, text_bytes: int) -> None:
         mb = text_bytes / 1e6
-        ev = TokenizeProgress(name, files_done, len(files), docs, mb, mb / max(time.perf_counter() - started, 1e-9))
+        rate = mb / max(time.perf_counter() - started, 1e-9)
+        reused = len(keys) - len(todo)
+        ev = TokenizeProgress(name, files_done, len(files), docs, mb, rate, reused + chunks_done, len(keys))
         progress(str(ev))
         PROGRESS_LOG.info(str(ev), extra={"progress": ev})
 
+    # A distributed engine checks reused chunks' tokens on its workers; locally they are checked while read.
+    bad = verify_chunks(engine, job, sorted(set(keys) - tokenized)) if distributed else {}
     for attempt in range(2):
+        for k, why in bad.items():
+            damaged.append(k)
+            warn(f"chunk {k} of source {name!r} was damaged ({why}), re-tokenized")
+            chunks.remove_tree(k)  # unlinks a hard link, never the old build's file
+        todo += [(g, k) for g, k in groups if k in bad]
+        tokenized |= set(bad)
         reused_files = len(files) - sum(len(g) for g, _k in todo)
-        tokenize_chunks(spec, todo, tokenizer, chunks_dir, storage_options, reused_files, started, show_progress)
-        try:
-            report = _assemble(name, [chunks_dir / k for k in keys], tokenizer.fingerprint, out_dir)
+        tokenize_missing(engine, job, todo, reused_files, started, show_progress)
+        read, bad = _read_chunks(chunks, keys, deep=not distributed)
+        if not bad:
             break
-        except _DamagedChunks as e:
-            if attempt:  # a chunk just written does not read back: the disk, not the data
-                raise DocumentsError(
-                    f"source {name!r}: chunk(s) {', '.join(e.chunks)} damaged again right after being tokenized "
-                    f"({'; '.join(e.chunks.values())}); check the disk under {chunks_dir}"
-                ) from None
-            for k, why in e.chunks.items():
-                damaged.append(k)
-                warn(f"chunk {k} of source {name!r} was damaged ({why}), re-tokenized")
-                shutil.rmtree(chunks_dir / k, ignore_errors=True)  # unlinks a hard link, never the old build's
-            todo = [(g, k) for g, k in groups if k in e.chunks]
-            tokenized |= set(e.chunks)
-    for stale in set(os.listdir(chunks_dir)) - set(keys) if chunks_dir.exists() else ():
-        shutil.rmtree(chunks_dir / stale, ignore_errors=True)
+        if attempt or distributed:  # a chunk just written (or just verified) does not read back
+            raise DocumentsError(
+                f"source {name!r}: chunk(s) {', '.join(bad)} damaged right after being written or checked "
+                f"({'; '.join(bad.values())}); check the storage under {chunks.url}"
+            )
+        todo = []
+    for stale in set(chunks.names()) - set(keys):
+        chunks.remove_tree(stale)
+    report = _assemble(name, keys, read, tokenizer.fingerprint, out_dir)
     missing: dict[str, int] = report.pop("missing_fields")
     for what, n in sorted(missing.items(), key=lambda kv: -kv[1]):
         warn(f"source {name!r}: {n} of {report['docs_seen']} records lack {what}")
@@ -195,10 +228,25 @@ def tokenize_source(
         missing_fields=missing,
         chunks_damaged=damaged,
         warnings=warnings,
+        engine=engine.name,
+        workers=engine.workers,
+        chunk_records=tuple(read[k].record for k in keys),
     )
     if require_documents and result.docs_seen and not result.docs_kept:
         raise DocumentsError(_no_documents(name, result))
     return result
+
+
+def _read_chunks(chunks: Store, keys: list[str], deep: bool) -> tuple[dict[str, ChunkRead], dict[str, str]]:
+    """Every chunk's checked contents (tokens too when ``deep``), and {key: what is wrong} for those that fail."""
+    read: dict[str, ChunkRead] = {}
+    bad: dict[str, str] = {}
+    for k in keys:
+        try:
+            read[k] = check_chunk(chunks, k, tokens=deep)
+        except ChunkDamaged as e:
+            bad[k] = str(e)
+    return read, bad
 
 
 def _no_documents(name: str, r: TokenizeReport) -> str:
@@ -212,47 +260,29 @@ def _no_documents(name: str, r: TokenizeReport) -> str:
     return f"source {name!r} has no documents: all {r.docs_seen} records were quarantined ({reasons}){where}"
 
 
-class _DamagedChunks(Exception):
-    """Chunks (key → what is wrong) that failed their checksums while being assembled."""
-
-    def __init__(self, chunks: dict[str, str]) -> None:
-        super().__init__(", ".join(chunks))
-        self.chunks = chunks
-
-
-def _assemble(name: str, chunks: list[Path], tokenizer_fp: str, out_dir: Path) -> dict[str, Any]:
-    """Concatenate the chunks into the source's three files, verifying each chunk's checksums; return the
-    summed counts. Raises :class:`_DamagedChunks` (writing nothing) naming every chunk that fails them."""
+def _assemble(
+    name: str, keys: list[str], read: dict[str, ChunkRead], tokenizer_fp: str, out_dir: Path
+) -> dict[str, Any]:
+    """Write the source's document index and quarantine file from its checked chunks, in order; return the
+    summed counts. The tokens stay in the chunks."""
     frames: list[pl.DataFrame] = []
     reasons: Counter[str] = Counter()
     missing: Counter[str] = Counter()
     sample: list[dict[str, Any]] = []
     per_reason: Counter[str] = Counter()
-    damaged: dict[str, str] = {}
     seen = bytes_in = n_tokens = quarantined = 0
-    with (
-        atomic_path(out_dir / "tokens.bin") as tok_tmp,
-        atomic_path(out_dir / "quarantine.jsonl") as q_tmp,
-        tok_tmp.open("wb") as tok_f,
-        q_tmp.open("wb") as q_f,
-    ):
-        for c in chunks:
-            try:
-                rep, df, q_raw = read_chunk(c, tok_f)
-            except ChunkDamaged as e:
-                damaged[c.name] = str(e)
-                continue
-            if damaged:
-                continue  # the outputs are thrown away: only look for further damage
-            seen += rep["seen"]
-            bytes_in += rep["bytes_in"]
-            reasons.update(rep["reasons"])
-            missing.update(rep["missing"])
-            offsets = n_tokens + df["n_tokens"].cum_sum() - df["n_tokens"]
-            frames.append(df.with_columns(offset=offsets))
-            n_tokens += int(df["n_tokens"].sum())
-            q_f.write(q_raw)
-            for line in q_raw.split(b"\n"):  # not splitlines: U+2028 and friends may be inside a string
+    with atomic_path(out_dir / "quarantine.jsonl") as q_tmp, q_tmp.open("wb") as q_f:
+        for k in keys:
+            c = read[k]
+            seen += c.report["seen"]
+            bytes_in += c.report["bytes_in"]
+            reasons.update(c.report["reasons"])
+            missing.update(c.report["missing"])
+            offsets = c.docs["n_tokens"].cum_sum() - c.docs["n_tokens"]
+            frames.append(c.docs.with_columns(chunk=pl.lit(k, pl.String), offset=offsets))
+            n_tokens += int(c.docs["n_tokens"].sum())
+            q_f.write(c.quarantine)
+            for line in c.quarantine.split(b"\n"):  # not splitlines: U+2028 and friends may be inside a string
                 if not line:
                     continue
                 quarantined += 1
@@ -260,9 +290,7 @@ def _assemble(name: str, chunks: list[Path], tokenizer_fp: str, out_dir: Path) -
                 if per_reason[row["reason"]] < _QUARANTINE_SAMPLE:
                     per_reason[row["reason"]] += 1
                     sample.append({k: row[k] for k in ("file", "line", "reason")})
-        if damaged:
-            raise _DamagedChunks(damaged)
-    empty = pl.DataFrame(schema={**CHUNK_SCHEMA, "offset": pl.Int64})
+    empty = pl.DataFrame(schema={**CHUNK_SCHEMA, "chunk": pl.String, "offset": pl.Int64})
     docs = pl.concat(frames) if frames else empty
     kept = len(docs)
     docs = docs.select(
@@ -271,6 +299,7 @@ def _assemble(name: str, chunks: list[Path], tokenizer_fp: str, out_dir: Path) -
         "file",
         "line",
         "n_tokens",
+        "chunk",
         pl.col("offset").cast(pl.Int64),
         "meta",
         pl.lit(tokenizer_fp, pl.String).alias("tokenizer"),

@@ -1,67 +1,105 @@
-"""Materialize a packing as shards: gather each sequence's tokens from the sources, record the build."""
+"""Materialize a packing as shards: gather each sequence's tokens from the sources' chunks, record the build.
+
+The shards are independent work items (:class:`ShardJob`): each carries its sequences' segments and where
+each segment's tokens are (chunk, first token), and :func:`write_shard_job` gathers them from the build
+root and writes the shard's two files there. The engine (:mod:`mixing.engine`) runs them: in this process,
+or as Ray tasks in parallel. The driver writes the manifest last, listing every shard with its checksums.
+A job is a function of the plan alone, so every engine writes the same bytes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
+import polars as pl
 
+from mixing.engine import LOCAL, Engine
+from mixing.format.cost import CostModel
 from mixing.format.layout import BuildLayout
-from mixing.format.manifest import BuildInfo, Manifest, PackingNote, PhaseSpan, Regroup, SourceCounts
-from mixing.format.shard_writer import token_dtype, write_shards
-from mixing.ingest.documents import DocumentSet, open_documents
+from mixing.format.manifest import BuildInfo, Manifest, PackingNote, PhaseSpan, Regroup, ShardEntry, SourceCounts
+from mixing.format.shard_writer import open_shards, seal_shards, token_dtype, write_shard
+from mixing.format.store import Store
+from mixing.ingest.chunk_store import ChunkTokens
 from mixing.pack.packing import Packing
 from mixing.spec.mixfile import Mix
 
-__all__ = ["gather_tokens", "write_packed"]
+__all__ = ["ShardContext", "ShardJob", "write_packed", "write_shard_job"]
 
 _SHARD_TOKENS = 1 << 24  # ~32-64 MB of tokens per shard
-_SLICE_TOKENS = 256  # segments this long are copied as slices; shorter ones in one vectorized gather
 
 
-def gather_tokens(
-    packing: Packing, sources: dict[str, DocumentSet], lo: int, hi: int, dtype: Any, pad_id: int
-) -> np.ndarray:
-    """Tokens of sequences ``lo..hi-1`` of ``packing``, array [hi-lo, S] of ``dtype``, padded with ``pad_id``.
+@dataclass(frozen=True)
+class ShardContext:
+    """What every shard job of one build needs (shipped once to a distributed engine's workers)."""
 
-    Short segments go through one fancy-index gather per source; long ones (≥ ``_SLICE_TOKENS``, hence
-    few per sequence) are slice copies, which avoids index arrays as large as the tokens themselves.
-    """
-    seq_len = packing.seq_len
-    out = np.full((hi - lo, seq_len), pad_id, dtype=dtype)
-    s0, s1 = int(packing.seg_offsets[lo]), int(packing.seg_offsets[hi])
-    segs = packing.segments[s0:s1]
-    if not len(segs):
-        return out
-    counts = np.diff(packing.seg_offsets[lo : hi + 1])
-    seq_of = np.repeat(np.arange(hi - lo, dtype=np.int64), counts)
-    ends = np.cumsum(segs[:, 3])
-    starts_all = ends - segs[:, 3]  # start of each segment in the concatenation of this block's segments
-    first_seg = np.cumsum(counts) - counts
-    seq_base = np.repeat(starts_all[np.minimum(first_seg, len(segs) - 1)], counts)
-    dst = seq_of * seq_len + (starts_all - seq_base)  # flat slot of each segment's first token
-    flat = out.reshape(-1)
-    long = segs[:, 3] >= _SLICE_TOKENS
-    for k, name in enumerate(packing.sources):
-        mine = segs[:, 0] == k
-        if not mine.any():
-            continue
-        ds = sources[name]
-        offsets = ds.docs["offset"].to_numpy()
-        src0 = np.zeros(len(segs), np.int64)
-        src0[mine] = offsets[segs[mine, 1]] + segs[mine, 2]
-        # long segments: one slice copy each (few of them); short ones: one fancy-index gather in all
-        big = mine & long
-        for d, s, n in zip(dst[big].tolist(), src0[big].tolist(), segs[big, 3].tolist(), strict=True):
-            flat[d : d + n] = ds.tokens[s : s + n]
-        short = mine & ~long
-        length = segs[short, 3]
-        run = np.arange(int(length.sum()), dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
-        flat[np.repeat(dst[short], length) + run] = ds.tokens[np.repeat(src0[short], length) + run]
-    return out
+    shards_url: str
+    storage_options: dict[str, Any] | None  # of the shards' folder
+    source_chunks: tuple[str, ...]  # the chunks/ folder of each source, in the packing's source order
+    chunk_options: dict[str, Any] | None  # of the build root that holds the chunks
+    chunk_keys: tuple[tuple[int, str], ...]  # global chunk id → (source index, chunk key)
+    seq_len: int
+    dtype: str
+    pad_id: int
+    cost: CostModel
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Shard ``k``: sequences ``first..first+n-1`` with ``step`` [n], ``seg_offsets`` [n+1] (from 0) into
+    ``segments`` [m, 4] (source, doc_id, start, length), and each segment's ``chunk`` int64 [m] (global chunk
+    id) and ``src`` int64 [m] (its first token's position in that chunk)."""
+
+    k: int
+    first: int
+    step: np.ndarray
+    seg_offsets: np.ndarray
+    segments: np.ndarray
+    chunk: np.ndarray
+    src: np.ndarray
+
+
+def write_shard_job(ctx: ShardContext, job: ShardJob) -> ShardEntry:
+    """Gather shard ``job``'s tokens from the chunks and write its files to ``ctx.shards_url``; its entry."""
+    n, lengths = len(job.step), job.segments[:, 3]
+    readers: dict[int, ChunkTokens] = {}
+    parts: list[np.ndarray] = [np.zeros(0, np.uint32)] * len(lengths)
+    for c in np.unique(job.chunk).tolist():
+        sel = np.flatnonzero(job.chunk == c)
+        source, key = ctx.chunk_keys[c]
+        if source not in readers:
+            readers[source] = ChunkTokens(Store(ctx.source_chunks[source], ctx.chunk_options))
+        for i, arr in zip(sel.tolist(), readers[source].ranges(key, job.src[sel], lengths[sel]), strict=True):
+            parts[i] = arr
+    block = np.full((n, ctx.seq_len), ctx.pad_id, dtype=ctx.dtype)
+    for i in range(n):
+        a, b = int(job.seg_offsets[i]), int(job.seg_offsets[i + 1])
+        if b > a:
+            row = np.concatenate(parts[a:b])
+            block[i, : len(row)] = row
+    store = Store(ctx.shards_url, ctx.storage_options)
+    return write_shard(store, job.k, job.first, block, job.step, job.seg_offsets, job.segments, ctx.cost)
+
+
+def _jobs(packing: Packing, chunk_of: list[np.ndarray], src_of: list[np.ndarray], per_shard: int) -> Iterator[ShardJob]:
+    """The shard jobs of ``packing``, in order; ``chunk_of[s]``/``src_of[s]``: per document of source ``s``."""
+    n = len(packing.seq_step)
+    for k, lo in enumerate(range(0, n, per_shard)):
+        hi = min(n, lo + per_shard)
+        s0, s1 = int(packing.seg_offsets[lo]), int(packing.seg_offsets[hi])
+        segs = np.ascontiguousarray(packing.segments[s0:s1])
+        chunk = np.zeros(len(segs), np.int64)
+        src = np.zeros(len(segs), np.int64)
+        for s in np.unique(segs[:, 0]).tolist():
+            mine = segs[:, 0] == s
+            chunk[mine] = chunk_of[s][segs[mine, 1]]
+            src[mine] = src_of[s][segs[mine, 1]] + segs[mine, 2]
+        off = packing.seg_offsets[lo : hi + 1] - s0
+        yield ShardJob(k, lo, np.array(packing.seq_step[lo:hi]), np.array(off), segs, chunk, src)
 
 
 def write_packed(
@@ -76,18 +114,60 @@ def write_packed(
     on_shard: Callable[[int], None] = lambda _k: None,
     out: str | Path | None = None,
     storage_options: dict[str, Any] | None = None,
+    engine: Engine = LOCAL,
 ) -> Manifest:
-    """Gather each sequence's tokens from the sources and write shards plus manifest; return the manifest.
+    """Gather each sequence's tokens from the sources' chunks and write shards plus manifest; return the manifest.
 
     Shards go to ``out`` (a folder or fsspec URL such as ``s3://bucket/prefix``; default the build's
-    ``shards/``), with ``storage_options`` for the filesystem.
+    ``shards/``, at ``layout.url``), with ``storage_options`` for the filesystem (default the layout's). The
+    shards are written by ``engine``; ``on_shard(k)`` runs in this process as shard ``k`` is done (any order).
 
     The manifest's ``per_source`` records, for each source: ``tokens_planned`` (Σ planned unit lengths),
     ``tokens_packed``, ``tokens_dropped`` (planned = packed + dropped) and ``documents_packed``.
     """
-    seq_len = packing.seq_len
-    dtype = token_dtype(vocab_size)
-    docsets = {name: open_documents(layout.source_dir(name)) for name in packing.sources}
+    info = _build_info(mix, layout, packing, tokenizer_fingerprint, vocab_size, pad_id, eos_id)
+    options = storage_options if out is not None else layout.storage_options
+    store = open_shards(out if out is not None else f"{layout.url}/shards", options)
+    chunk_keys: list[tuple[int, str]] = []
+    chunk_of, src_of = [], []
+    for s, name in enumerate(packing.sources):
+        docs = pl.read_parquet(layout.source_dir(name) / "docs.parquet", columns=["chunk", "offset"])
+        keys = docs["chunk"].unique(maintain_order=True).to_list()
+        ids = {k: len(chunk_keys) + i for i, k in enumerate(keys)}
+        chunk_keys += [(s, k) for k in keys]
+        chunk_of.append(docs["chunk"].replace_strict(ids, return_dtype=pl.Int64).to_numpy())
+        src_of.append(docs["offset"].to_numpy())
+    ctx = ShardContext(
+        shards_url=store.url,
+        storage_options=store.storage_options,
+        source_chunks=tuple(f"{layout.url}/sources/{name}/chunks" for name in packing.sources),
+        chunk_options=layout.storage_options,
+        chunk_keys=tuple(chunk_keys),
+        seq_len=packing.seq_len,
+        dtype=np.dtype(token_dtype(vocab_size)).name,
+        pad_id=pad_id,
+        cost=info.cost,
+    )
+    shards: dict[int, ShardEntry] = {}
+    jobs = _jobs(packing, chunk_of, src_of, max(1, _SHARD_TOKENS // packing.seq_len))
+    for _i, entry in engine.map(write_shard_job, jobs, ctx, "write_shard"):
+        k = len(shards)
+        shards[entry.first_sequence] = entry
+        on_shard(k)
+    ordered = [shards[first] for first in sorted(shards)]
+    return seal_shards(store, info, ordered, np.asarray(packing.seq_step), packing.seq_len, ctx.dtype)
+
+
+def _build_info(
+    mix: Mix,
+    layout: BuildLayout,
+    packing: Packing,
+    tokenizer_fingerprint: str,
+    vocab_size: int,
+    pad_id: int,
+    eos_id: int | None,
+) -> BuildInfo:
+    """What the manifest records about the build besides its shards."""
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         planned = dict(con.sql("SELECT source, sum(length)::BIGINT FROM plan_units GROUP BY 1").fetchall())
         phases = con.sql(
@@ -105,7 +185,7 @@ def write_packed(
             documents_dropped=len(np.unique(drop[:, 1])),
         )
     balance = mix.balance
-    info = BuildInfo(
+    return BuildInfo(
         mix=mix.name,
         mix_fingerprint=mix.fingerprint(),
         tokenizer_fingerprint=tokenizer_fingerprint,
@@ -126,16 +206,4 @@ def write_packed(
             algorithm="best-fit-decreasing per step steered by per-source quota deficits, cost-aware ties, "
             "lookahead fill within phase"
         ),
-    )
-    return write_shards(
-        layout.shards_dir if out is None else out,
-        lambda lo, hi: gather_tokens(packing, docsets, lo, hi, dtype, pad_id),
-        packing.seq_step,
-        packing.seg_offsets,
-        packing.segments,
-        max(1, _SHARD_TOKENS // seq_len),
-        info,
-        seq_len=seq_len,
-        on_shard=on_shard,
-        storage_options=storage_options,
     )

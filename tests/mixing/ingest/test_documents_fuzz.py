@@ -79,7 +79,11 @@ def _check(r, out: Path, expected_ok: list[str], expected_bad: list[str]) -> Non
     q = [json.loads(x) for x in (out / "quarantine.jsonl").read_bytes().split(b"\n") if x]  # not splitlines: U+0085
     assert len(q) == r.docs_quarantined and all(x["file"] and x["reason"] for x in q)
     assert ds.docs["tokenizer"].unique().to_list() in ([TOK.fingerprint], [])
-    assert pl.Series(ds.docs["offset"]).is_sorted()
+    # each chunk's documents are back to back in its tokens, and the chunks follow one another
+    assert len(ds.docs["chunk"].rle()) == ds.docs["chunk"].n_unique()
+    starts = ds.docs.group_by("chunk", maintain_order=True).agg(pl.col("offset"), pl.col("n_tokens"))
+    for offsets, lengths in starts.select("offset", "n_tokens").iter_rows():
+        assert offsets == [sum(lengths[:i]) for i in range(len(lengths))]
 
 
 def _csv_row(*fields: str) -> bytes:

@@ -1,0 +1,142 @@
+"""Where a build's fan-out work runs: in this process (:class:`LocalEngine`, the embedded default) or as tasks
+on a Ray cluster (:class:`RayEngine`).
+
+A stage hands an engine one function and many small, picklable work items (a chunk of files to tokenize, a
+shard to write); each item's outputs go straight to the build root by the item's own code, and only a small
+summary comes back to the caller. Both engines run the *same* function on the same items, so a Ray build
+equals the local one byte for byte by construction.
+
+Fault tolerance is Ray's: a task whose worker process dies (killed, out of memory, node lost) is run again,
+up to ``max_retries`` times; an exception raised by the function itself is not retried (it is the data's or
+the code's, and would fail again) and reaches the caller as that exception. Work items must therefore be
+idempotent: written under write-once keys, or whole-file puts that a retry simply repeats.
+
+Ray is imported only when a :class:`RayEngine` first submits work: the embedded default never needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from mixing.errors import WeirError
+
+__all__ = ["LOCAL", "Engine", "EngineError", "LocalEngine", "RayEngine", "engine_named"]
+
+S = TypeVar("S")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class EngineError(WeirError):
+    """The engine could not run work (no Ray installed, no cluster at the address)."""
+
+
+class Engine(Protocol):
+    """Runs ``fn(shared, item)`` for every item; yields ``(index, result)`` as each finishes (any order)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def workers(self) -> int: ...
+
+    def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]: ...
+
+
+@dataclass(frozen=True)
+class LocalEngine:
+    """Every item in this process, one after another, in order."""
+
+    name: str = "local"
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+    def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]:
+        for i, item in enumerate(items):
+            yield i, fn(shared, item)
+
+
+@dataclass(frozen=True)
+class RayEngine:
+    """Items as Ray tasks on the cluster at ``address`` (``None``: a Ray instance started on this machine).
+
+    ``shared`` is put in Ray's object store once per :meth:`map`, not shipped with every task. At most
+    ``inflight`` tasks per worker are submitted ahead of the results, so the driver never holds more than
+    that many items or results (items may be generated lazily). The task's name (``label``) is the worker
+    process's title while it runs (``ray::<label>``), which is what an operator sees in ``ps`` and Ray's UI.
+    """
+
+    address: str | None = None
+    max_retries: int = 3
+    inflight: int = 4
+    name: str = "ray"
+
+    def connect(self) -> Any:
+        """The ``ray`` module, connected to the cluster (once per process)."""
+        try:
+            import ray
+        except ImportError:
+            raise EngineError("the ray engine needs ray: pip install 'ray>=2.40'") from None
+        if not ray.is_initialized():
+            try:
+                ray.init(
+                    address=self.address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False
+                )
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise EngineError(f"no Ray cluster at {self.address or 'this machine'}: {e}") from None
+        return ray
+
+    @property
+    def workers(self) -> int:
+        return max(1, int(self.connect().cluster_resources().get("CPU", 1)))
+
+    def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]:
+        ray = self.connect()
+        task = ray.remote(_call).options(name=label, max_retries=self.max_retries, retry_exceptions=False)
+        ref = ray.put(shared)
+        limit = max(1, self.workers * self.inflight)
+        pending: dict[Any, int] = {}
+        source = enumerate(items)
+        exhausted = False
+        while pending or not exhausted:
+            while not exhausted and len(pending) < limit:
+                nxt = next(source, None)
+                if nxt is None:
+                    exhausted = True
+                    break
+                pending[task.remote(fn, ref, nxt[1])] = nxt[0]
+            if not pending:
+                break
+            done, _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(done[0])
+            try:
+                result = ray.get(done[0])
+            except ray.exceptions.RayTaskError as e:  # the function's own exception, as its own type
+                for left in pending:
+                    ray.cancel(left)
+                raise e.as_instanceof_cause() from None
+            yield i, result
+
+
+LOCAL = LocalEngine()
+"""The embedded default."""
+
+
+def _call(fn: Callable[[S, T], R], shared: S, item: T) -> R:
+    return fn(shared, item)
+
+
+def engine_named(name: str, address: str | None = None) -> Engine:
+    """The engine called ``name`` (``local`` or ``ray``); ``address`` is the Ray cluster's (ray only)."""
+    if name == "local":
+        if address:
+            raise EngineError("--ray-address is for --engine ray")
+        return LOCAL
+    if name == "ray":
+        return RayEngine(address)
+    raise EngineError(f"unknown engine {name!r}: local or ray")

@@ -1,0 +1,194 @@
+"""A source's chunks in a build root (``<source>/chunks/<key>/``, any :class:`~mixing.format.store.Store`):
+which keys are there, tokenizing the missing ones on an engine, and checking them against their reports.
+
+Each chunk is written by exactly one work item (:func:`tokenize_missing`): on the local engine with a local
+root, by :func:`mixing.ingest.chunks.tokenize_chunks`'s pipelined loop straight into the folder (renamed into
+place whole); otherwise each chunk is a task (:mod:`mixing.engine`) that tokenizes into a local temporary
+folder on its worker and uploads the files, ``report.json`` last: the report is the chunk's commit record
+(checksums of the other three files and of itself), so a chunk without one is not there, whatever else a
+killed task left under its key, and a retried task simply writes it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from mixing.engine import Engine, LocalEngine
+from mixing.format.store import Store
+from mixing.ingest.chunks import CHUNK_FILES, REPORT, ChunkDamaged, Group, tokenize_chunks
+from mixing.ingest.tokenizer import TextTokenizer
+from mixing.spec.mixfile import SourceSpec
+
+__all__ = [
+    "ChunkDone",
+    "ChunkJob",
+    "ChunkRead",
+    "ChunkTokens",
+    "check_chunk",
+    "present_keys",
+    "tokenize_missing",
+    "verify_chunks",
+]
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """What every task of one source needs (shipped once per source to a distributed engine's workers)."""
+
+    spec: SourceSpec
+    tokenizer: TextTokenizer
+    chunks_url: str  # the source's chunks/ folder in the build root
+    chunks_options: dict[str, Any] | None  # fsspec options of the build root
+    source_options: dict[str, Any] | None  # fsspec options of the source's files
+
+    def store(self) -> Store:
+        return Store(self.chunks_url, self.chunks_options)
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    """One chunk written: its key, files read, documents kept, bytes of text read."""
+
+    key: str
+    files: int
+    documents: int
+    bytes_in: int
+
+
+@dataclass(frozen=True)
+class ChunkRead:
+    """A checked chunk: its report (``seen``, ``bytes_in``, ``reasons``, ``missing``), documents (``file``,
+    ``line``, ``n_tokens``, ``meta``), quarantine lines, and ``{name, bytes, sha256}`` of its ``report.json``."""
+
+    report: dict[str, Any]
+    docs: pl.DataFrame
+    quarantine: bytes
+    record: dict[str, Any]
+
+
+def present_keys(chunks: Store) -> set[str]:
+    """Keys of the chunks in ``chunks`` that have their ``report.json`` (one listing)."""
+    return {p.split("/", 1)[0] for p in chunks.walk("") if p.count("/") == 1 and p.endswith("/" + REPORT)}
+
+
+def tokenize_missing(
+    engine: Engine,
+    job: ChunkJob,
+    todo: list[tuple[Group, str]],
+    done_files: int,
+    started: float,
+    report: Callable[[int, int, int, int], None],
+) -> None:
+    """Tokenize the ``todo`` chunks (rows, key) into ``job``'s chunks folder on ``engine``.
+
+    ``report(files done, chunks done, documents kept, bytes of text read)`` about once a second and at the end;
+    files done start at ``done_files`` (the files of reused chunks). Raises what a task raised.
+    """
+    chunks = job.store()
+    if isinstance(engine, LocalEngine) and chunks.local:  # the embedded default: one pipelined loop
+        chunks.path.mkdir(parents=True, exist_ok=True)
+        tokenize_chunks(job.spec, todo, job.tokenizer, chunks.path, job.source_options, done_files, started, report)
+        return
+    files, docs, text, last = done_files, 0, 0, 0.0
+    for k, (_i, done) in enumerate(engine.map(_tokenize_one, todo, job, "tokenize_chunk"), start=1):
+        files, docs, text = files + done.files, docs + done.documents, text + done.bytes_in
+        if time.perf_counter() - last >= 1.0 or k == len(todo):
+            last = time.perf_counter()
+            report(files, k, docs, text)
+
+
+def _tokenize_one(job: ChunkJob, item: tuple[Group, str]) -> ChunkDone:
+    """One chunk, tokenized into a temporary folder on this worker and uploaded, ``report.json`` last."""
+    group, key = item
+    chunks = job.store()
+    with tempfile.TemporaryDirectory(prefix="weir-chunk-") as tmp:
+        tokenize_chunks(
+            job.spec, [item], job.tokenizer, Path(tmp), job.source_options, 0, time.perf_counter(), lambda *_: None
+        )
+        local = Path(tmp) / key
+        for name in CHUNK_FILES:
+            chunks.put_file(f"{key}/{name}", local / name)
+        chunks.put_file(f"{key}/{REPORT}", local / REPORT)  # last: the chunk exists from here on
+        rep = json.loads((local / REPORT).read_text())
+        kept = pl.read_parquet(local / "docs.parquet", columns=["n_tokens"]).height
+    return ChunkDone(key, len(group), kept, int(rep["bytes_in"]))
+
+
+def verify_chunks(engine: Engine, job: ChunkJob, keys: list[str]) -> dict[str, str]:
+    """Check every file of the chunks ``keys`` against their reports, on ``engine``; {key: what is wrong}."""
+    return {keys[i]: why for i, why in engine.map(_verify_one, keys, job, "verify_chunk") if why}
+
+
+def _verify_one(job: ChunkJob, key: str) -> str | None:
+    try:
+        check_chunk(job.store(), key, tokens=True)
+    except ChunkDamaged as e:
+        return str(e)
+    return None
+
+
+def check_chunk(chunks: Store, key: str, *, tokens: bool) -> ChunkRead:
+    """Read chunk ``key``'s report, documents and quarantine, checking each against the report's sha256 (and
+    ``tokens.bin`` too when ``tokens``, streamed, never held); raises :class:`ChunkDamaged`."""
+    try:
+        raw_report = chunks.read(f"{key}/{REPORT}")
+        rep = _report(raw_report)
+        sums = rep["sha256"]
+        if tokens:
+            got = chunks.digest(f"{key}/tokens.bin")
+            if got is None or got[1] != sums.get("tokens.bin"):
+                raise ChunkDamaged("tokens.bin sha256 mismatch" if got else "tokens.bin missing")
+        raw = {name: chunks.read(f"{key}/{name}") for name in CHUNK_FILES[1:]}
+    except (OSError, ValueError) as e:  # FileNotFoundError and the object stores' own errors
+        raise ChunkDamaged(f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}") from None
+    for name, data in raw.items():
+        if hashlib.sha256(data).hexdigest() != sums.get(name):
+            raise ChunkDamaged(f"{name} sha256 mismatch")
+    record = {"name": f"{key}/{REPORT}", "bytes": len(raw_report), "sha256": hashlib.sha256(raw_report).hexdigest()}
+    return ChunkRead(rep, pl.read_parquet(io.BytesIO(raw["docs.parquet"])), raw["quarantine.jsonl"], record)
+
+
+def _report(raw: bytes) -> dict[str, Any]:
+    """A chunk's report.json, checked against its own checksum; raises :class:`ChunkDamaged`."""
+    try:
+        rep = json.loads(raw)
+        check = rep.pop("check")
+        body = json.dumps(rep, sort_keys=True)
+    except (ValueError, KeyError, AttributeError, TypeError) as e:
+        raise ChunkDamaged(f"report.json unreadable: {type(e).__name__}") from None
+    if hashlib.sha256(body.encode()).hexdigest() != check or not isinstance(rep.get("sha256"), dict):
+        raise ChunkDamaged("report.json checksum mismatch")
+    return rep  # type: ignore[no-any-return]
+
+
+class ChunkTokens:
+    """Token ranges of the chunks in ``chunks``: memory maps of a local folder, ranged reads of a remote one."""
+
+    def __init__(self, chunks: Store) -> None:
+        self.chunks = chunks
+        self._maps: dict[str, np.ndarray] = {}
+
+    def ranges(self, key: str, starts: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+        """Tokens ``[starts[i], starts[i] + lengths[i])`` (token units, uint32) of chunk ``key``, one array each
+        (local: views of the map; remote: every range of the call fetched concurrently)."""
+        if self.chunks.local:
+            m = self._maps.get(key)
+            if m is None:
+                path = self.chunks.path / key / "tokens.bin"
+                m = np.memmap(path, dtype="<u4", mode="r") if path.stat().st_size else np.zeros(0, "<u4")
+                self._maps[key] = m
+            return [m[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
+        ends = (starts + lengths) * 4
+        raw = self.chunks.read_ranges(f"{key}/tokens.bin", (starts * 4).tolist(), ends.tolist())
+        return [np.frombuffer(b, dtype="<u4") for b in raw]
