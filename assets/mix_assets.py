@@ -7,16 +7,15 @@ stage table; the group is the mix name.
 
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import dagster as dg
 import polars as pl
 from dagster import AssetExecutionContext
 
+from assets.engine import WeirEngine
 from assets.plots import length_histogram_md, mixture_area_md
 from assets.storage import WeirStorage
-from mixing import Mix, stages
-from mixing.format.shards import ShardSet
+from mixing import BuildLayout, Mix, stages
 from mixing.ingest.records import chat_markers_warning
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureReport, goal_text, unit_goal
@@ -74,10 +73,10 @@ def _mixture_check(
     )
 
 
-def _stream_check(root: Path, built: MixtureReport) -> dg.AssetCheckResult:
+def _stream_check(root: BuildLayout, built: MixtureReport) -> dg.AssetCheckResult:
     """The ``mixture_error`` check of the build's steps and, when the mix file regroups them, of the stream
     the trainer receives (:func:`assets.stream.stream_report`): the worse of the two is judged."""
-    regroup = ShardSet(root / "shards").manifest.regrouping
+    regroup = root.shard_set().manifest.regrouping
     if regroup.window <= 1:
         return _mixture_check(
             built.window, built.phase, "realized after packing", (built.unit_window, built.unit_phase)
@@ -167,7 +166,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             "docs_accounted": "Every record read is kept or quarantined: docs_seen = docs_kept + docs_quarantined.",
         },
     )
-    def documents(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
+    def documents(context: AssetExecutionContext, storage: WeirStorage, engine: WeirEngine) -> dg.MaterializeResult:
         layout = storage.layout(mix)
         name = context.partition_key
         chat = chat_markers_warning(
@@ -176,7 +175,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         if chat:
             _LOG.warning(chat)
             context.log.warning(chat)
-        r = stages.tokenize(mix, layout, name, context.log.info, _s3(mix, storage))
+        r = stages.tokenize(mix, layout, name, context.log.info, _s3(mix, storage), engine.engine())
         accounted = r.docs_seen == r.docs_kept + r.docs_quarantined
         warnings = [*([chat] if chat else []), *r.warnings]
         return dg.MaterializeResult(
@@ -187,7 +186,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "tokens": r.tokens,
                 "bytes": r.bytes_in,
                 "quarantine_reasons": r.quarantine_reasons,
-                "quarantine": dg.MetadataValue.path(str(layout.source_dir(name) / "quarantine.jsonl")),
+                "quarantine": dg.MetadataValue.path(f"{layout.url}/sources/{name}/quarantine.jsonl"),
                 "quarantine_sample": dg.MetadataValue.json(r.quarantine_sample),
                 "tokenizer_fingerprint": r.tokenizer,
                 "chunks": r.chunks,
@@ -195,6 +194,8 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "chunks_damaged": len(r.chunks_damaged),
                 "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in warnings) or "none"),
                 "mb_per_s": round(r.bytes_in / 1e6 / max(r.seconds, 1e-9), 2),
+                "engine": r.engine,
+                "workers": r.workers,
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -284,15 +285,15 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             "mixture_error": "Realized shares in the shards: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
         },
     )
-    def packed_shards(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
+    def packed_shards(context: AssetExecutionContext, storage: WeirStorage, engine: WeirEngine) -> dg.MaterializeResult:
         layout = storage.layout(mix)
-        stages.pack(mix, layout)
-        r = inspect_build(layout.root)  # hashes every shard (in threads) once; the CLI reads the saved figures
-        write_report(layout.root, r)
+        stages.pack(mix, layout, engine=engine.engine())
+        r = inspect_build(layout)  # hashes every shard (in threads) once; the CLI reads the saved figures
+        write_report(layout, r)
         eff, trunc, bad, me = r.packing_efficiency, r.truncated_docs, r.corrupt_files, r.mixture_error
         return dg.MaterializeResult(
             metadata={
-                "path": dg.MetadataValue.path(str(layout.shards_dir)),
+                "path": dg.MetadataValue.path(layout.shards_url),
                 "sequences": r.sequences,
                 "tokens": r.tokens,
                 "packing_efficiency": eff,
@@ -320,7 +321,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                     passed=not bad,
                     description="all shard checksums match" if not bad else f"corrupt: {', '.join(bad)}",
                 ),
-                _stream_check(layout.root, me),
+                _stream_check(layout, me),
             ],
         )
 

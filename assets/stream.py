@@ -11,21 +11,20 @@ import duckdb
 
 from loaders.stream import stream_compositions, stream_planner
 from mixing.format.layout import BuildLayout
-from mixing.format.shards import ShardSet
 from mixing.plan.mixture import compositions_mixture_error, largest_sequence
 from mixing.report import StreamMixtureReport
 
 __all__ = ["stream_report"]
 
 
-def stream_report(root: str | Path) -> StreamMixtureReport:
+def stream_report(root: str | Path | BuildLayout) -> StreamMixtureReport:
     """``mixture_error`` of the trainer's stream of the finished build at ``root`` under its manifest's
     ``regroup``: the keys of :func:`mixing.report.inspect_build`'s ``mixture_error`` plus ``regroup``
     (the window, period and slack it was measured with)."""
-    layout = BuildLayout(Path(root))
+    layout = BuildLayout.of(root if isinstance(root, BuildLayout) else Path(root))
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
-    shards = ShardSet(layout.shards_dir)
+    shards = layout.shard_set()
     steps = stream_compositions(stream_planner(shards))
     me = compositions_mixture_error(steps, list(shards.manifest.sources or ()), quotas, unit=largest_sequence(shards))
     return StreamMixtureReport(**dict(me.report()), regroup=shards.manifest.regrouping)

@@ -127,11 +127,11 @@ class BuildReport(_Report):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-def build_mixture_error(root: Path, shards: ShardSet | None = None) -> MixtureError:
+def build_mixture_error(root: Path | BuildLayout, shards: ShardSet | None = None) -> MixtureError:
     """``mixture_error`` of a finished build: its shards' tokens per step and source (what the trainer
     gets) against the plan's quotas in the build's DuckDB file (``shards`` default: the build's)."""
-    layout = BuildLayout(root)
-    shards = ShardSet(layout.shards_dir) if shards is None else shards
+    layout = BuildLayout.of(root)
+    shards = layout.shard_set() if shards is None else shards
     quotas = _query(layout, lambda con: con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl())
     planned = set(quotas["source"].to_list())
     steps = int(quotas["step"].max()) + 1 if len(quotas) else 0
@@ -155,15 +155,15 @@ def _query(layout: BuildLayout, read: Callable[[duckdb.DuckDBPyConnection], Any]
         raise BuildError(f"{layout.duckdb}: cannot read it ({_first_line(e)}); rebuild") from None
 
 
-def inspect_build(root: Path) -> BuildReport:
+def inspect_build(root: Path | BuildLayout) -> BuildReport:
     """The figures of the finished build in ``root`` (see :class:`BuildReport`), every shard file hashed.
 
     Raises :class:`~mixing.format.shards.ShardError` or :class:`BuildError`, one line naming the file, when the
     manifest, a shard file or the DuckDB file cannot be read or does not fit; when a shard file also differs
     from its checksum, the error names that difference (the cause) rather than what it broke.
     """
-    layout = BuildLayout(root)
-    shards = ShardSet(layout.shards_dir)
+    layout = BuildLayout.of(root)
+    shards = layout.shard_set()
     absent = shards.manifest.lacks()
     if absent:
         raise ShardError(f"{shards.url}/{MANIFEST}: lacks {absent}, which weir build writes; not a weir build")
@@ -243,7 +243,7 @@ def _figures(layout: BuildLayout, shards: ShardSet, problems: dict[str, str]) ->
             mean=float(counts.mean()) if n else 0.0, max=int(counts.max()) if n else 0
         ),
         per_source=per_source,
-        mixture_error=build_mixture_error(layout.root, shards).report(),
+        mixture_error=build_mixture_error(layout, shards).report(),
         phases=m.phases,
         corrupt_files=tuple(problems),
         file_problems=problems,
@@ -258,16 +258,17 @@ def _report_digest(manifest_sha256: str, report: dict[str, Any]) -> str:
 
 def _sealed(layout: BuildLayout) -> str | None:
     """The ``manifest_sha256`` of the build's manifest (None when it has none)."""
-    return parse_manifest(layout.manifest.read_bytes(), str(layout.manifest))[0].manifest_sha256
+    name = f"shards/{MANIFEST}"
+    return parse_manifest(layout.store().read(name), f"{layout.url}/{name}")[0].manifest_sha256
 
 
-def write_report(root: Path, report: BuildReport) -> None:
+def write_report(root: Path | BuildLayout, report: BuildReport) -> None:
     """Save :func:`inspect_build`'s ``report`` of the build in ``root`` as ``root/report.json``.
 
     Tied to the manifest it describes (its ``manifest_sha256``) and checksummed, so :func:`saved_report`
     never returns figures of other shards or an edited file.
     """
-    layout = BuildLayout(root)
+    layout = BuildLayout.of(root)
     sealed, body = _sealed(layout) or "", report.as_json()
     write_json_atomic(
         layout.root / REPORT,
@@ -275,10 +276,10 @@ def write_report(root: Path, report: BuildReport) -> None:
     )
 
 
-def saved_report(root: Path) -> BuildReport | None:
+def saved_report(root: Path | BuildLayout) -> BuildReport | None:
     """The report :func:`write_report` saved for the build in ``root``, or None when it is absent, damaged,
     or not about the shards there now (then run :func:`inspect_build`). Hashes no shard file."""
-    layout = BuildLayout(root)
+    layout = BuildLayout.of(root)
     try:
         saved = json.loads((layout.root / REPORT).read_text())
         sealed = _sealed(layout)

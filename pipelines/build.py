@@ -14,18 +14,24 @@ import dagster as dg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from assets import mix_assets
+from assets import WeirEngine, mix_assets
 from mixing import Mix, stages
-from pipelines.resources import storage_resource
+from pipelines.resources import engine_resource, storage_resource
 
 __all__ = ["build_mix", "progress_display", "step_line", "warnings_to"]
 
 
 def build_mix(
-    mix: Mix, out: Path, say: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None
+    mix: Mix,
+    out: Path | str,
+    say: Callable[[str], None] = print,
+    instance: dg.DagsterInstance | None = None,
+    engine: WeirEngine | None = None,
 ) -> None:
-    """Build ``mix`` into ``out`` by materializing its assets and checks, stage by stage in the order of
-    :data:`mixing.stages.STAGES`, a per-source stage once per source (sorted).
+    """Build ``mix`` into ``out`` (a local folder, or an fsspec URL: see :class:`assets.WeirStorage`) by
+    materializing its assets and checks, stage by stage in the order of :data:`mixing.stages.STAGES`, a
+    per-source stage once per source (sorted). ``engine`` runs the stages' fan-out work (default: the
+    ``local`` engine, in this process).
 
     Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
     there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
@@ -34,7 +40,7 @@ def build_mix(
     ``warning: ...`` lines.
     """
     defs = mix_assets(mix)
-    resources = {"storage": storage_resource(out, per_mix=False)}
+    resources = {"storage": storage_resource(out, per_mix=False), "engine": engine or engine_resource(kind="local")}
     instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 

@@ -20,7 +20,7 @@ from mixing import Mix, MixError, WeirError, load_mix
 from pipelines import PROJECT_ROOT
 from pipelines.automation import automated, automation_sensor
 from pipelines.executors import executor_from_env
-from pipelines.resources import storage_resource
+from pipelines.resources import engine_resource, storage_resource
 from pipelines.schedules import nightly_schedule
 from pipelines.sensors import source_sensor
 
@@ -46,7 +46,7 @@ def mix_job(mix: Mix) -> AssetJob:
     )
 
 
-def load_definitions(mixes_dir: Path, build_root: Path) -> dg.Definitions:
+def load_definitions(mixes_dir: Path, build_root: Path | str) -> dg.Definitions:
     """Definitions for every ``*.yaml`` mix file in ``mixes_dir`` (sorted by name).
 
     A file that does not load (an invalid mix, or a name another file already declares) takes down no other
@@ -97,12 +97,12 @@ def load_definitions(mixes_dir: Path, build_root: Path) -> dg.Definitions:
         jobs=jobs,
         schedules=schedules,
         sensors=sensors,
-        resources={"storage": storage_resource(build_root)},
+        resources={"storage": storage_resource(build_root), "engine": engine_resource()},
         executor=executor_from_env(),
     )
 
 
 defs = load_definitions(
     Path(os.environ.get("WEIR_MIXES", PROJECT_ROOT / "mixes")),
-    Path(os.environ.get("WEIR_BUILD_ROOT", PROJECT_ROOT / "build")),
+    os.environ.get("WEIR_BUILD_ROOT", str(PROJECT_ROOT / "build")),
 )

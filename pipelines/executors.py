@@ -1,4 +1,4 @@
-"""Where a run's steps execute: the multiprocess executor by default, a cluster executor by configuration.
+"""Where a run's steps execute: every step in its own process by default, or all in the run's process.
 
 The choice is configuration, not code: ``WEIR_EXECUTOR`` picks the executor when the definitions load,
 and the chosen executor's own settings come from the run config's ``execution: config:`` block.
@@ -9,10 +9,10 @@ and the chosen executor's own settings come from the run config's ``execution: c
 ``multiprocess``   (default) every step in its own process on this machine, up to
                    ``WEIR_MAX_CONCURRENT`` steps at once (default: one per CPU)
 ``in_process``     every step in the run's own process (debugging, tiny mixes)
-``k8s``            every step in its own Kubernetes pod: ``dagster_k8s.k8s_job_executor``
-                   (``pip install dagster-k8s``; its run config takes ``job_namespace``,
-                   ``image_pull_policy``, ``max_concurrent``, ``step_k8s_config`` …)
 ===============  ============================================================================
+
+A build's heavy work does not scale with the executor but with the ``engine`` resource
+(:mod:`assets.engine`): the steps submit tokenizing and shard writing to a Ray cluster.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from mixing.errors import WeirError
 
 __all__ = ["EXECUTORS", "ExecutorChoiceError", "executor_from_env"]
 
-EXECUTORS = ("multiprocess", "in_process", "k8s")
+EXECUTORS = ("multiprocess", "in_process")
 
 
 class ExecutorChoiceError(WeirError, ValueError):
@@ -45,10 +45,4 @@ def executor_from_env(env: Mapping[str, str] = os.environ) -> dg.ExecutorDefinit
         return dg.multiprocess_executor.configured({"max_concurrent": int(limit)}, name="multiprocess")
     if kind == "in_process":
         return dg.in_process_executor
-    if kind == "k8s":
-        try:
-            from dagster_k8s import k8s_job_executor  # type: ignore[import-not-found]
-        except ImportError as e:
-            raise ExecutorChoiceError("WEIR_EXECUTOR=k8s needs the dagster-k8s package: pip install dagster-k8s") from e
-        return k8s_job_executor  # type: ignore[no-any-return]
     raise ExecutorChoiceError(f"WEIR_EXECUTOR={kind!r}: expected one of {', '.join(EXECUTORS)}")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import WeirStorage
-from mixing import Mix
+from assets import WeirEngine, WeirStorage
+from mixing import Mix, WeirError
 
-__all__ = ["S3_ENV", "mix_storage_options", "storage_resource"]
+__all__ = ["S3_ENV", "engine_resource", "mix_storage_options", "storage_resource"]
 
 # WeirStorage field → environment variable (the AWS SDKs' standard names, so existing setups just work).
 S3_ENV = {
@@ -24,7 +24,7 @@ S3_ENV = {
 }
 
 
-def storage_resource(root: Path, env: Mapping[str, str] = os.environ, per_mix: bool = True) -> WeirStorage:
+def storage_resource(root: Path | str, env: Mapping[str, str] = os.environ, per_mix: bool = True) -> WeirStorage:
     """The ``storage`` resource: builds under ``root`` (``root/<mix>`` when ``per_mix``); S3 from the environment.
 
     Only fields that :class:`WeirStorage` declares and whose variable is set are bound (an unset
@@ -33,6 +33,21 @@ def storage_resource(root: Path, env: Mapping[str, str] = os.environ, per_mix: b
     fields = WeirStorage.model_fields
     s3 = {f: dg.EnvVar(var) for f, var in S3_ENV.items() if f in fields and env.get(var)}
     return WeirStorage(root=str(root), per_mix=per_mix, **s3)  # type: ignore[arg-type]
+
+
+def engine_resource(
+    env: Mapping[str, str] = os.environ, kind: str | None = None, address: str | None = None
+) -> WeirEngine:
+    """The ``engine`` resource: ``kind`` (default ``$WEIR_ENGINE``, else ``local``) and the Ray cluster's
+    ``address`` (default ``$WEIR_RAY_ADDRESS``, bound as an ``EnvVar`` so the UI shows where it comes from)."""
+    kind = kind or env.get("WEIR_ENGINE", "").strip() or "local"
+    if kind not in ("local", "ray"):
+        raise WeirError(f"engine {kind!r} (WEIR_ENGINE or --engine): expected local or ray")
+    if address:
+        return WeirEngine(kind=kind, ray_address=address)  # type: ignore[arg-type]
+    if kind == "ray" and env.get("WEIR_RAY_ADDRESS"):
+        return WeirEngine(kind=kind, ray_address=dg.EnvVar("WEIR_RAY_ADDRESS"))  # type: ignore[arg-type]
+    return WeirEngine(kind=kind)  # type: ignore[arg-type]
 
 
 def mix_storage_options(mix: Mix, env: Mapping[str, str] = os.environ) -> dict[str, object] | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mixing.format.shards import ShardSet
     from mixing.format.store import Store
 
 __all__ = ["BuildLayout", "atomic_path", "file_mode", "write_json_atomic"]
@@ -35,10 +36,26 @@ class BuildLayout:
     target: str | None = None
     storage_options: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
+    @classmethod
+    def of(cls, root: Path | BuildLayout) -> BuildLayout:
+        """``root`` itself when it is a layout, else the layout of the local build folder ``root``."""
+        return root if isinstance(root, BuildLayout) else cls(Path(root))
+
     @property
     def url(self) -> str:
         """Where the build is published: ``target``, or ``root`` itself."""
         return self.target or str(self.root)
+
+    @property
+    def shards_url(self) -> str:
+        """The shard folder in the build root (what ``PackedDataset`` and ``weir inspect`` read)."""
+        return f"{self.url}/shards"
+
+    def shard_set(self) -> ShardSet:
+        """The build's shards (:class:`mixing.format.shards.ShardSet`), wherever the build root is."""
+        from mixing.format.shards import ShardSet
+
+        return ShardSet(self.shards_url, self.storage_options)
 
     def store(self) -> Store:
         """The build root's storage (:class:`mixing.format.store.Store` at :attr:`url`)."""
