@@ -7,8 +7,10 @@ a stage writes anything it removes its record (:func:`uncommit`), so a run kille
 record of that stage, never one that lists a half-written file. A reader trusts only files a record lists,
 and only as far as :func:`verify` finds them as listed.
 
-Format: ``{"stage", "partition", "files": {name: {"bytes", "sha256"}}, "summary": {...}, "check"}``;
-``check`` is the sha256 of the record's JSON (sorted keys) without ``check``.
+Format: ``{"stage", "partition", "files": {name: {"bytes", "sha256"}}, "summary": {...}, "check"}``, as
+``json.dumps(record, indent=1)`` writes it; ``check`` is the sha256 of the record's JSON (sorted keys) without
+``check``. A record reads back only when its bytes are exactly what the writer wrote, so any change to them (in
+a value, or in whitespace or an escape that JSON would read past) makes it unreadable.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ def _check(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def _text(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, indent=1).encode()
+
+
 def commit(
     root: Store,
     stage: str,
@@ -56,17 +62,14 @@ def commit(
 ) -> Commit:
     """Write the commit record of ``stage`` (``partition``) listing ``files`` (``{name, bytes, sha256}``, as
     :meth:`Store.put` returns them); call it after every listed file is written."""
-    listed: dict[str, dict[str, Any]] = {
-        f["name"]: {"bytes": int(f["bytes"]), "sha256": str(f["sha256"])} for f in files
-    }
-    body: dict[str, Any] = {
-        "stage": stage,
-        "partition": partition,
-        "files": listed,
-        "summary": summary or {},
-    }
-    root.put(record_name(stage, partition), json.dumps({**body, "check": _check(body)}, indent=1).encode())
-    return Commit(stage, partition, {n: (v["bytes"], v["sha256"]) for n, v in listed.items()}, summary or {})
+    listed = {f["name"]: {"bytes": int(f["bytes"]), "sha256": str(f["sha256"])} for f in files}
+    # as JSON reads it back (tuples as lists, keys as strings), so that the check and the Commit returned here are
+    # the ones read_commit computes and returns
+    body: dict[str, Any] = json.loads(
+        json.dumps({"stage": stage, "partition": partition, "files": listed, "summary": summary or {}})
+    )
+    root.put(record_name(stage, partition), _text({**body, "check": _check(body)}))
+    return Commit(stage, partition, {n: (v["bytes"], v["sha256"]) for n, v in body["files"].items()}, body["summary"])
 
 
 def uncommit(root: Store, stage: str, partition: str | None) -> None:
@@ -75,12 +78,19 @@ def uncommit(root: Store, stage: str, partition: str | None) -> None:
 
 
 def read_commit(root: Store, stage: str, partition: str | None) -> Commit | None:
-    """The record of ``stage`` (``partition``), or None when it is missing or fails its own checksum."""
+    """The record of ``stage`` (``partition``), or None when it is missing, is not byte for byte as written, or
+    fails its own checksum. Other errors reading it (permissions, network) are raised, not taken for "missing"."""
     try:
-        rec = json.loads(root.read(record_name(stage, partition)))
+        data = root.read(record_name(stage, partition))
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    try:
+        rec = json.loads(data)
+        if _text(rec) != data:
+            return None
         check = rec.pop("check")
         files = {str(n): (int(v["bytes"]), str(v["sha256"])) for n, v in rec["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or not shaped as a record
         return None
     if check != _check(rec) or rec.get("stage") != stage or rec.get("partition") != partition:
         return None
@@ -89,29 +99,34 @@ def read_commit(root: Store, stage: str, partition: str | None) -> Commit | None
 
 def committed(root: Store) -> list[Commit | str]:
     """Every record in ``root``: a :class:`Commit` for each that reads back whole, the record's name for each that
-    does not (damaged, or written by something else)."""
+    does not (damaged, or written by something else). Hidden names (a writer's temporary files) are not records."""
     out: list[Commit | str] = []
     for entry in root.names(COMMITS):
+        if entry.startswith("."):
+            continue
         if entry.endswith(".json"):
             found = read_commit(root, entry.removesuffix(".json"), None)
             out.append(found or f"{COMMITS}/{entry}")
         else:
             for rec in root.names(f"{COMMITS}/{entry}"):
+                if rec.startswith("."):
+                    continue
                 found = read_commit(root, entry, rec.removesuffix(".json"))
                 out.append(found or f"{COMMITS}/{entry}/{rec}")
     return out
 
 
 def verify(root: Store, c: Commit, *, deep: bool = True) -> list[str]:
-    """What is wrong with the files ``c`` lists in ``root`` (missing, other size, other sha256 when ``deep``);
-    empty when all of them are as published."""
+    """What is wrong with the files ``c`` lists in ``root``, one line each in name order (missing, other size,
+    and other sha256 when ``deep``; without ``deep`` no file is read); empty when all of them are as published."""
     problems = []
     for name, (size, sha) in sorted(c.files.items()):
-        if not deep:
-            if not root.exists(name):
-                problems.append(f"{name}: missing")
-            continue
-        got = root.digest(name)
+        got: tuple[int, str] | None
+        if deep:
+            got = root.digest(name)
+        else:
+            n = root.size(name)
+            got = None if n is None else (n, sha)
         if got is None:
             problems.append(f"{name}: missing")
         elif got != (size, sha):

@@ -2,10 +2,12 @@
 
 Writes are whole-file and checksummed: every write returns the file's size and sha256, computed while
 writing (no second read). Local files are written under a temporary name beside the target and renamed
-(``layout.atomic_path``). On object stores (s3, gcs, azure, memory) an object appears whole when its upload
-completes, so it is written straight to its key: there is no rename there, and what makes a set of objects
-trustworthy is the record written after them (a stage's commit record, :mod:`mixing.format.commit`; the
-shards' manifest). Other fsspec filesystems get a temporary name and a move, as local files do.
+(``layout.atomic_path``). On object stores (s3, gcs, azure) an object appears whole when its upload
+completes, so it is written straight to its key, and a write that fails aborts its upload (the key keeps what it
+had): there is no rename there, and what makes a set of objects trustworthy is the record written after them (a
+stage's commit record, :mod:`mixing.format.commit`; the shards' manifest). Other fsspec filesystems (memory://
+included: its files are visible from their open) get a temporary name and a move, as local files do. Remote
+listings are not cached: other processes write into the same root.
 
 :meth:`Store.open` is the checked way in: a URL whose protocol fsspec does not know, or a root it cannot
 reach (no such bucket, no endpoint, refused credentials), is one :class:`StoreError` line that names the
@@ -31,7 +33,11 @@ from mixing.format.layout import atomic_path
 
 __all__ = ["HashingWriter", "Store", "StoreError", "is_local", "redact_url", "sha256_file"]
 
-_WHOLE_ON_UPLOAD = {"s3", "s3a", "gs", "gcs", "abfs", "az", "memory"}  # an object is visible only once complete
+# An object on these is visible only once its upload completes (a memory:// file is visible from its open, so it
+# is not one of them).
+_WHOLE_ON_UPLOAD = {"s3", "s3a", "gs", "gcs", "abfs", "az"}
+_SECRET_OPTION = re.compile(r"key|secret|token|pass|cred|sas|auth", re.I)  # storage option names holding secrets
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@]*|[^@]*:[^@]*)@", re.I)  # may hold an unescaped "/"
 
 
 class StoreError(WeirError):
@@ -71,7 +77,7 @@ def is_local(url: str) -> bool:
 
 def redact_url(url: str) -> str:
     """``url`` without credentials (``s3://KEY:SECRET@bucket`` → ``s3://***@bucket``) for messages."""
-    return re.sub(r"^([a-z0-9+.-]+://)[^/@]*@", r"\1***@", str(url))
+    return _USERINFO.sub(r"\1***@", str(url))
 
 
 class Store:
@@ -85,38 +91,59 @@ class Store:
         self.local = is_local(self.url)
         self.path = Path(self.url.removeprefix("file://"))
         self.storage_options = dict(storage_options or {})
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        # No listings cache: other processes (a cluster's workers) write into the same root, and a stale listing
+        # would hide their files from names() and exists().
+        options = self.storage_options if self.local else {"use_listings_cache": False, **self.storage_options}
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
         protocol = self.fs.protocol
         self.protocol = protocol[0] if isinstance(protocol, tuple | list) else str(protocol)
 
     @classmethod
     def open(cls, url: str | Path, storage_options: dict[str, Any] | None = None) -> Store:
         """A store at ``url`` that is known reachable: a local folder (created), or a remote root whose bucket
-        answers a listing. Raises :class:`StoreError` (one line, no credentials) otherwise."""
-        shown = redact_url(str(url))
+        answers a listing (within seconds on s3). Raises :class:`StoreError` (one line that names the root, no
+        credentials) otherwise: unknown protocol, credentials in a URL its filesystem does not read, no bucket,
+        refused credentials, unreachable endpoint."""
+        hidden = _secrets(str(url), storage_options or {})
+
+        def refuse(why: str) -> StoreError:
+            return StoreError(_scrub(f"build root {redact_url(str(url))}: {why}", hidden))
+
         if not is_local(str(url)):
             protocol = str(url).split("://", 1)[0]
             try:
                 fsspec.get_filesystem_class(protocol)
             except (ValueError, ImportError) as e:
-                raise StoreError(f"build root {shown}: no fsspec filesystem for {protocol}:// ({e})") from None
+                raise refuse(f"no fsspec filesystem for {protocol}:// ({_one_line(e)})") from None
         try:
             store = cls(url, storage_options)
         except Exception as e:  # a filesystem's constructor refusing its options
-            raise StoreError(f"build root {shown}: {type(e).__name__}: {_first_line(e)}") from None
+            raise refuse(f"{type(e).__name__}: {_one_line(e)}") from None
         if store.local:
             try:
                 store.path.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise StoreError(f"build root {shown}: cannot create it ({e.strerror})") from None
+                raise refuse(f"cannot create it ({e.strerror})") from None
             return store
+        if _USERINFO.match(str(url)) and "@" in store.root:  # the filesystem took them for part of the path
+            raise refuse(f"{store.protocol}:// does not read credentials from the URL; give them in storage_options")
         bucket = store.root.split("/", 1)[0]
         try:
-            store.fs.ls(bucket, detail=False)
+            probe = store.fs
+            if store.protocol == "s3":  # answer in seconds, not after botocore's minutes of retries and timeouts
+                # (the caller's own config_kwargs win; the store itself keeps the caller's options; a fresh dict
+                # each time, as botocore rewrites "retries" in place)
+                probing = {"connect_timeout": 5, "read_timeout": 10, "retries": {"total_max_attempts": 2}}
+                opts = {**store.storage_options, "skip_instance_cache": True}
+                opts["config_kwargs"] = {**probing, **opts.get("config_kwargs", {})}
+                probe = fsspec.core.url_to_fs(store.url, **opts)[0]
+            probe.ls(bucket, detail=False)
         except FileNotFoundError:
-            raise StoreError(f"build root {shown}: no bucket {bucket!r} at this endpoint; create it first") from None
-        except Exception as e:  # refused credentials, no endpoint: botocore's and aiohttp's own types
-            raise StoreError(f"build root {shown}: unreachable ({type(e).__name__}: {_first_line(e)})") from None
+            raise refuse(f"no bucket {bucket!r} at this endpoint; create it first") from None
+        except PermissionError as e:
+            raise refuse(f"access refused ({_one_line(e)})") from None
+        except Exception as e:  # no endpoint, a timeout: botocore's and aiohttp's own types
+            raise refuse(f"unreachable ({type(e).__name__}: {_one_line(e)})") from None
         return store
 
     def key(self, name: str) -> str:
@@ -127,23 +154,37 @@ class Store:
         return Store(f"{self.url}/{name}", self.storage_options)
 
     def put(self, name: str, write: Callable[[BinaryIO], None] | bytes) -> dict[str, Any]:
-        """Write ``name`` whole (``write(stream)``, or the bytes given); return ``{name, bytes, sha256}``."""
+        """Write ``name`` whole (``write(stream)``, or the bytes given); return ``{name, bytes, sha256}``.
+
+        Whole or not at all: when ``write`` raises, ``name`` keeps what it had (nothing, or the previous file)
+        and no temporary file or pending upload is left behind."""
         fill = _writer(write)
         if self.local:
             with atomic_path(self.path / name) as tmp, tmp.open("wb") as f:
                 hw = HashingWriter(f)
                 fill(hw)  # type: ignore[arg-type]
         elif self.protocol in _WHOLE_ON_UPLOAD:
-            with self.fs.open(self.key(name), "wb") as f:
+            f = self.fs.open(self.key(name), "wb")
+            try:
                 hw = HashingWriter(f)
                 fill(hw)  # type: ignore[arg-type]
+                f.close()  # completes the upload: the object appears, whole
+            except BaseException:
+                f.discard()  # abort the upload (closing the file would complete it with what was written)
+                f.closed = True
+                raise
         else:
             parent, _, base = name.rpartition("/")
             remote_tmp = self.key(f"{parent + '/' if parent else ''}.{base}.{uuid.uuid4().hex}.tmp")
-            with self.fs.open(remote_tmp, "wb") as f:
-                hw = HashingWriter(f)
-                fill(hw)  # type: ignore[arg-type]
-            self.fs.mv(remote_tmp, self.key(name))
+            try:
+                with self.fs.open(remote_tmp, "wb") as f:
+                    hw = HashingWriter(f)
+                    fill(hw)  # type: ignore[arg-type]
+                self.fs.mv(remote_tmp, self.key(name))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.fs.rm(remote_tmp)
+                raise
         return {"name": name, "bytes": hw.n, "sha256": hw.h.hexdigest()}
 
     def put_file(self, name: str, local: Path) -> dict[str, Any]:
@@ -164,11 +205,12 @@ class Store:
         if self.local:
             p = self.path / folder
             return sorted(x.name for x in p.iterdir()) if p.is_dir() else []
+        path = self.key(folder) if folder else self.root
         try:
-            listed = self.fs.ls(self.key(folder) if folder else self.root, detail=False)
+            listed = [x.rstrip("/") for x in self.fs.ls(path, detail=False)]
         except FileNotFoundError:
             return []
-        return sorted(x.rstrip("/").rsplit("/", 1)[-1] for x in listed)
+        return sorted(x.rsplit("/", 1)[-1] for x in listed if x != path)  # ls of a file lists the file itself
 
     def walk(self, folder: str) -> list[str]:
         """Every file under ``folder``, as paths relative to it (sorted); [] if missing. One listing, even remote."""
@@ -198,7 +240,6 @@ class Store:
         else:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(self.key(folder), recursive=True)
-            self.fs.invalidate_cache()
 
     def read(self, name: str) -> bytes:
         if self.local:
@@ -206,26 +247,49 @@ class Store:
         return self.fs.cat_file(self.key(name))  # type: ignore[no-any-return]
 
     def read_ranges(self, name: str, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
-        """Bytes ``[starts[i], ends[i])`` of ``name``, one ``bytes`` each; remote ranges are fetched concurrently."""
+        """Bytes ``[starts[i], ends[i])`` of ``name``, one ``bytes`` each (empty where ``ends[i] <= starts[i]``);
+        remote ranges are fetched concurrently. Raises the first error (a missing file: FileNotFoundError)."""
+        ranges = list(zip(starts, ends, strict=True))
         if self.local:
             with (self.path / name).open("rb") as f:
                 out = []
-                for s, e in zip(starts, ends, strict=True):
+                for s, e in ranges:
                     f.seek(s)
-                    out.append(f.read(e - s))
+                    out.append(f.read(max(0, e - s)))
                 return out
-        key = self.key(name)
-        return list(self.fs.cat_ranges([key] * len(starts), list(starts), list(ends)))
+        out = [b""] * len(ranges)
+        wanted = [i for i, (s, e) in enumerate(ranges) if e > s]  # an empty HTTP range would fetch the whole object
+        got = self.fs.cat_ranges(
+            [self.key(name)] * len(wanted),
+            [ranges[i][0] for i in wanted],
+            [ranges[i][1] for i in wanted],
+            on_error="raise",  # fsspec's default returns the exceptions in the list, as if they were bytes
+        )
+        for i, data in zip(wanted, got, strict=True):
+            out[i] = data
+        return out
+
+    def size(self, name: str) -> int | None:
+        """Bytes of ``name``, or None when it is missing (one stat or HEAD request, no read)."""
+        if self.local:
+            p = self.path / name
+            return p.stat().st_size if p.is_file() else None
+        try:
+            return int(self.fs.size(self.key(name)))
+        except FileNotFoundError:
+            return None
 
     def digest(self, name: str) -> tuple[int, str] | None:
         """(bytes, sha256) of ``name``, or None when it is missing."""
         if self.local:
             p = self.path / name
             return (p.stat().st_size, sha256_file(p)) if p.exists() else None
-        if not self.fs.exists(self.key(name)):
-            return None
         h, n = hashlib.sha256(), 0
-        with self.fs.open(self.key(name), "rb") as f:
+        try:
+            f = self.fs.open(self.key(name), "rb")
+        except FileNotFoundError:
+            return None
+        with f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
                 n += len(block)
@@ -248,6 +312,31 @@ def _copy(src: BinaryIO, dst: BinaryIO) -> None:
         dst.write(block)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
+def _one_line(e: BaseException) -> str:
+    """``e``'s message on one line (botocore's run over several), at most 300 characters."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return text[:300] if text else type(e).__name__
+
+
+def _secrets(url: str, options: dict[str, Any]) -> list[str]:
+    """What a message about ``url`` must never show: the URL's user info (whole and each part) and the string
+    values of storage options named like credentials, at any depth; the longest first, for :func:`_scrub`."""
+    found: list[str] = []
+    if m := _USERINFO.match(url):
+        found += [m.group(2), *m.group(2).split(":")]
+
+    def walk(opts: dict[str, Any]) -> None:
+        for k, v in opts.items():
+            if isinstance(v, dict):
+                walk(v)
+            elif isinstance(v, str) and _SECRET_OPTION.search(str(k)):
+                found.append(v)
+
+    walk(options)
+    return sorted({x for x in found if len(x) >= 4}, key=len, reverse=True)  # "t" is no secret anyone keeps
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
