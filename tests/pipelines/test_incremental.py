@@ -29,7 +29,8 @@ def chunk_inodes(layout: BuildLayout, source: str) -> dict[str, int]:
 
 def same_outputs(a: BuildLayout, b: BuildLayout, sources: list[str]) -> None:
     for s in sources:
-        assert (a.source_dir(s) / "quarantine.jsonl").read_bytes() == (b.source_dir(s) / "quarantine.jsonl").read_bytes()
+        quarantine = a.source_dir(s) / "quarantine.jsonl"
+        assert quarantine.read_bytes() == (b.source_dir(s) / "quarantine.jsonl").read_bytes()
         docs = pl.read_parquet(a.source_dir(s) / "docs.parquet")
         assert docs.equals(pl.read_parquet(b.source_dir(s) / "docs.parquet"))
         for key in docs["chunk"].unique().to_list():  # the tokens the index points at
