@@ -20,6 +20,7 @@ from mixing.spec.envvars import redact
 from pipelines import PROJECT_ROOT
 
 if TYPE_CHECKING:
+    from mixing.format.layout import BuildLayout
     from mixing.report import BuildReport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
@@ -58,8 +59,17 @@ def validate(mix: Path) -> None:
 @app.command()
 def build(
     mix: Path,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="build folder (default build/<mix name>)")] = None,
+    out_dir: Annotated[
+        str | None,
+        typer.Option("--out", help="build folder or URL s3://bucket/prefix (default build/<mix>)"),
+    ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="ignore the previous build's reusable work")] = False,
+    engine: Annotated[
+        str, typer.Option("--engine", help="where tokenizing and shard writing run: local (this process) or ray")
+    ] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="the Ray cluster (host:port); default $WEIR_RAY_ADDRESS")
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="if another build is writing the same folder, wait for it (else exit 3)")
     ] = False,
@@ -73,6 +83,10 @@ def build(
     the tokenizer if its sample is unchanged) is reused. One build at a time per output folder: a second
     one exits 3 naming the first one's pid, or waits with --wait.
 
+    With --out s3://bucket/prefix the build is published there (S3 settings from AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, ...): every stage commits last, so a killed build leaves nothing a reader trusts. With
+    --engine ray, tokenizing and shard writing run as tasks on the Ray cluster at --ray-address.
+
     A failed build keeps what it tokenized beside the output (.NAME.cache): the next build reuses it, and
     weir plan MIX plans from it in seconds. The run is recorded in the project's Dagster instance
     (DAGSTER_HOME, else .dagster_home), so it shows in weir ui with its checks and plots. Warnings of the
@@ -80,16 +94,21 @@ def build(
     """
     import dagster as dg
 
+    from mixing.format.layout import BuildLayout
+    from mixing.format.store import is_local, redact_url
     from mixing.report import inspect_build, saved_report
     from pipelines.build import progress_display
     from pipelines.instance import dagster_home, project_instance
+    from pipelines.resources import engine_resource, storage_resource
     from pipelines.summary import print_summary
     from pipelines.transaction import BuildBusy, build_output, kept_work
 
     m = _load(mix)
-    dest = (out_dir or Path("build") / m.name).resolve()
-    out.print(f"building mix {m.name!r} into {dest}")
+    remote = out_dir is not None and not is_local(out_dir)
+    dest: Path | str = out_dir if out_dir and remote else Path(out_dir or Path("build") / m.name).resolve()
+    out.print(f"building mix {m.name!r} into {redact_url(str(dest))}" + (f" on {engine}" if engine != "local" else ""))
     try:
+        resource = engine_resource(kind=engine, address=ray_address)
         instance = project_instance()
         with progress_display(out):
             build_output(
@@ -99,6 +118,7 @@ def build(
                 wait=wait,
                 say=lambda s: out.print(s, highlight=False, markup=False),
                 instance=instance,
+                engine=resource,
             )
     except BuildBusy as e:
         err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
@@ -107,7 +127,7 @@ def build(
         cause = getattr(e, "user_exception", None) or e
         shown = redact(f"{type(cause).__name__}: {cause}")  # no {env_NAME} value, whatever raised it
         err.print(f"[bold red]build failed[/]: {shown}", highlight=False, soft_wrap=True)
-        cache = kept_work(dest)
+        cache = kept_work(dest) if isinstance(dest, Path) else None
         if cache is not None:
             err.print(
                 f"kept the tokenized documents in {cache}: fix the mix, check it with `weir plan {mix} --build "
@@ -117,7 +137,8 @@ def build(
                 soft_wrap=True,
             )
         raise typer.Exit(1) from None
-    report = _with_stream(saved_report(dest) or inspect_build(dest), dest)  # the packed_shards asset's figures
+    layout = storage_resource(dest, per_mix=False).layout(m) if remote else BuildLayout(Path(dest))
+    report = _with_stream(saved_report(layout) or inspect_build(layout), layout)  # the packed_shards asset's figures
     missed = print_summary(out, report)
     out.print(f"recorded in the Dagster instance at {dagster_home()} (weir ui shows it)", highlight=False)
     _exit_if_missed(missed, strict)
@@ -175,7 +196,7 @@ def inspect(
     _exit_if_missed(missed, strict, quiet=as_json)
 
 
-def _with_stream(report: BuildReport, root: Path) -> BuildReport:
+def _with_stream(report: BuildReport, root: Path | BuildLayout) -> BuildReport:
     """``report`` plus ``mixture_error_stream`` (:func:`assets.stream.stream_report`) when the mix file
     regroups steps (otherwise the trainer's stream is the build's steps)."""
     if _regroups(root):
@@ -185,10 +206,10 @@ def _with_stream(report: BuildReport, root: Path) -> BuildReport:
     return report
 
 
-def _regroups(root: Path) -> bool:
-    from mixing.format.shards import ShardSet
+def _regroups(root: Path | BuildLayout) -> bool:
+    from mixing.format.layout import BuildLayout
 
-    return ShardSet(root / "shards").manifest.regrouping.window > 1
+    return BuildLayout.of(root).shard_set().manifest.regrouping.window > 1
 
 
 @app.command("export-megatron")

@@ -7,6 +7,11 @@ tokenized chunks and trained tokenizer (hard links; those files are only ever re
 place), so that an incremental rebuild re-tokenizes only chunks whose files changed, while the staging
 folder still replaces the output only when the whole build succeeded.
 
+A build into object storage (``dest`` an fsspec URL, :func:`build_remote`) has no folder to swap: each stage
+publishes under its keys and commits last (:mod:`mixing.format.commit`), the shards' manifest is removed
+before the first shard is written and written after the last, and the driver's local working folder
+(:func:`assets.storage.work_folder`) is locked instead of the output.
+
 A build that fails (an infeasible plan after minutes of tokenizing) keeps its work: its staging folder, less
 its shards, becomes the hidden sibling ``.<dest>.cache`` (see :func:`work_cache`, :func:`kept_work`), never
 ``dest`` itself, so no reader sees a partial build. The next build seeds from it as from the previous output
@@ -27,14 +32,20 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets import WeirEngine
+from assets.storage import work_folder
 from mixing import Mix, WeirError
+from mixing.format.commit import COMMITS
 from mixing.format.layout import file_mode
+from mixing.format.store import Store, is_local
 from pipelines.build import build_mix
+from pipelines.resources import storage_resource
 
 __all__ = [
     "BuildBusy",
     "BuildOutcome",
     "build_output",
+    "build_remote",
     "kept_work",
     "output_lock",
     "reuse_previous",
@@ -50,7 +61,7 @@ class BuildBusy(WeirError):
 class BuildOutcome:
     """What :func:`build_output` did besides building: files reused, leftovers of killed builds removed."""
 
-    dest: Path
+    dest: Path | str
     reused_files: int
     leftovers: int
     leftover_bytes: int
@@ -58,12 +69,13 @@ class BuildOutcome:
 
 def build_output(
     mix: Mix,
-    dest: Path,
+    dest: Path | str,
     *,
     fresh: bool = False,
     wait: bool = False,
     say: Callable[[str], None] = print,
     instance: dg.DagsterInstance | None = None,
+    engine: WeirEngine | None = None,
 ) -> BuildOutcome:
     """Build ``mix`` into the folder ``dest`` as one transaction; a failure or a kill never leaves a partial output.
 
@@ -76,9 +88,12 @@ def build_output(
     ``.<dest>.building-<pid>`` (seeded by :func:`reuse_previous` unless ``fresh``) and replaces ``dest`` only
     when it succeeded. Raises what :func:`build_mix` raises; then the staging folder, less its shards, is
     kept as :func:`work_cache` (when it holds tokenized chunks) for the next build and ``weir plan``.
-    Materializations go to ``instance`` (default: a throwaway one).
+    Materializations go to ``instance`` (default: a throwaway one); ``engine`` runs the fan-out work (default
+    local). An fsspec URL ``dest`` is built by :func:`build_remote`.
     """
-    dest = dest.resolve()
+    if not is_local(str(dest)):
+        return build_remote(mix, str(dest), fresh=fresh, wait=wait, say=say, instance=instance, engine=engine)
+    dest = Path(str(dest).removeprefix("file://")).resolve()
     cache = work_cache(dest)
     with output_lock(dest, wait, say):
         n, size = _remove_leftovers(dest, say)
@@ -92,13 +107,48 @@ def build_output(
                 reused += reuse_previous(dest, stage) if dest.is_dir() else 0
             if cache.is_dir() and not fresh:
                 say(f"reusing the work a failed build kept in {cache} ({reused} files with the output's)")
-            build_mix(mix, stage, say=say, instance=instance)
+            build_mix(mix, stage, say=say, instance=instance, engine=engine)
             _swap(stage, dest)
         except BaseException:
             _keep_work(stage, cache)
             raise
         shutil.rmtree(cache, ignore_errors=True)  # its chunks live on in dest (or were stale)
     return BuildOutcome(dest, reused, n, size)
+
+
+def build_remote(
+    mix: Mix,
+    url: str,
+    *,
+    fresh: bool = False,
+    wait: bool = False,
+    say: Callable[[str], None] = print,
+    instance: dg.DagsterInstance | None = None,
+    engine: WeirEngine | None = None,
+) -> BuildOutcome:
+    """Build ``mix`` into the object-store root ``url`` (S3 settings from the environment, as the ``storage``
+    resource binds them); a failure or a kill leaves no stage committed that is incomplete.
+
+    Refuses a root fsspec cannot reach (:class:`~mixing.format.store.StoreError`, before anything is written).
+    One build at a time per root and driver machine: the lock is on the local working folder. Chunks already in
+    the root are reused by key; what a killed build left is never trusted (no commit record, no chunk report,
+    no manifest lists it) and is overwritten or removed by this one. ``fresh`` removes the root's chunks and
+    commit records and the working folder first. After success, sources no longer in the mix are removed.
+    """
+    resource = storage_resource(url, per_mix=False)
+    store = Store.open(url, resource.storage_options())
+    work = work_folder(store.url)
+    with output_lock(work, wait, say):
+        if fresh:
+            shutil.rmtree(work, ignore_errors=True)
+            for folder in ("sources", COMMITS):
+                store.remove_tree(folder)
+        build_mix(mix, store.url, say=say, instance=instance, engine=engine)
+        for old in set(store.names("sources")) - set(mix.sources):
+            store.remove_tree(f"sources/{old}")
+            store.remove(f"{COMMITS}/documents/{old}.json")
+            store.remove(f"{COMMITS}/source_index/{old}.json")
+    return BuildOutcome(store.url, 0, 0, 0)
 
 
 def work_cache(dest: Path) -> Path:
