@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny mix written into a temporary folder, and the demo mix built once per session."""
+"""Shared fixtures: a tiny mix written into a temporary folder, the demo mix built once per session, a real S3
+endpoint, and a real two-node Ray cluster shared by the session."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.ray_cluster import RAY_ENV, LocalRayCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 # ../shared beside the checkout (a git worktree one level deeper also finds it); absent on users' machines.
@@ -35,6 +38,9 @@ def pytest_configure(config: pytest.Config) -> None:
     the repository's .dagster_home, which tests must never write into."""
     config.stash[_OLD_HOME] = os.environ.get("DAGSTER_HOME")
     os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="weir-test-dagster-home-")
+    # Ray reads these when imported, here and in every driver subprocess (tests/ray_cluster.py)
+    config.stash[_OLD_RAY_ENV] = {name: os.environ.get(name) for name in RAY_ENV}
+    os.environ.update(RAY_ENV)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -42,9 +48,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     old = config.stash.get(_OLD_HOME, None)
     if old is not None:
         os.environ["DAGSTER_HOME"] = old
+    for name, value in config.stash.get(_OLD_RAY_ENV, {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 _OLD_HOME = pytest.StashKey[str | None]()
+_OLD_RAY_ENV = pytest.StashKey[dict[str, str | None]]()
 
 
 @pytest.fixture(scope="session")
@@ -131,3 +143,12 @@ def moto_endpoint() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[LocalRayCluster]:
+    """A real two-node Ray cluster on 127.0.0.1 (``tests/ray_cluster.py``), one for the whole session: started
+    by the first test that asks for it, stopped at the session's end. Skips when ray is not installed."""
+    pytest.importorskip("ray", reason="ray is not installed (the Ray engine's tests need a real Ray cluster)")
+    with LocalRayCluster() as cluster:
+        yield cluster
