@@ -137,7 +137,7 @@ def build(
                 soft_wrap=True,
             )
         raise typer.Exit(1) from None
-    layout = storage_resource(dest, per_mix=False).layout(m) if remote else BuildLayout(Path(dest))
+    layout = storage_resource(dest, per_mix=False, bound=False).layout(m) if remote else BuildLayout(Path(dest))
     report = _with_stream(saved_report(layout) or inspect_build(layout), layout)  # the packed_shards asset's figures
     missed = print_summary(out, report)
     out.print(f"recorded in the Dagster instance at {dagster_home()} (weir ui shows it)", highlight=False)

@@ -24,14 +24,17 @@ S3_ENV = {
 }
 
 
-def storage_resource(root: Path | str, env: Mapping[str, str] = os.environ, per_mix: bool = True) -> WeirStorage:
+def storage_resource(
+    root: Path | str, env: Mapping[str, str] = os.environ, per_mix: bool = True, bound: bool = True
+) -> WeirStorage:
     """The ``storage`` resource: builds under ``root`` (``root/<mix>`` when ``per_mix``); S3 from the environment.
 
     Only fields that :class:`WeirStorage` declares and whose variable is set are bound (an unset
-    ``EnvVar`` is an error when a run starts), so a machine without S3 needs no configuration.
+    ``EnvVar`` is an error when a run starts), so a machine without S3 needs no configuration. With ``bound``
+    false the values themselves are set instead: for use outside a Dagster run (``weir build``'s own checks).
     """
     fields = WeirStorage.model_fields
-    s3 = {f: dg.EnvVar(var) for f, var in S3_ENV.items() if f in fields and env.get(var)}
+    s3 = {f: dg.EnvVar(var) if bound else env[var] for f, var in S3_ENV.items() if f in fields and env.get(var)}
     return WeirStorage(root=str(root), per_mix=per_mix, **s3)  # type: ignore[arg-type]
 
 
@@ -56,4 +59,4 @@ def mix_storage_options(mix: Mix, env: Mapping[str, str] = os.environ) -> dict[s
     uris = [mix.source_uri(n) for n in mix.sources]
     if not any("://" in u and not u.startswith("file://") for u in uris):
         return None
-    return storage_resource(Path("."), env, per_mix=False).storage_options()
+    return storage_resource(Path("."), env, per_mix=False, bound=False).storage_options()

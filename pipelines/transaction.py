@@ -135,7 +135,7 @@ def build_remote(
     no manifest lists it) and is overwritten or removed by this one. ``fresh`` removes the root's chunks and
     commit records and the working folder first. After success, sources no longer in the mix are removed.
     """
-    resource = storage_resource(url, per_mix=False)
+    resource = storage_resource(url, per_mix=False, bound=False)
     store = Store.open(url, resource.storage_options())
     work = work_folder(store.url)
     with output_lock(work, wait, say):
