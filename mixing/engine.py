@@ -17,6 +17,7 @@ Ray is imported only when a :class:`RayEngine` first submits work: the embedded 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -43,6 +44,11 @@ class Engine(Protocol):
     @property
     def workers(self) -> int: ...
 
+    def start(self) -> None:
+        """Connect to where the work runs, from the calling thread (call it from the main thread before
+        mapping from several threads: Ray's connection is made once per process, and from another thread
+        it can fail to reach the cluster)."""
+
     def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]: ...
 
 
@@ -55,6 +61,9 @@ class LocalEngine:
     @property
     def workers(self) -> int:
         return 1
+
+    def start(self) -> None:
+        return None
 
     def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]:
         for i, item in enumerate(items):
@@ -82,7 +91,9 @@ class RayEngine:
             import ray
         except ImportError:
             raise EngineError("the ray engine needs ray: pip install 'ray>=2.40'") from None
-        if not ray.is_initialized():
+        with _CONNECT:  # the sources of a stage may connect from several threads at once
+            if ray.is_initialized():
+                return ray
             try:
                 ray.init(
                     address=self.address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False
@@ -90,6 +101,9 @@ class RayEngine:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise EngineError(f"no Ray cluster at {self.address or 'this machine'}: {e}") from None
         return ray
+
+    def start(self) -> None:
+        self.connect()
 
     @property
     def workers(self) -> int:
@@ -123,6 +137,7 @@ class RayEngine:
             yield i, result
 
 
+_CONNECT = threading.Lock()
 LOCAL = LocalEngine()
 """The embedded default."""
 

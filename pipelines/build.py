@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,7 +32,8 @@ def build_mix(
     """Build ``mix`` into ``out`` (a local folder, or an fsspec URL: see :class:`assets.WeirStorage`) by
     materializing its assets and checks, stage by stage in the order of :data:`mixing.stages.STAGES`, a
     per-source stage once per source (sorted). ``engine`` runs the stages' fan-out work (default: the
-    ``local`` engine, in this process).
+    ``local`` engine, in this process); on a cluster engine the sources of a fan-out stage (``documents``)
+    are materialized side by side, one thread each, so that every source's chunks are on the cluster at once.
 
     Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
     there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
@@ -40,22 +42,37 @@ def build_mix(
     ``warning: ...`` lines.
     """
     defs = mix_assets(mix)
-    resources = {"storage": storage_resource(out, per_mix=False), "engine": engine or engine_resource(kind="local")}
+    engine = engine or engine_resource(kind="local")
+    resources = {"storage": storage_resource(out, per_mix=False), "engine": engine}
     instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
+    side_by_side = engine.kind != "local"
+
+    def run(stage: stages.Stage, partition: str | None) -> None:
+        dg.materialize(
+            defs,
+            selection=[dg.AssetKey([mix.name, stage.name])],
+            partition_key=partition,
+            resources=resources,
+            instance=instance,
+            run_config=quiet,
+        )
+
     with warnings_to(say):
         for stage in stages.STAGES:
-            for partition in stage.partitions(mix):
+            parts = stage.partitions(mix)
+            if side_by_side and stage.fans_out and len(parts) > 1:
+                engine.engine().start()  # from this (main) thread, before the sources' threads use it
+                for partition in parts:
+                    say(step_line(stage.name, partition))
+                with ThreadPoolExecutor(len(parts), thread_name_prefix="weir-source") as pool:
+                    for done in [pool.submit(run, stage, p) for p in parts]:
+                        done.result()  # the first failure, in source order, after all have ended
+                continue
+            for partition in parts:
                 say(step_line(stage.name, partition))
-                dg.materialize(
-                    defs,
-                    selection=[dg.AssetKey([mix.name, stage.name])],
-                    partition_key=partition,
-                    resources=resources,
-                    instance=instance,
-                    run_config=quiet,
-                )
+                run(stage, partition)
 
 
 def step_line(stage: str, partition: str | None) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import WeirStorage, mix_assets
+from assets import WeirEngine, WeirStorage, mix_assets
 from mixing import load_mix
 from mixing.format.shards import ShardSet
 from mixing.stages import STAGES
@@ -16,7 +16,7 @@ from mixing.stages import STAGES
 def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, tmp_path: Path) -> None:
     mix = load_mix(tiny_mix_path)
     defs = mix_assets(mix)
-    resources = {"storage": WeirStorage(root=str(tmp_path / "build"), per_mix=False)}
+    resources = {"storage": WeirStorage(root=str(tmp_path / "build"), per_mix=False), "engine": WeirEngine()}
     instance = dg.DagsterInstance.ephemeral()
     meta: dict[tuple[str, str | None], dict] = {}
     for stage in STAGES:

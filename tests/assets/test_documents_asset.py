@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import WeirStorage, mix_assets
+from assets import WeirEngine, WeirStorage, mix_assets
 from mixing import load_mix
 from mixing.stages import stages_until
 
@@ -14,7 +14,7 @@ from mixing.stages import stages_until
 def test_documents_metadata_and_accounting_check(tiny_mix_path: Path, tmp_path: Path) -> None:
     mix = load_mix(tiny_mix_path)
     defs = mix_assets(mix)
-    res = {"storage": WeirStorage(root=str(tmp_path / "b"), per_mix=False)}
+    res = {"storage": WeirStorage(root=str(tmp_path / "b"), per_mix=False), "engine": WeirEngine()}
     inst = dg.DagsterInstance.ephemeral()
     for stage in stages_until("documents"):
         for part in stage.partitions(mix):

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from assets import WeirStorage, mix_assets
+from assets import WeirEngine, WeirStorage, mix_assets
 from assets.plots import length_histogram_md, mixture_area_md
 from mixing import load_mix
 from mixing.stages import stages_until
@@ -46,7 +46,7 @@ def test_plots_are_png_data_uris() -> None:
 def test_plan_asset_checks_pass_and_metadata_has_plots(tiny_mix_path: Path, tmp_path: Path) -> None:
     mix = load_mix(tiny_mix_path)
     defs = mix_assets(mix)
-    resources = {"storage": WeirStorage(root=str(tmp_path / "build"), per_mix=False)}
+    resources = {"storage": WeirStorage(root=str(tmp_path / "build"), per_mix=False), "engine": WeirEngine()}
     instance = dg.DagsterInstance.ephemeral()
 
     def run(stage: str, partition: str | None = None) -> dg.ExecuteInProcessResult:

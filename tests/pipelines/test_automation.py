@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import WeirStorage
+from assets import WeirEngine, WeirStorage
 from mixing.stages import STAGES
 from pipelines.definitions import load_definitions
 
@@ -19,7 +19,7 @@ def test_indexing_every_source_builds_the_rest_once_in_order(tmp_path: Path, tin
     shutil.copy(tiny_mix_path, tmp_path / "mixes" / "tiny.yaml")
     defs = load_definitions(tmp_path / "mixes", tmp_path / "build")
     instance = dg.DagsterInstance.ephemeral()
-    resources = {"storage": WeirStorage(root=str(tmp_path / "build"))}
+    resources = {"storage": WeirStorage(root=str(tmp_path / "build")), "engine": WeirEngine()}
     runnable = list(defs.assets or [])
 
     def key(stage: str) -> dg.AssetKey:

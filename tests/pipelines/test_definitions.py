@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets import WeirStorage, mix_assets
+from assets import WeirEngine, WeirStorage, mix_assets
 from mixing import load_mix
 from mixing.stages import STAGES
 from pipelines.automation import automation_sensor
@@ -40,7 +40,7 @@ def test_every_mix_file_is_a_group(tmp_path: Path, tiny_mix_path: Path) -> None:
 def test_materialize_whole_graph_on_tiny_mix(tiny_mix_path: Path, tmp_path: Path) -> None:
     mix = load_mix(tiny_mix_path)
     assets = mix_assets(mix)
-    resources = {"storage": WeirStorage(root=str(tmp_path / "build"))}
+    resources = {"storage": WeirStorage(root=str(tmp_path / "build")), "engine": WeirEngine()}
     instance = dg.DagsterInstance.ephemeral()
     for source in sorted(mix.sources):
         result = dg.materialize(
