@@ -6,9 +6,10 @@ stages' warnings as lines, tokenization as progress bars.
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -36,7 +37,8 @@ def build_mix(
     are materialized side by side, one thread each, so that every source's chunks are on the cluster at once.
 
     Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
-    there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
+    there; for a cluster engine, one that takes writes from several threads, as the on-disk ones do). Raises
+    ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
     Dagster's own console log is silenced; the stages' warnings (logger ``weir``: damaged chunks tokenized
     again, records lacking a template field, chat markers the tokenizer lacks) go to ``say`` as
     ``warning: ...`` lines.
@@ -44,22 +46,26 @@ def build_mix(
     defs = mix_assets(mix)
     engine = engine or engine_resource(kind="local")
     resources = {"storage": storage_resource(out, per_mix=False), "engine": engine}
-    instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-
     side_by_side = engine.kind != "local"
 
-    def run(stage: stages.Stage, partition: str | None) -> None:
-        dg.materialize(
-            defs,
-            selection=[dg.AssetKey([mix.name, stage.name])],
-            partition_key=partition,
-            resources=resources,
-            instance=instance,
-            run_config=quiet,
-        )
+    with ExitStack() as stack:
+        if instance is None:  # runs from several threads need a store that takes concurrent writers: on disk
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="weir-dagster-")) if side_by_side else None
+            instance = dg.DagsterInstance.local_temp(scratch) if scratch else dg.DagsterInstance.ephemeral()
+            stack.callback(instance.dispose)
 
-    with warnings_to(say):
+        def run(stage: stages.Stage, partition: str | None) -> None:
+            dg.materialize(
+                defs,
+                selection=[dg.AssetKey([mix.name, stage.name])],
+                partition_key=partition,
+                resources=resources,
+                instance=instance,
+                run_config=quiet,
+            )
+
+        stack.enter_context(warnings_to(say))
         for stage in stages.STAGES:
             parts = stage.partitions(mix)
             if side_by_side and stage.fans_out and len(parts) > 1:
