@@ -66,9 +66,12 @@ def main() -> None:
             clean = base / f"clean-{rep}"
             build_mix(mix, clean, say=quiet)
             for src in mix.sources:
-                for f in ("tokens.bin", "docs.parquet", "quarantine.jsonl"):
+                for f in ("docs.parquet", "quarantine.jsonl"):
                     a_, b_ = incr / "sources" / src / f, clean / "sources" / src / f
                     assert a_.read_bytes() == b_.read_bytes(), f"{src}/{f} differs from a clean build"
+                for a_ in (incr / "sources" / src / "chunks").glob("*/tokens.bin"):  # what the index points at
+                    b_ = clean / a_.relative_to(incr)
+                    assert a_.read_bytes() == b_.read_bytes(), f"{a_.relative_to(incr)} differs from a clean build"
             for shard in (clean / "shards").iterdir():
                 assert shard.read_bytes() == (incr / "shards" / shard.name).read_bytes(), shard.name
             shutil.rmtree(clean)

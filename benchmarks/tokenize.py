@@ -9,7 +9,7 @@ tokenizer.json and tiktoken o200k_base, skipped when absent) and each thread cou
 
 - raw: the tokenizer's own ``encode_batch`` over every document (texts already in memory; best case);
 - pipeline: ``mixing.ingest.documents.tokenize_source`` over the same documents stored as jsonl files: read,
-  parse, render, tokenize, write ``tokens.bin``/``docs.parquet``/``quarantine.jsonl``.
+  parse, render, tokenize, write the chunks (``tokens.bin`` each) and ``docs.parquet``/``quarantine.jsonl``.
 
 ``tokenize_ratio`` = pipeline bytes/s ÷ raw bytes/s (docs/design.md; goal ≥ 0.85). Each raw variant runs once to
 pick the fastest call; then that call and the pipeline alternate, R P R P … R (``--reps`` pipeline runs),

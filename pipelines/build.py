@@ -114,13 +114,14 @@ class _ProgressHandler(logging.Handler):
             return
         if ev.source not in self.tasks:
             self.tasks[ev.source] = self.bar.add_task(ev.source, total=ev.files, detail="")
-        detail = f"{ev.documents:,} docs, {ev.mb:.1f} MB, {ev.mb_per_s:.1f} MB/s"
+        detail = f"{ev.documents:,} docs, {ev.chunks_done}/{ev.chunks} chunks, {ev.mb:.1f} MB, {ev.mb_per_s:.1f} MB/s"
         self.bar.update(self.tasks[ev.source], completed=ev.files_done, detail=detail)
 
 
 @contextmanager
 def progress_display(console: Console) -> Iterator[None]:
-    """Show tokenization progress (files, documents, MB/s per source) as rich progress bars."""
+    """Show tokenization progress (files, documents, chunks, MB/s per source; over every worker of a cluster
+    engine) as rich progress bars."""
     bar = Progress(
         TextColumn("  tokenize {task.description}"),
         BarColumn(),
