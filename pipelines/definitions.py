@@ -1,6 +1,7 @@
 """Dagster definitions: every mix file under ``mixes/`` (or ``$WEIR_MIXES``) becomes an asset group.
 
-Builds go under ``build/`` (or ``$WEIR_BUILD_ROOT``), one folder per mix. Loaded by ``dg dev``,
+Builds go under ``build/`` (or ``$WEIR_BUILD_ROOT``: a folder or an ``s3://`` URL), one per mix; tokenizing
+and shard writing run where ``$WEIR_ENGINE`` says (``local`` or ``ray`` at ``$WEIR_RAY_ADDRESS``). Loaded by ``dg dev``,
 ``dagster dev -w workspace.yaml`` and ``weir ui``. Per mix: the assets and their checks, a job
 ``build_<mix>`` (partitioned by source: re-index sources; automation runs every later stage, see
 :mod:`pipelines.automation`), a nightly schedule, a sensor on the sources' files, and the automation sensor.
