@@ -154,7 +154,7 @@ def _exit_if_missed(missed: list[str], strict: bool, quiet: bool = False) -> Non
 
 @app.command()
 def inspect(
-    build_dir: Path,
+    build_dir: Annotated[str, typer.Argument(help="a build folder, or the s3:// URL weir build published it to")],
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for machines")] = False,
     strict: Annotated[bool, typer.Option("--strict", help=f"exit {STRICT_EXIT} when a goal is missed")] = False,
 ) -> None:
@@ -162,35 +162,45 @@ def inspect(
 
     Recomputes them from the shards, verifying every checksum. Exits 1 with one line naming the file when
     the build cannot be read (a missing, damaged or edited manifest, shard file or DuckDB file) or a
-    shard's checksum does not match the manifest; with --strict, exits 4 when a goal is missed.
+    shard's checksum does not match the manifest; with --strict, exits 4 when a goal is missed. A build in
+    object storage is read with the plan in the working folder of the machine that built it ($WEIR_WORK_DIR).
     """
+    from assets.storage import work_folder
+    from mixing.format.layout import BuildLayout
+    from mixing.format.store import is_local
     from mixing.report import inspect_build
+    from pipelines.resources import storage_resource
     from pipelines.summary import missed_goals, print_summary
 
-    root = build_dir
-    if root.name == "shards":
-        root = root.parent
+    root: Path | BuildLayout
+    if not is_local(build_dir):
+        url = build_dir.rstrip("/").removesuffix("/shards")
+        options = storage_resource(url, per_mix=False, bound=False).storage_options()
+        root = BuildLayout(work_folder(url), target=url, storage_options=options)
+    else:
+        local = Path(build_dir)
+        root = local.parent if local.name == "shards" else local
     try:
         report = _with_stream(inspect_build(root), root)
     except WeirError as e:
         err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     missed = missed_goals(report)
+    shards = BuildLayout.of(root).shards_url
     if as_json:  # the figures as they are (machines judge them); --strict still exits 4
         print(json.dumps(report.as_json(), indent=2, sort_keys=True))
     else:
         print_summary(out, report)
     if not report.manifest_sealed:
         err.print(
-            f"[yellow]note[/]: {root / 'shards' / 'manifest.json'} (format {report.format_version}) was written "
+            f"[yellow]note[/]: {shards}/manifest.json (format {report.format_version}) was written "
             "before manifests carried their own checksum (manifest_sha256): edits to it cannot be detected; "
             "rebuild to add one",
             highlight=False,
             soft_wrap=True,
         )
     if report.corrupt_files:
-        where = root / "shards"
-        bad = "; ".join(f"{where / name}: {why}" for name, why in report.file_problems.items())
+        bad = "; ".join(f"{shards}/{name}: {why}" for name, why in report.file_problems.items())
         err.print(f"[bold red]corrupt shard files[/]: {bad}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     _exit_if_missed(missed, strict, quiet=as_json)

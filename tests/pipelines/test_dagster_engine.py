@@ -5,6 +5,8 @@ two-node Ray cluster into a real S3 endpoint, equal to the local build."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from pipelines.resources import engine_resource
 from tests.conftest import moto_endpoint
 from tests.ray_cluster import LocalRayCluster
 
+ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "weir-dagster"
 S3_ENV = {"AWS_ACCESS_KEY_ID": "weir", "AWS_SECRET_ACCESS_KEY": "not-a-secret", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -119,3 +122,9 @@ def test_dagster_materializes_a_mix_on_ray_into_s3_equal_to_the_local_build(
     for source, md in metadata.items():
         assert md["engine"].value == "ray" and md["workers"].value == 2, source  # type: ignore[attr-defined]
     assert not (tmp_path / "s3:").exists()
+
+    weir = [sys.executable, "-m", "pipelines.cli", "inspect", "--json"]
+    remote = subprocess.run([*weir, url], capture_output=True, text=True, cwd=ROOT)  # every shard hashed in S3
+    assert remote.returncode == 0, remote.stderr
+    here = subprocess.run([*weir, str(tmp_path / "local")], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert json.loads(remote.stdout) == json.loads(here.stdout)
