@@ -2,18 +2,20 @@
 tests/faults/test_ray_faults.py): the corpus and its mix, the reference build (local engine, in this process),
 ``weir build`` as a subprocess driver, and the checks that compare a build in any root with the reference.
 
-The corpus (:func:`write_corpus`, about 5 MB of text in 640 files) makes about 20 chunks of 32 files on
-average, each of which a worker tokenizes and uploads in 0.1 to 0.3 s on 2 cores, and 20 shards of
-:data:`SHARD_SEQUENCES` sequences each (the shard size is lowered in every build of these tests, the driver's
-included: :data:`DRIVER`), each of which a worker gathers from the chunks with one ranged read per document
-piece, 0.2 to 0.5 s from ``moto_server``: long enough for a SIGKILL sent while a worker is titled with the task to
-land inside it.
+The corpus (:func:`write_corpus`, 7 MB of text in 320 files) makes about 15 chunks (a file ends its chunk when its
+path's hash says so, one in 32), each of which a worker tokenizes and uploads in 0.05 to 1.5 s (median 0.2 s) on 2
+busy cores, and 5 shards of :data:`SHARD_SEQUENCES` sequences (the shard size is lowered in every build of these
+tests, the driver's included: :data:`DRIVER`), each of which a worker gathers from the chunks with one ranged read
+per document piece in 0.8 to 1.5 s from ``moto_server``. :func:`kill_worker` kills a worker while it is titled
+with the task and waits for Ray to report that it died inside a task, so a kill that finds the task just ended is
+not taken for one inside it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,7 +78,7 @@ LOCAL_ONLY = {"weir.duckdb", "report.json"}
 
 
 def write_corpus(root: Path, seed: int = 3) -> Path:
-    """256 text files (20 to 1,500 words) and 64 jsonl files (100 records) of random words under ``root/data``,
+    """256 text files (100 to 6,000 words) and 64 jsonl files (300 records) of random words under ``root/data``,
     and ``root/mix.yaml`` that mixes them (40 steps of 8 × 256 tokens); returns the mix file. Deterministic."""
     rng = np.random.default_rng(seed)
     letters = list("abcdefghijklmnopqrstuvwxyz")
@@ -85,12 +87,12 @@ def write_corpus(root: Path, seed: int = 3) -> Path:
     (data / "prose").mkdir(parents=True)
     (data / "qa").mkdir()
     for i in range(256):
-        text = " ".join(words[rng.integers(0, len(words), size=int(rng.integers(20, 1500)))])
+        text = " ".join(words[rng.integers(0, len(words), size=int(rng.integers(100, 6000)))])
         (data / "prose" / f"p{i:04d}.txt").write_text(text + "\n")
     for i in range(64):
         records = [
             json.dumps({"q": " ".join(words[rng.integers(0, len(words), size=int(rng.integers(3, 30)))]), "a": str(r)})
-            for r in range(100)
+            for r in range(300)
         ]
         (data / "qa" / f"q{i:04d}.jsonl").write_text("\n".join(records) + "\n")
     mix = root / "mix.yaml"
@@ -196,19 +198,29 @@ def wait_for(what: str, found: Callable[[], bool], driver: Driver, every: float 
 
 
 def kill_worker(cluster: LocalRayCluster, task: str, driver: Driver, timeout: float = 120) -> int:
-    """SIGKILL the first worker seen running ``task`` while ``driver``'s build runs; its pid. Fails when the build
-    ends (or ``timeout`` passes) before any worker ran it."""
-    pid: list[int] = []
+    """SIGKILL a worker inside ``task`` while ``driver``'s build runs; its pid, once the driver has heard from Ray
+    that this worker died while executing a task (a kill that found the task just ended is tried again). Fails
+    when the build ends, or ``timeout`` passes, before such a kill."""
+    killed: list[int] = []
 
-    def killed() -> bool:
+    def inside() -> bool:
         try:
-            pid.append(cluster.kill_worker_running(task, timeout=0.5))
+            pid = cluster.kill_worker_running(task, timeout=0.5)
         except TimeoutError:
             return False
-        return True
+        heard = re.compile(rf"died or was killed while executing a task.*Worker PID: {pid}\b")
+        deadline = time.monotonic() + 10
+        while True:
+            ended = not driver.running()
+            if heard.search(driver.log.read_text()):
+                killed.append(pid)
+                return True
+            if ended or time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
 
-    wait_for(f"a worker running {task}", killed, driver, every=0, timeout=timeout)
-    return pid[0]
+    wait_for(f"a worker killed inside {task}", inside, driver, every=0, timeout=timeout)
+    return killed[0]
 
 
 def settle(cluster: LocalRayCluster, timeout: float = 30) -> None:
