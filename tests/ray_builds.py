@@ -40,7 +40,6 @@ from tests.conftest import ROOT, S3, S3_BUCKET, s3_endpoint
 from tests.ray_cluster import LocalRayCluster
 
 __all__ = [
-    "TASKS",
     "Driver",
     "RayBuilds",
     "assert_same_build",
@@ -136,14 +135,14 @@ class RayBuilds:
         """The build root ``out`` (a URL of this endpoint, or a local folder)."""
         return Store.open(out, self.s3.options if "://" in out else None)
 
-    def start(self, out: str, *, engine: str = "ray") -> Driver:
-        """``weir build`` of the corpus into ``out`` on ``engine``, started."""
+    def start(self, out: str) -> Driver:
+        """``weir build`` of the corpus into ``out`` on the cluster, started."""
         log = self.logs / f"build-{len(list(self.logs.iterdir())):02d}.log"
-        return Driver(self.mix, out, log, self.env, self.cluster if engine == "ray" else None)
+        return Driver(self.mix, out, log, self.env, self.cluster)
 
-    def build(self, out: str, *, engine: str = "ray") -> Store:
-        """``weir build`` of the corpus into ``out`` on ``engine``, to its end; the build root."""
-        self.start(out, engine=engine).wait()
+    def build(self, out: str) -> Store:
+        """``weir build`` of the corpus into ``out`` on the cluster, to its end; the build root."""
+        self.start(out).wait()
         return self.store(out)
 
 
@@ -159,11 +158,11 @@ def ray_builds(cluster: LocalRayCluster, tmp: pytest.TempPathFactory) -> Iterato
 
 
 class Driver:
-    """``weir build MIX --out OUT --engine ENGINE`` (shards of :data:`SHARD_SEQUENCES`) in a subprocess, its output
-    in ``log``; ``env`` adds to this process's environment (which holds DAGSTER_HOME and Ray's settings)."""
+    """``weir build MIX --out OUT --engine ray`` on ``cluster`` (shards of :data:`SHARD_SEQUENCES`) in a subprocess,
+    its output in ``log``; ``env`` adds to this process's environment (which holds DAGSTER_HOME and Ray's settings)."""
 
-    def __init__(self, mix: Path, out: str, log: Path, env: dict[str, str], cluster: LocalRayCluster | None) -> None:
-        engine = ["--engine", "ray", "--ray-address", cluster.address] if cluster else ["--engine", "local"]
+    def __init__(self, mix: Path, out: str, log: Path, env: dict[str, str], cluster: LocalRayCluster) -> None:
+        engine = ["--engine", "ray", "--ray-address", cluster.address]
         self.log = log
         with log.open("wb") as f:
             self.proc = subprocess.Popen(
