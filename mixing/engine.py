@@ -7,9 +7,10 @@ summary comes back to the caller. Both engines run the *same* function on the sa
 equals the local one byte for byte by construction.
 
 Fault tolerance is Ray's: a task whose worker process dies (killed, out of memory, node lost) is run again,
-up to ``max_retries`` times; an exception raised by the function itself is not retried (it is the data's or
-the code's, and would fail again) and reaches the caller as that exception. Work items must therefore be
-idempotent: written under write-once keys, or whole-file puts that a retry simply repeats.
+up to ``max_retries`` times, and is an :class:`EngineError` when every attempt died; an exception raised by the
+function itself is not retried (it is the data's or the code's, and would fail again) and reaches the caller as
+that exception. Work items must therefore be idempotent: written under write-once keys, or whole-file puts that
+a retry simply repeats.
 
 Ray is imported only when a :class:`RayEngine` first submits work: the embedded default never needs it.
 """
@@ -32,7 +33,8 @@ R = TypeVar("R")
 
 
 class EngineError(WeirError):
-    """The engine could not run work (no Ray installed, no cluster at the address)."""
+    """The engine could not run work (no Ray installed, no cluster at the address, a task whose worker died on
+    every attempt)."""
 
 
 class Engine(Protocol):
@@ -130,10 +132,16 @@ class RayEngine:
             i = pending.pop(done[0])
             try:
                 result = ray.get(done[0])
-            except ray.exceptions.RayTaskError as e:  # the function's own exception, as its own type
+            except ray.exceptions.RayError as e:
                 for left in pending:
                     ray.cancel(left)
-                raise e.as_instanceof_cause() from None
+                if isinstance(e, ray.exceptions.RayTaskError):  # the function's own exception, as its own type
+                    raise e.as_instanceof_cause() from None
+                # its worker (or node) died on every attempt, or Ray lost its result: not the data's fault
+                why = " ".join(str(e).split())[:300]
+                raise EngineError(
+                    f"{label} task {i} failed after {self.max_retries} retries: {type(e).__name__}: {why}"
+                ) from None
             yield i, result
 
 

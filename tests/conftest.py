@@ -12,8 +12,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,6 +145,57 @@ def moto_endpoint() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+S3_BUCKET = "weir-store"
+S3_REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class S3:
+    """A running endpoint: its URL, storage options with valid credentials, and a boto3 client signed with them."""
+
+    endpoint: str
+    options: dict[str, Any]
+    client: Any
+
+    def with_credentials(self, key: str, secret: str) -> dict[str, Any]:
+        return {**self.options, "key": key, "secret": secret}
+
+    def env(self) -> dict[str, str]:
+        """The ``AWS_*`` variables ``weir build --out s3://...`` reads: this endpoint and its valid credentials."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.options["key"],
+            "AWS_SECRET_ACCESS_KEY": self.options["secret"],
+            "AWS_DEFAULT_REGION": S3_REGION,
+        }
+
+
+@contextmanager
+def s3_endpoint() -> Iterator[S3]:
+    """A real S3 endpoint that checks credentials (:func:`moto_endpoint` with IAM authentication on), holding the
+    bucket :data:`S3_BUCKET`: refused credentials are refused as on AWS. Its first three requests (unauthenticated)
+    create a user, its policy and its access key; every request after them must be signed with that key. Skips
+    the calling test when s3fs, boto3 or moto_server is missing."""
+    pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    with ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "3")  # read by the server process as it starts
+            endpoint = stack.enter_context(moto_endpoint())
+        anyone = {"endpoint_url": endpoint, "region_name": S3_REGION}
+        iam = boto3.client("iam", aws_access_key_id="x", aws_secret_access_key="x", **anyone)
+        iam.create_user(UserName="weir")
+        allow = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="weir", PolicyName="all", PolicyDocument=json.dumps(allow))
+        key = iam.create_access_key(UserName="weir")["AccessKey"]
+        client = boto3.client(
+            "s3", aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"], **anyone
+        )
+        client.create_bucket(Bucket=S3_BUCKET)
+        options = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"], "client_kwargs": anyone}
+        yield S3(endpoint, options, client)
 
 
 @pytest.fixture(scope="session")

@@ -141,15 +141,20 @@ class LocalRayCluster:
         deadline = time.monotonic() + timeout
         while True:
             for proc in self.processes():
-                try:
-                    if proc.cmdline()[:1] == [title]:
-                        proc.send_signal(signal.SIGKILL)
+                if _title(proc) == title:
+                    try:
+                        proc.send_signal(signal.SIGKILL)  # at once: the task may end while others are looked at
                         return proc.pid
-                except psutil.Error:  # ended, or became a zombie, while we looked
-                    continue
+                    except psutil.Error:  # ended while we looked
+                        continue
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no worker of the Ray cluster at {self.address} ran {title} within {timeout} s")
             time.sleep(0.02)
+
+    def running(self, *task_names: str) -> list[psutil.Process]:
+        """The workers of this cluster executing one of the tasks ``task_names`` now (titled ``ray::<name>``)."""
+        titles = {f"ray::{name}" for name in task_names}
+        return [proc for proc in self.processes() if _title(proc) in titles]
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of the cluster: each node's own (GCS, raylet, ...) and all their descendants."""
@@ -167,3 +172,13 @@ class LocalRayCluster:
                     except psutil.NoSuchProcess:
                         continue
         return procs
+
+
+def _title(proc: psutil.Process) -> str | None:
+    """The process's title (a Ray worker's ``ray::<task>``), or None when it ended or became a zombie."""
+    import psutil
+
+    try:
+        return next(iter(proc.cmdline()), None)
+    except psutil.Error:
+        return None

@@ -1,0 +1,105 @@
+"""``weir build --engine ray`` on a real two-node Ray cluster (issue 13): into S3 (a real ``moto_server`` that
+checks credentials) and into a local folder, the build is the local engine's byte for byte; a loader reads the S3
+build as the local one; an incremental rebuild tokenizes only the chunk of the file that changed.
+
+The drivers are ``weir build`` subprocesses; the corpus, its reference build and the comparisons are in
+``tests/ray_builds.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from loaders import PackedDataset, Reading, World
+from mixing.format.store import Store
+from tests.ray_builds import RayBuilds, assert_same_build, build_reference, ray_builds
+from tests.ray_cluster import LocalRayCluster
+
+
+@pytest.fixture(scope="module")
+def rb(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayBuilds]:
+    with ray_builds(ray_cluster, tmp_path_factory) as builds:
+        yield builds
+
+
+@pytest.fixture(scope="module")
+def s3_build(rb: RayBuilds) -> Store:
+    """The corpus built on the Ray cluster into ``s3://…/ray``."""
+    return rb.build(rb.url("ray"))
+
+
+def test_a_ray_build_into_s3_is_the_local_build_byte_for_byte(rb: RayBuilds, s3_build: Store) -> None:
+    assert_same_build(s3_build, rb.reference)
+
+
+def test_a_ray_build_into_a_local_folder_is_the_local_build_byte_for_byte(rb: RayBuilds, tmp_path: Path) -> None:
+    assert_same_build(rb.build(str(tmp_path / "build")), rb.reference)
+
+
+def test_the_loader_reads_the_s3_build_as_the_local_one(rb: RayBuilds, s3_build: Store, tmp_path: Path) -> None:
+    # the build root's URL and its shards folder's: the loader takes either
+    for rank, url in enumerate([s3_build.url, f"{s3_build.url}/shards"]):
+        world = World(rank, 2)
+        local = PackedDataset(rb.reference, world=world, reading=Reading(cache_dir=tmp_path / "local"))
+        remote = PackedDataset(
+            url, world=world, reading=Reading(cache_dir=tmp_path / "s3", storage_options=rb.s3.options)
+        )
+        assert remote.build_id == local.build_id
+        items = 0
+        for a, b in zip(local, remote, strict=True):
+            assert a.keys() == b.keys()
+            for k, v in a.items():
+                assert v.equal(b[k]) if hasattr(v, "equal") else v == b[k], f"item {items} of rank {rank}: {k}"
+            items += 1
+        assert items == len(local.shards) // 2
+
+
+def _chunk_objects(store: Store) -> dict[str, tuple[object, str]]:
+    """Every object of every chunk, ``<source>/chunks/<key>/<file>`` → (LastModified, ETag)."""
+    found = store.fs.find(store.key("sources"), detail=True)
+    prefix = store.key("sources") + "/"
+    return {p.removeprefix(prefix): (i["LastModified"], i["ETag"]) for p, i in found.items() if "/chunks/" in p}
+
+
+def _keys(objects: dict[str, tuple[object, str]]) -> set[str]:
+    return {p.rsplit("/", 1)[0] for p in objects}
+
+
+def _chunk_of(build: Path, file: Path) -> str:
+    """``prose/chunks/<key>``: the chunk holding the document of ``file`` in the local build ``build``."""
+    docs = pl.read_parquet(build / "sources" / "prose" / "docs.parquet")
+    return "prose/chunks/" + docs.filter(pl.col("file") == str(file))["chunk"].item()
+
+
+def test_an_incremental_ray_rebuild_tokenizes_only_the_changed_files_chunk(
+    rb: RayBuilds, s3_build: Store, tmp_path: Path
+) -> None:
+    # a previous build of the same mix in its own root (a copy of the Ray build), so other tests keep theirs
+    s3_build.fs.copy(s3_build.root, f"{s3_build.root.rsplit('/', 1)[0]}/incremental", recursive=True)
+    store = rb.store(rb.url("incremental"))
+    before = _chunk_objects(store)
+    assert _keys(before) == {
+        f"{p.parent.parent.name}/chunks/{p.name}" for p in (rb.reference / "sources").glob("*/chunks/*")
+    }
+    changed = rb.mix.parent / "data" / "prose" / "p0100.txt"
+    old_key = _chunk_of(rb.reference, changed)
+    original, stat = changed.read_bytes(), changed.stat()
+    try:  # the corpus is the module's: it is put back as it was (bytes and mtime, hence its fingerprint)
+        changed.write_bytes(original + b"one sentence more.\n")
+        rb.build(store.url)
+        clean = build_reference(rb.mix, tmp_path / "clean")
+    finally:
+        changed.write_bytes(original)
+        os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    new_key = _chunk_of(clean, changed)
+    after = _chunk_objects(store)
+    assert _keys(after) - _keys(before) == {new_key}, "exactly one chunk is new: the changed file's"
+    assert _keys(before) - _keys(after) == {old_key}, "the changed file's old chunk is gone"
+    kept = {p: v for p, v in before.items() if not p.startswith(old_key + "/")}
+    assert {p: after.get(p) for p in kept} == kept, "every other chunk's objects are the ones the first build wrote"
+    assert_same_build(store, clean)
