@@ -35,6 +35,8 @@ __all__ = ["HashingWriter", "Store", "StoreError", "is_local", "redact_url", "sh
 
 # An object on these is visible only once its upload completes (a memory:// file is visible from its open, so it
 # is not one of them).
+_GAP = 1 << 20  # ranges of one object less than this apart are fetched as one request
+_BLOCK = 64 << 20  # but no request larger than this
 _WHOLE_ON_UPLOAD = {"s3", "s3a", "gs", "gcs", "abfs", "az"}
 _SECRET_OPTION = re.compile(r"key|secret|token|pass|cred|sas|auth", re.I)  # storage option names holding secrets
 _USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@]*|[^@]*:[^@]*)@", re.I)  # may hold an unescaped "/"
@@ -248,7 +250,9 @@ class Store:
 
     def read_ranges(self, name: str, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         """Bytes ``[starts[i], ends[i])`` of ``name``, one ``bytes`` each (empty where ``ends[i] <= starts[i]``);
-        remote ranges are fetched concurrently. Raises the first error (a missing file: FileNotFoundError)."""
+        remote ranges are fetched concurrently, those less than :data:`_GAP` apart as one request (a shard
+        gathers thousands of short documents from a chunk: one request each would cost a round trip each).
+        Raises the first error (a missing file: FileNotFoundError)."""
         ranges = list(zip(starts, ends, strict=True))
         if self.local:
             with (self.path / name).open("rb") as f:
@@ -258,15 +262,26 @@ class Store:
                     out.append(f.read(max(0, e - s)))
                 return out
         out = [b""] * len(ranges)
-        wanted = [i for i, (s, e) in enumerate(ranges) if e > s]  # an empty HTTP range would fetch the whole object
+        wanted = sorted((i for i, (s, e) in enumerate(ranges) if e > s), key=lambda i: ranges[i])
+        blocks: list[list[int]] = []  # [start, end] of each request, ranges merged where close
+        for i in wanted:  # (an empty HTTP range would fetch the whole object: never asked for)
+            s, e = ranges[i]
+            if blocks and s <= blocks[-1][1] + _GAP and e - blocks[-1][0] <= _BLOCK:
+                blocks[-1][1] = max(blocks[-1][1], e)
+            else:
+                blocks.append([s, e])
         got = self.fs.cat_ranges(
-            [self.key(name)] * len(wanted),
-            [ranges[i][0] for i in wanted],
-            [ranges[i][1] for i in wanted],
+            [self.key(name)] * len(blocks),
+            [b[0] for b in blocks],
+            [b[1] for b in blocks],
             on_error="raise",  # fsspec's default returns the exceptions in the list, as if they were bytes
         )
-        for i, data in zip(wanted, got, strict=True):
-            out[i] = data
+        k = 0
+        for i in wanted:  # in the same order the blocks were made
+            s, e = ranges[i]
+            while s >= blocks[k][1] or e > blocks[k][1]:
+                k += 1
+            out[i] = got[k][s - blocks[k][0] : e - blocks[k][0]]
         return out
 
     def size(self, name: str) -> int | None:

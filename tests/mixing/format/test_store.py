@@ -117,6 +117,16 @@ def test_read_ranges_are_slices_of_read(store: Store, data: bytes, cuts: list[tu
     assert store.read_ranges("r.bin", starts, ends) == [whole[s:e] for s, e in zip(starts, ends, strict=True)]
 
 
+def test_read_ranges_far_apart_near_and_overlapping(store: Store) -> None:
+    """Ranges more than the merge gap apart are separate requests, close ones one request: the same slices."""
+    data = bytes(range(256)) * (13 << 12)  # 13 MiB
+    store.put("big.bin", data)
+    mib = 1 << 20
+    cuts = [(5 * mib, 5 * mib + 9), (0, 10), (3, 7), (12 * mib, 13 * mib), (5, 2 * mib), (9 * mib, 9 * mib), (8, 4)]
+    got = store.read_ranges("big.bin", [a for a, _ in cuts], [b for _, b in cuts])
+    assert got == [data[a:b] for a, b in cuts]
+
+
 def test_read_ranges_of_a_missing_file_raise(store: Store) -> None:
     with pytest.raises(FileNotFoundError):
         store.read_ranges("missing.bin", [0], [4])
