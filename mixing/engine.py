@@ -46,11 +46,6 @@ class Engine(Protocol):
     @property
     def workers(self) -> int: ...
 
-    def start(self) -> None:
-        """Connect to where the work runs, from the calling thread (call it from the main thread before
-        mapping from several threads: Ray's connection is made once per process, and from another thread
-        it can fail to reach the cluster)."""
-
     def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]: ...
 
 
@@ -63,9 +58,6 @@ class LocalEngine:
     @property
     def workers(self) -> int:
         return 1
-
-    def start(self) -> None:
-        return None
 
     def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]:
         for i, item in enumerate(items):
@@ -93,7 +85,7 @@ class RayEngine:
             import ray
         except ImportError:
             raise EngineError("the ray engine needs ray: pip install 'ray>=2.40'") from None
-        with _CONNECT:  # the sources of a stage may connect from several threads at once
+        with _CONNECT:  # once per process, whichever thread asks first
             if ray.is_initialized():
                 return ray
             try:
@@ -103,9 +95,6 @@ class RayEngine:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise EngineError(f"no Ray cluster at {self.address or 'this machine'}: {e}") from None
         return ray
-
-    def start(self) -> None:
-        self.connect()
 
     @property
     def workers(self) -> int:

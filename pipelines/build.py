@@ -6,10 +6,8 @@ stages' warnings as lines, tokenization as progress bars.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -33,52 +31,33 @@ def build_mix(
     """Build ``mix`` into ``out`` (a local folder, or an fsspec URL: see :class:`assets.WeirStorage`) by
     materializing its assets and checks, stage by stage in the order of :data:`mixing.stages.STAGES`, a
     per-source stage once per source (sorted). ``engine`` runs the stages' fan-out work (default: the
-    ``local`` engine, in this process); on a cluster engine the sources of a fan-out stage (``documents``)
-    are materialized side by side, one thread each, so that every source's chunks are on the cluster at once.
+    ``local`` engine, in this process): on a cluster engine each source's chunks are spread over the cluster,
+    one source after another. (Not several sources' runs at once from threads: Dagster configures logging per
+    run, and two runs configuring it at once in one process deadlock.)
 
     Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
-    there; for a cluster engine, one that takes writes from several threads, as the on-disk ones do). Raises
-    ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
+    there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
     Dagster's own console log is silenced; the stages' warnings (logger ``weir``: damaged chunks tokenized
     again, records lacking a template field, chat markers the tokenizer lacks) go to ``say`` as
     ``warning: ...`` lines.
     """
     defs = mix_assets(mix)
-    engine = engine or engine_resource(kind="local")
-    resources = {"storage": storage_resource(out, per_mix=False), "engine": engine}
+    resources = {"storage": storage_resource(out, per_mix=False), "engine": engine or engine_resource(kind="local")}
+    instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-    side_by_side = engine.kind != "local"
 
-    with ExitStack() as stack:
-        if instance is None:  # runs from several threads need a store that takes concurrent writers: on disk
-            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="weir-dagster-")) if side_by_side else None
-            instance = dg.DagsterInstance.local_temp(scratch) if scratch else dg.DagsterInstance.ephemeral()
-            stack.callback(instance.dispose)
-
-        def run(stage: stages.Stage, partition: str | None) -> None:
-            dg.materialize(
-                defs,
-                selection=[dg.AssetKey([mix.name, stage.name])],
-                partition_key=partition,
-                resources=resources,
-                instance=instance,
-                run_config=quiet,
-            )
-
-        stack.enter_context(warnings_to(say))
+    with warnings_to(say):
         for stage in stages.STAGES:
-            parts = stage.partitions(mix)
-            if side_by_side and stage.fans_out and len(parts) > 1:
-                engine.engine().start()  # from this (main) thread, before the sources' threads use it
-                for partition in parts:
-                    say(step_line(stage.name, partition))
-                with ThreadPoolExecutor(len(parts), thread_name_prefix="weir-source") as pool:
-                    for done in [pool.submit(run, stage, p) for p in parts]:
-                        done.result()  # the first failure, in source order, after all have ended
-                continue
-            for partition in parts:
+            for partition in stage.partitions(mix):
                 say(step_line(stage.name, partition))
-                run(stage, partition)
+                dg.materialize(
+                    defs,
+                    selection=[dg.AssetKey([mix.name, stage.name])],
+                    partition_key=partition,
+                    resources=resources,
+                    instance=instance,
+                    run_config=quiet,
+                )
 
 
 def step_line(stage: str, partition: str | None) -> str:

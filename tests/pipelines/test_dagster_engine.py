@@ -96,8 +96,7 @@ def test_dagster_materializes_a_mix_on_ray_into_s3_equal_to_the_local_build(
 
     for k, v in {**S3_ENV, "AWS_ENDPOINT_URL": endpoint, "WEIR_WORK_DIR": str(tmp_path / "work")}.items():
         monkeypatch.setenv(k, v)
-    (tmp_path / "dagster").mkdir()
-    instance = dg.DagsterInstance.local_temp(str(tmp_path / "dagster"))  # as weir build's: on disk
+    instance = dg.DagsterInstance.ephemeral()
     url = f"s3://{BUCKET}/tiny"
     try:
         build_mix(
