@@ -8,10 +8,14 @@ The drivers are ``weir build`` subprocesses; the corpus, its reference build and
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import polars as pl
 import pytest
 
@@ -19,6 +23,8 @@ from loaders import PackedDataset, Reading, World
 from mixing.format.store import Store
 from tests.ray_builds import RayBuilds, assert_same_build, build_reference, ray_builds
 from tests.ray_cluster import LocalRayCluster
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +41,22 @@ def s3_build(rb: RayBuilds) -> Store:
 
 def test_a_ray_build_into_s3_is_the_local_build_byte_for_byte(rb: RayBuilds, s3_build: Store) -> None:
     assert_same_build(s3_build, rb.reference)
+
+
+def test_weir_inspect_reads_the_s3_build_and_dagster_recorded_the_engine(rb: RayBuilds, s3_build: Store) -> None:
+    weir = [sys.executable, "-m", "pipelines.cli", "inspect", "--json"]
+    env = {**os.environ, **rb.env}
+    remote = subprocess.run([*weir, s3_build.url], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert remote.returncode == 0, remote.stderr  # every shard hashed in S3, the plan from the working folder
+    here = subprocess.run([*weir, str(rb.reference)], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    assert json.loads(remote.stdout) == json.loads(here.stdout)
+
+    with dg.DagsterInstance.get() as instance:  # the session's DAGSTER_HOME, where the drivers recorded their runs
+        records = instance.fetch_materializations(dg.AssetKey(["raymix", "documents"]), limit=1000).records
+    assert records
+    for r in records:  # the documents asset's metadata names the engine and the cluster's workers
+        md = r.asset_materialization.metadata  # type: ignore[union-attr]
+        assert md["engine"].value == "ray" and md["workers"].value == 2, md  # type: ignore[attr-defined]
 
 
 def test_a_ray_build_into_a_local_folder_is_the_local_build_byte_for_byte(rb: RayBuilds, tmp_path: Path) -> None:
