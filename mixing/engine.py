@@ -11,12 +11,19 @@ up to ``max_retries`` times; an exception raised by the function itself is not r
 the code's, and would fail again) and reaches the caller as that exception. Work items must therefore be
 idempotent: written under write-once keys, or whole-file puts that a retry simply repeats.
 
+Threads: a Ray task runs on the CPUs Ray assigned it (one, by default), but a tokenizer sizes its thread
+pool by ``RAYON_NUM_THREADS``, else by the machine's cores (:mod:`mixing.ingest.tokenizer`): every worker of a
+64-core node would run 64 tokenizer threads. So a task sets ``RAYON_NUM_THREADS`` on its worker to the task's
+CPUs where the worker's environment does not set it (as Ray itself sets ``OMP_NUM_THREADS``).
+
 Ray is imported only when a :class:`RayEngine` first submits work: the embedded default never needs it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -128,6 +135,12 @@ LOCAL = LocalEngine()
 
 
 def _call(fn: Callable[[S, T], R], shared: S, item: T) -> R:
+    """``fn(shared, item)`` on a Ray worker, its thread pools sized to the task's CPUs (module docstring)."""
+    if "RAYON_NUM_THREADS" not in os.environ:
+        import ray
+
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, math.floor(cpus)))
     return fn(shared, item)
 
 
