@@ -29,9 +29,11 @@ gain given the chunks (each source's chunks in order to the first free worker, t
 CPU-seconds per GB of input files, per stage: the driver's (``time.process_time``, every thread of the driver
 process, less this benchmark's polling) and, on Ray, every process of the cluster, polled with psutil every
 0.2 s (user + system; the ``ray::`` worker processes apart from Ray's daemons: GCS, raylets, agents), so a
-process that exits loses at most its last 0.2 s. Memory: the driver's RSS polled every 0.2 s, its largest in
-each stage, with ``ru_maxrss`` of the whole run (the cluster's processes are not the driver's own), at both
-sizes, and the largest Ray worker's RSS in each stage. Every run prints the 1-minute load average before → after.
+process that exits loses at most its last 0.2 s. Memory, polled every 0.2 s, the largest in each stage: the
+driver's anonymous memory (RSS less file-backed and shared pages: memory-mapped token files are the page
+cache's) at both sizes, with ``ru_maxrss`` (all of its RSS, the cluster's processes not included) of the whole
+run, and the largest Ray worker's RSS and anonymous memory. Every run prints the 1-minute load average
+before → after it.
 """
 
 from __future__ import annotations
@@ -171,6 +173,15 @@ def warm_up(data: Path, tmp: Path, tokenizer: str) -> float:
     return time.perf_counter() - t
 
 
+MEMORY = ("driver_rss", "driver_anon", "worker_rss", "worker_anon")  # anon: RSS less file-backed and shared pages
+
+
+def _peaks(peak: dict[str, int], who: str, mem: Any) -> None:
+    """Raise ``peak``'s RSS and anonymous memory of ``who`` to ``mem`` (psutil's memory_info)."""
+    peak[f"{who}_rss"] = max(peak[f"{who}_rss"], mem.rss)
+    peak[f"{who}_anon"] = max(peak[f"{who}_anon"], mem.rss - mem.shared)
+
+
 class Sampler:
     """CPU seconds and peak memory of the driver (this process) and of a Ray cluster's processes.
 
@@ -188,7 +199,7 @@ class Sampler:
         self.me = psutil.Process()
         self.cpu: dict[tuple[int, float], tuple[bool, float]] = {}  # (pid, create time): (is a worker, seconds)
         self.overhead = 0.0  # CPU seconds spent polling, in any thread of this process
-        self.rss = {"driver": 0, "worker": 0}  # bytes: the largest seen since the last snapshot
+        self.peak = dict.fromkeys(MEMORY, 0)  # bytes: the largest seen since the last snapshot
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
@@ -209,7 +220,7 @@ class Sampler:
         import psutil
 
         t = time.thread_time()
-        seen, worker_rss = {}, 0
+        seen, peak = {}, dict.fromkeys(MEMORY, 0)
         for proc in self.cluster.processes() if self.cluster is not None else []:
             try:
                 with proc.oneshot():
@@ -217,30 +228,26 @@ class Sampler:
                     worker = title[0].startswith("ray::") or any("default_worker.py" in c for c in proc.cmdline())
                     times = proc.cpu_times()
                     seen[(proc.pid, proc.create_time())] = (worker, times.user + times.system)
-                    worker_rss = max(worker_rss, proc.memory_info().rss if worker else 0)
+                    if worker:
+                        _peaks(peak, "worker", proc.memory_info())
             except psutil.Error:  # ended while we looked: its last polled value stays
                 continue
-        driver_rss = self.me.memory_info().rss
+        _peaks(peak, "driver", self.me.memory_info())
         with self._lock:
             self.cpu.update(seen)
-            self.rss = {"driver": max(self.rss["driver"], driver_rss), "worker": max(self.rss["worker"], worker_rss)}
+            self.peak = {k: max(v, peak[k]) for k, v in self.peak.items()}
             self.overhead += time.thread_time() - t
 
     def snapshot(self) -> dict[str, float]:
-        """CPU seconds so far (``driver``, Ray ``workers``, Ray ``daemons``), and the largest RSS (MB) of the driver
-        and of one worker since the last snapshot (``driver_mb``, ``worker_mb``)."""
+        """CPU seconds so far (``driver``, Ray ``workers``, Ray ``daemons``), and the largest memory (MB) of the
+        driver and of one worker since the last snapshot (:data:`MEMORY`)."""
         self.poll()
         with self._lock:
             workers = sum(s for w, s in self.cpu.values() if w)
             daemons = sum(s for w, s in self.cpu.values() if not w)
-            rss, self.rss = self.rss, {"driver": 0, "worker": 0}
-            return {
-                "driver": time.process_time() - self.overhead,
-                "workers": workers,
-                "daemons": daemons,
-                "driver_mb": rss["driver"] / 2**20,
-                "worker_mb": rss["worker"] / 2**20,
-            }
+            peak, self.peak = self.peak, dict.fromkeys(MEMORY, 0)
+            cpu = {"driver": time.process_time() - self.overhead, "workers": workers, "daemons": daemons}
+            return cpu | {k: v / 2**20 for k, v in peak.items()}
 
 
 def drive(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
@@ -267,7 +274,7 @@ def drive(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
             out["cluster_start_s"] = time.perf_counter() - t
             out["workers"] = engine.workers
         sampler = stack.enter_context(Sampler(cluster))
-        out["rss_before_mb"] = sampler.snapshot()["driver_mb"]
+        out["before"] = sampler.snapshot()
         for stage in stages_until(last):
             before = sampler.snapshot()
             t = time.perf_counter()
@@ -275,7 +282,7 @@ def drive(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
             wall = time.perf_counter() - t
             after = sampler.snapshot()
             row = {k: after[k] - before[k] for k in ("driver", "workers", "daemons")}
-            row |= {"wall": wall, "driver_mb": after["driver_mb"], "worker_mb": after["worker_mb"]}
+            row |= {k: after[k] for k in MEMORY} | {"wall": wall}
             if stage.name == "source_index":  # index frames
                 out["input_bytes"] = sum(int(df["size"].sum()) for df in results)
                 out["files"] = sum(df.height for df in results)
@@ -401,21 +408,28 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
     for n in RAY:
         print(f"{CONFIGS[n][3]}: cluster started in {runs[n]['cluster_start_s']:.1f} s before the stages (not counted)")
 
-    print("\ndriver memory (MB): the largest RSS polled in each stage, and ru_maxrss of the whole run")
-    sizes = ("-part0", "")
-    head = "".join(f"{CONFIGS[n][3] + ': part 0':>17}{'all':>7}" for n in ("local", "ray2"))
-    print(f"{'':<16}{head}{'ray×2 bytes/doc':>17}{'largest Ray worker':>20}")
-    docs = {x: runs["local" + x]["docs"] for x in sizes}
-    print(f"{'documents':<16}" + f"{docs['-part0']:>17,}{docs['']:>7,}" * 2)
-    rows = [("before stages", {n + x: runs[n + x]["rss_before_mb"] for n in ("local", "ray2") for x in sizes}, 0.0)]
-    for stage in full["stages"]:
-        mem = {n + x: runs[n + x]["stages"][stage]["driver_mb"] for n in ("local", "ray2") for x in sizes}
-        rows.append((stage, mem, runs["ray2"]["stages"][stage]["worker_mb"]))
-    rows.append(("ru_maxrss", {n + x: runs[n + x]["peak_rss_mb"] for n in ("local", "ray2") for x in sizes}, 0.0))
-    for what, mem, worker in rows:
-        cells = "".join(f"{mem[n + '-part0']:>17.0f}{mem[n]:>7.0f}" for n in ("local", "ray2"))
-        per_doc = (mem["ray2"] - mem["ray2-part0"]) * 2**20 / (docs[""] - docs["-part0"])
-        print(f"{what:<16}{cells}{per_doc:>17.0f}{worker:>20.0f}" if worker else f"{what:<16}{cells}{per_doc:>17.0f}")
+    print("\nmemory (MB), the largest polled in each stage; anon: RSS less file-backed and shared pages (mapped")
+    print("token files, Ray's object store); the driver's anon at both sizes, and ru_maxrss (all its RSS) of the run:")
+    configs = [n + x for n in ("local", "ray2") for x in ("-part0", "")]
+    head = "".join(f"{CONFIGS[n][3] + ': part 0':>17}{'all':>11}" for n in ("local", "ray2"))
+    print(f"{'':<15}{head}{'ray×2 B/doc':>13}{'Ray worker rss, anon':>22}")
+    docs = {n: runs[n]["docs"] for n in configs}
+    print(
+        f"{'documents':<15}"
+        + "".join(f"{docs[n]:>17,}" if i % 2 == 0 else f"{docs[n]:>11,}" for i, n in enumerate(configs))
+    )
+    big, small = runs["ray2"], runs["ray2-part0"]
+    span = (big["docs"] - small["docs"]) / 2**20  # bytes per document from MB per Mi-documents
+    rows = [("before stages", {n: runs[n]["before"] for n in configs})]
+    rows += [(stage, {n: runs[n]["stages"][stage] for n in configs}) for stage in full["stages"]]
+    for what, mem in rows:
+        cells = "".join(f"{mem[n]['driver_anon']:>{11 if i % 2 else 17}.0f}" for i, n in enumerate(configs))
+        per_doc = (mem["ray2"]["driver_anon"] - mem["ray2-part0"]["driver_anon"]) / span
+        worker = f"{mem['ray2']['worker_rss']:>15.0f}, {mem['ray2']['worker_anon']:>5.0f}" if what != rows[0][0] else ""
+        print(f"{what:<15}{cells}{per_doc:>13.0f}{worker}")
+    cells = "".join(f"{runs[n]['peak_rss_mb']:>{11 if i % 2 else 17}.0f}" for i, n in enumerate(configs))
+    per_doc = (big["peak_rss_mb"] - small["peak_rss_mb"]) / span
+    print(f"{'ru_maxrss':<15}{cells}{per_doc:>13.0f}")
 
 
 def main() -> None:
