@@ -1,7 +1,7 @@
 """Outgrowing one machine: a build's stages on the local engine and on Ray with 1 and 2 workers, on one corpus.
 
-    python benchmarks/scale.py --quick                   # ~80 MB corpus: a sanity check (~5 min on 2 cores)
-    python benchmarks/scale.py                           # ~1 GB corpus: the figures in docs/scale.md
+    python benchmarks/scale.py --quick                   # ~80 MB corpus: a sanity check (~3 min on 2 cores)
+    python benchmarks/scale.py                           # ~1 GB corpus: the figures in docs/scale.md (~17 min)
     python benchmarks/scale.py --data /tmp/scale-1gb     # keep the corpus there (reused when it exists)
 
 The corpus (``--mb`` MB of files) is 8 equal parts, each with three sources: ``prose`` (the synthetic prose
@@ -10,7 +10,7 @@ bytes), ``qa`` (its question/answer records rendered by a template, ~1 MB jsonl 
 (the standard library's ``.py`` files, one document each, 1/4). The tokenizer is tiktoken ``o200k_base``,
 read offline from ``../shared/tokenizers/tiktoken_cache``; without it (or with ``--tokenizer bpe``) a
 byte-level BPE the build trains on the corpus, said so in the output. The mix plans 0.2 tokens per input
-byte (about 0.7 epoch) in one phase at S=8192, 64 sequences a step.
+byte (about 0.6 epoch of this corpus) in one phase at S=8192, 64 sequences a step.
 
 Each configuration is a fresh process, the driver, that runs every stage of :data:`mixing.stages.STAGES`
 (``Stage.run`` per partition: what ``weir build`` runs inside Dagster, without Dagster) into a fresh build
@@ -19,6 +19,9 @@ folder, so no chunk is reused:
 - ``local``: the local engine with one tokenizer thread (``RAYON_NUM_THREADS=1``): one worker's work, in process;
 - ``ray×1``: a Ray cluster of one node with 1 CPU on 127.0.0.1, started by the driver before the stages;
 - ``ray×2``: the same with two nodes of 1 CPU each;
+- ``ray×1, threads=cores``: ``ray×1`` with ``RAYON_NUM_THREADS`` = cores in the cluster's environment, so each
+  worker runs as many tokenizer threads as the machine has cores (what workers did before ``mixing.engine``
+  sized them to the task's CPUs), up to ``documents``;
 - ``local, all cores``: the local engine as ``weir build`` runs it (tokenizer threads = cores), up to ``documents``;
 - ``local`` and ``ray×2`` again on part 0 alone (1/8 of the corpus): the driver's peak memory at two sizes.
 
@@ -69,6 +72,7 @@ CONFIGS = {  # name: (ray nodes, last stage, corpus part glob, label)
     "local": (0, "packed_shards", "*", "local"),
     "ray1": (1, "packed_shards", "*", "ray×1"),
     "ray2": (2, "packed_shards", "*", "ray×2"),
+    "ray1-cores": (1, "documents", "*", "ray×1, threads=cores"),
     "local-all": (0, "documents", "*", "local, all cores"),
     "local-part0": (0, "packed_shards", "0", "local"),
     "ray2-part0": (2, "packed_shards", "0", "ray×2"),
@@ -320,6 +324,8 @@ def _spawn(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
     env.pop("RAYON_NUM_THREADS", None)
     if config.startswith("local") and config != "local-all":
         env["RAYON_NUM_THREADS"] = "1"  # one worker's work: one tokenizer thread, as on a 1-CPU Ray worker
+    if config == "ray1-cores":  # the cluster's workers inherit it: as many tokenizer threads as cores
+        env["RAYON_NUM_THREADS"] = str(os.cpu_count())
     args = [sys.executable, __file__, "--driver", config, str(mix_path), str(work)]
     try:
         run = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
@@ -372,15 +378,15 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
         print(f"  {name}: {len(sizes)} chunks, the largest {big:.1f} MB ({big / sum(sizes):.0%} of the source)")
 
     print("\ntokenize throughput (documents stage, every source):")
-    print(f"{'':<18}{'text MB':>9}{'wall s':>9}{'MB/s':>8}{'CPU/wall':>10}   load before → after")
+    print(f"{'':<22}{'text MB':>9}{'wall s':>9}{'MB/s':>8}{'CPU/wall':>10}   load before → after")
     rate = {}
-    for name in ("local", *RAY, "local-all"):
+    for name in ("local", *RAY, "ray1-cores", "local-all"):
         r = runs[name]
         st = r["stages"]["documents"]
         rate[name] = r["text_bytes"] / 1e6 / st["wall"]
         cpu = (st["driver"] + st["workers"] + st["daemons"]) / st["wall"]
         print(
-            f"{CONFIGS[name][3]:<18}{r['text_bytes'] / 1e6:>9,.0f}{st['wall']:>9.1f}{rate[name]:>8.2f}{cpu:>10.2f}"
+            f"{CONFIGS[name][3]:<22}{r['text_bytes'] / 1e6:>9,.0f}{st['wall']:>9.1f}{rate[name]:>8.2f}{cpu:>10.2f}"
             f"   {r['load_before']:.2f} → {r['load_after']:.2f}"
         )
     r21, r1l = rate["ray2"] / rate["ray1"], rate["ray1"] / rate["local"]
@@ -389,6 +395,11 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
     print(f"ray×2 / ray×1 = {r21:.2f} (goal ≥ 1.7: {ok}; these chunks allow {bound:.2f} at most, with no other cost)")
     print(f"ray×1 / local = {r1l:.2f} (goal ≥ 0.85: {'ok' if r1l >= 0.85 else 'BELOW GOAL'})")
     print(f"ray×2 / local, all cores = {rate['ray2'] / rate['local-all']:.2f}")
+    cpu = {n: runs[n]["stages"]["documents"]["workers"] / gb for n in ("ray1", "ray1-cores")}
+    print(
+        f"ray×1, one tokenizer thread per worker CPU (the engine's) / as many as cores = "
+        f"{rate['ray1'] / rate['ray1-cores']:.2f}; worker CPU-s per GB {cpu['ray1']:.1f} vs {cpu['ray1-cores']:.1f}"
+    )
 
     print(f"\nCPU-seconds per GB of input ({gb:.3f} GB; Ray: driver + workers + daemons = total), and wall seconds:")
     head = "".join(f"{CONFIGS[n][3] + ' drv + wrk + dmn = total':>34}" for n in RAY)
