@@ -12,12 +12,19 @@ function itself is not retried (it is the data's or the code's, and would fail a
 that exception. Work items must therefore be idempotent: written under write-once keys, or whole-file puts that
 a retry simply repeats.
 
+Threads: a Ray task runs on the CPUs Ray assigned it (one, by default), but a tokenizer sizes its thread
+pool by ``RAYON_NUM_THREADS``, else by the machine's cores (:mod:`mixing.ingest.tokenizer`): every worker of a
+64-core node would run 64 tokenizer threads. So a task sets ``RAYON_NUM_THREADS`` on its worker to the task's
+CPUs where the worker's environment does not set it (as Ray itself sets ``OMP_NUM_THREADS``).
+
 Ray is imported only when a :class:`RayEngine` first submits work: the embedded default never needs it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -25,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 
 from mixing.errors import WeirError
 
-__all__ = ["LOCAL", "Engine", "EngineError", "LocalEngine", "RayEngine", "engine_named"]
+__all__ = ["LOCAL", "Engine", "EngineError", "LocalEngine", "RayEngine"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -140,15 +147,10 @@ LOCAL = LocalEngine()
 
 
 def _call(fn: Callable[[S, T], R], shared: S, item: T) -> R:
+    """``fn(shared, item)`` on a Ray worker, its thread pools sized to the task's CPUs (module docstring)."""
+    if "RAYON_NUM_THREADS" not in os.environ:
+        import ray
+
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, math.floor(cpus)))
     return fn(shared, item)
-
-
-def engine_named(name: str, address: str | None = None) -> Engine:
-    """The engine called ``name`` (``local`` or ``ray``); ``address`` is the Ray cluster's (ray only)."""
-    if name == "local":
-        if address:
-            raise EngineError("--ray-address is for --engine ray")
-        return LOCAL
-    if name == "ray":
-        return RayEngine(address)
-    raise EngineError(f"unknown engine {name!r}: local or ray")

@@ -1,4 +1,5 @@
-"""A real two-node Ray cluster on 127.0.0.1 for tests, and the SIGKILL of the worker running a given task.
+"""A real Ray cluster on 127.0.0.1 (two nodes unless told) for tests and benchmarks, and the SIGKILL of the
+worker running a given task.
 
 Ray is imported only when a cluster starts: :data:`RAY_ENV` must be in the environment before ``import ray``
 (``tests/conftest.py`` sets it for the whole session), so importing this module never imports Ray.
@@ -39,7 +40,8 @@ OBJECT_STORE_BYTES = 128 * 2**20  # per node: the two fit the 2-core, 24 GB test
 
 
 class LocalRayCluster:
-    """A two-node Ray cluster (1 CPU and a 128 MiB object store each) with every node and its GCS on 127.0.0.1.
+    """A Ray cluster of ``nodes`` nodes (default two; 1 CPU and a 128 MiB object store each) with every node and its
+    GCS on 127.0.0.1.
 
     ``with LocalRayCluster() as cluster:`` starts it (4 to 5 s on 2 cores) and stops it on exit (under 0.5 s):
     every process of the cluster ends, else the exit kills the rest and raises. Its Ray session files live in a
@@ -49,7 +51,10 @@ class LocalRayCluster:
     ``import ray`` in this process, and in a driver subprocess's environment (inherited from ``os.environ``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: int = NODES) -> None:
+        if nodes < 1:
+            raise ValueError(f"a cluster needs at least one node, got {nodes}")
+        self.nodes = nodes
         self._cluster: Cluster | None = None
         self._tmp: Path | None = None
         self._old_tmpdir: str | None = None
@@ -81,7 +86,7 @@ class LocalRayCluster:
         try:
             self._cluster = Cluster()
             self._cluster.add_node(**node, include_dashboard=False, no_monitor=True)  # the head node
-            for _ in range(NODES - 1):
+            for _ in range(self.nodes - 1):
                 self._cluster.add_node(**node)
             self._cluster.wait_for_nodes()
             # Cluster records itself as "the latest cluster", which a plain ray.init() joins; a driver under test
