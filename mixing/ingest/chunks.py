@@ -1,7 +1,9 @@
 """The chunk cache of a tokenized source: a source's files tokenized in chunks under ``chunks/<key>/``.
 
-Chunks: the files are cut at stable, path-determined boundaries (about :data:`_GROUP` files each; changing a
-file never moves a boundary). A chunk's ``key`` hashes its files' paths and fingerprints, the tokenizer's
+Chunks: the files are cut at stable boundaries that each file sets alone, from its path and its size:
+about :data:`_GROUP` files, or about :data:`CHUNK_BYTES` of them, whichever comes first, and a file of
+:data:`CHUNK_BYTES` or more is a chunk of its own. Changing a file's contents never moves a boundary; changing
+its size can only move the boundaries beside it, never others. A chunk's ``key`` hashes its files' paths and fingerprints, the tokenizer's
 fingerprint and the source's rendering spec, so equal keys mean equal documents and a chunk whose key is
 already there is reused: a rebuild after one file changed re-tokenizes only that file's chunk.
 
@@ -37,6 +39,7 @@ from mixing.ingest.tokenizer import TextTokenizer
 from mixing.spec.mixfile import SourceSpec
 
 __all__ = [
+    "CHUNK_BYTES",
     "CHUNK_FILES",
     "CHUNK_SCHEMA",
     "REPORT",
@@ -49,7 +52,8 @@ __all__ = [
 
 CHUNK_SCHEMA = {"file": pl.String, "line": pl.Int64, "n_tokens": pl.Int64, "meta": pl.String}
 _BATCH_BYTES = 1 << 20  # text per encode call: large enough to keep every tokenizer thread busy
-_GROUP = 32  # files per chunk, on average
+_GROUP = 32  # files per chunk, on average, when files are small
+CHUNK_BYTES = 16 << 20  # input bytes per chunk, about: a Ray task of a few seconds, however large the files
 CHUNK_FILES = ("tokens.bin", "docs.parquet", "quarantine.jsonl")  # checksummed in report.json
 REPORT = "report.json"
 _CHUNK_VERSION = 2  # 2: chunks carry checksums
@@ -119,13 +123,23 @@ class _Chunk:
 def chunk_groups(files: pl.DataFrame, tokenizer: TextTokenizer, spec: SourceSpec) -> list[tuple[Group, str]]:
     """``files`` (an index frame) as chunks in order: each chunk's rows and its key.
 
-    Consecutive files are cut where a path's hash says so: boundaries never depend on file contents. A file
-    without a fingerprint gets a random key, so its chunk is never reused (nor equal between two calls).
+    A boundary follows a file when its path's hash says so: with probability 1/:data:`_GROUP`, or
+    ``size / CHUNK_BYTES`` (so chunks hold about that many bytes), and always around a file of
+    :data:`CHUNK_BYTES` or more. Each boundary depends on one file's path and size only (``size`` 0 when the
+    index has none), never on its contents or its neighbours. A file without a fingerprint gets a random key,
+    so its chunk is never reused (nor equal between two calls).
     """
     groups: list[Group] = [[]]
-    for row in files.iter_rows(named=True):
+    sizes = files["size"].to_list() if "size" in files.columns else [0] * len(files)
+    for row, size in zip(files.iter_rows(named=True), sizes, strict=True):
+        big = (size or 0) >= CHUNK_BYTES
+        if big and groups[-1]:
+            groups.append([])
         groups[-1].append(row)
-        if int(hashlib.sha1(row["path"].encode()).hexdigest()[:8], 16) % _GROUP == 0:
+        h = hashlib.sha1(row["path"].encode()).digest()
+        by_count = int.from_bytes(h[:4], "big") % _GROUP == 0
+        by_bytes = int.from_bytes(h[4:12], "big") / 2**64 < (size or 0) / CHUNK_BYTES
+        if big or by_count or by_bytes:
             groups.append([])
     return [(g, _key(g, tokenizer, spec)) for g in groups if g]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
-from mixing.ingest.chunks import chunk_keys
+from mixing.ingest.chunks import CHUNK_BYTES, chunk_groups, chunk_keys
 from mixing.ingest.documents import open_documents, tokenize_source
 from mixing.ingest.tokenizer import load_tokenizer
 from mixing.spec.mixfile import SourceSpec, TokenizerSpec
@@ -51,3 +51,45 @@ def test_chunk_keys_name_the_chunks_a_build_writes_and_one_changed_file_changes_
     )
     first, second = chunk_keys(unknown, tok, spec), chunk_keys(unknown, tok, spec)
     assert sum(a != b for a, b in zip(first, second, strict=True)) == 1  # no fingerprint: never reused
+
+
+def _frame(sizes: list[int]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"path": [f"s3://b/part-{i:05d}.jsonl" for i in range(len(sizes))], "size": sizes, "fingerprint": "f"}
+    )
+
+
+def _cuts(files: pl.DataFrame, tmp_path: Path) -> list[int]:
+    """The index of each chunk's first file."""
+    tok = load_tokenizer(TokenizerSpec(kind="bytes"), tmp_path)
+    groups = chunk_groups(files, tok, SourceSpec(uri="x", format="jsonl"))
+    starts, n = [], 0
+    for group, _key in groups:
+        starts.append(n)
+        n += len(group)
+    assert n == len(files)  # every file in exactly one chunk, in order
+    return starts
+
+
+def test_chunks_are_cut_by_bytes_as_well_as_files(tmp_path: Path) -> None:
+    mb = 1 << 20
+    small = _cuts(_frame([10_000] * 3000), tmp_path)  # small files: ~32 a chunk
+    assert 20 < 3000 / len(small) < 50
+    ones = _cuts(_frame([mb] * 3000), tmp_path)  # 1 MB files: ~CHUNK_BYTES of them, or fewer
+    per_chunk = 3000 * mb / len(ones)
+    assert 0.25 * CHUNK_BYTES < per_chunk < 1.0 * CHUNK_BYTES
+    sizes = [mb] * 100
+    sizes[10] = sizes[50] = CHUNK_BYTES  # a big file is a chunk of its own
+    big = _cuts(_frame(sizes), tmp_path)
+    for i in (10, 50):
+        assert i in big and i + 1 in big
+
+
+def test_a_files_size_moves_only_the_boundaries_beside_it(tmp_path: Path) -> None:
+    sizes = [1 << 20] * 400
+    before = set(_cuts(_frame(sizes), tmp_path))
+    for i, size in ((100, 1), (200, 1 << 24), (300, 7 << 20)):
+        changed = list(sizes)
+        changed[i] = size
+        after = set(_cuts(_frame(changed), tmp_path))
+        assert before ^ after <= {i, i + 1}, (i, sorted(before ^ after))
