@@ -29,6 +29,10 @@ class WeirEngine(dg.ConfigurableResource):  # type: ignore[type-arg]
     max_retries: int = 3
 
     def engine(self) -> Engine:
+        """The engine; in a run or outside one (an ``EnvVar`` address is read from the environment)."""
         if self.kind == "local":
             return LOCAL
-        return RayEngine(self.ray_address, max_retries=self.max_retries)
+        address = self.ray_address
+        if isinstance(address, dg.EnvVar):  # outside a run the field holds the variable, not its value
+            address = address.get_value()
+        return RayEngine(address, max_retries=self.max_retries)

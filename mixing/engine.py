@@ -17,6 +17,13 @@ pool by ``RAYON_NUM_THREADS``, else by the machine's cores (:mod:`mixing.ingest.
 64-core node would run 64 tokenizer threads. So a task sets ``RAYON_NUM_THREADS`` on its worker to the task's
 CPUs where the worker's environment does not set it (as Ray itself sets ``OMP_NUM_THREADS``).
 
+Submitting ahead: a build whose stage runs once per source (one Dagster run each, one after another in
+``weir build``) would leave a cluster idle at the end of every source. :meth:`RayEngine.submit_ahead` submits
+the work of every source at once, before the first run; each run's :meth:`~Engine.map` then collects the
+results of its own items (matched by ``(label, key(item))``) instead of submitting them again, so the
+cluster works on all sources side by side while the runs still finish in order. What was submitted ahead
+lives in this process only (Ray's tasks die with their driver): :meth:`~Engine.forget` drops it.
+
 Ray is imported only when a :class:`RayEngine` first submits work: the embedded default never needs it.
 """
 
@@ -44,8 +51,14 @@ class EngineError(WeirError):
     every attempt)."""
 
 
+Key = Callable[[Any], str]  # an item's name among the items of one label (a chunk's key)
+
+
 class Engine(Protocol):
-    """Runs ``fn(shared, item)`` for every item; yields ``(index, result)`` as each finishes (any order)."""
+    """Runs ``fn(shared, item)`` for every item; yields ``(index, result)`` as each finishes (any order).
+
+    With ``key``, an item submitted ahead under the same ``label`` and key is collected, not run again.
+    """
 
     @property
     def name(self) -> str: ...
@@ -53,7 +66,22 @@ class Engine(Protocol):
     @property
     def workers(self) -> int: ...
 
-    def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]: ...
+    def map(
+        self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str, key: Key | None = None
+    ) -> Iterator[tuple[int, R]]: ...
+
+    def submit_ahead(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str, key: Key) -> int:
+        """Start ``fn(shared, item)`` for every item now, for a later :meth:`map` to collect; returns how many
+        were submitted (0 where the engine cannot run work ahead)."""
+        ...
+
+    def is_ahead(self, label: str, key: str) -> bool:
+        """Whether an item of ``label`` named ``key`` was submitted ahead and not collected yet."""
+        ...
+
+    def forget(self) -> None:
+        """Drop (and cancel) everything submitted ahead and not collected."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -66,9 +94,20 @@ class LocalEngine:
     def workers(self) -> int:
         return 1
 
-    def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]:
+    def map(
+        self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str, key: Key | None = None
+    ) -> Iterator[tuple[int, R]]:
         for i, item in enumerate(items):
             yield i, fn(shared, item)
+
+    def submit_ahead(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str, key: Key) -> int:
+        return 0  # one process: nothing runs beside the caller
+
+    def is_ahead(self, label: str, key: str) -> bool:
+        return False
+
+    def forget(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -107,41 +146,84 @@ class RayEngine:
     def workers(self) -> int:
         return max(1, int(self.connect().cluster_resources().get("CPU", 1)))
 
-    def map(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str) -> Iterator[tuple[int, R]]:
+    def _task(self, ray: Any, label: str) -> Any:
+        return ray.remote(_call).options(name=label, max_retries=self.max_retries, retry_exceptions=False)
+
+    def submit_ahead(self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str, key: Key) -> int:
+        """Submit every item now (no limit in flight: Ray queues them; an item is a few rows); a later
+        :meth:`map` with the same ``label`` and ``key`` collects them."""
         ray = self.connect()
-        task = ray.remote(_call).options(name=label, max_retries=self.max_retries, retry_exceptions=False)
-        ref = ray.put(shared)
+        task, ref, n = self._task(ray, label), ray.put(shared), 0
+        for item in items:
+            _AHEAD[(label, key(item))] = task.remote(fn, ref, item)
+            n += 1
+        return n
+
+    def is_ahead(self, label: str, key: str) -> bool:
+        return (label, key) in _AHEAD
+
+    def forget(self) -> None:
+        if _AHEAD:
+            ray = self.connect()
+            for ref in _AHEAD.values():
+                ray.cancel(ref)
+            _AHEAD.clear()
+
+    def map(
+        self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str, key: Key | None = None
+    ) -> Iterator[tuple[int, R]]:
+        ray = self.connect()
+        task = self._task(ray, label)
+        shared_ref = None  # put once, and only if some item is not collected from ahead
         limit = max(1, self.workers * self.inflight)
-        pending: dict[Any, int] = {}
+        pending: dict[Any, tuple[int, bool]] = {}  # ref -> (index, submitted by this call)
+        own = 0
         source = enumerate(items)
         exhausted = False
-        while pending or not exhausted:
-            while not exhausted and len(pending) < limit:
+        while True:
+            while not exhausted and own < limit:
                 nxt = next(source, None)
                 if nxt is None:
                     exhausted = True
                     break
-                pending[task.remote(fn, ref, nxt[1])] = nxt[0]
+                i, item = nxt
+                ahead = _AHEAD.pop((label, key(item)), None) if key else None
+                if ahead is not None:
+                    pending[ahead] = (i, False)
+                    continue
+                if shared_ref is None:
+                    shared_ref = ray.put(shared)
+                pending[task.remote(fn, shared_ref, item)] = (i, True)
+                own += 1
             if not pending:
                 break
-            done, _ = ray.wait(list(pending), num_returns=1)
-            i = pending.pop(done[0])
-            try:
-                result = ray.get(done[0])
-            except ray.exceptions.RayError as e:
-                for left in pending:
-                    ray.cancel(left)
-                if isinstance(e, ray.exceptions.RayTaskError):  # the function's own exception, as its own type
-                    raise e.as_instanceof_cause() from None
-                # its worker (or node) died on every attempt, or Ray lost its result: not the data's fault
-                why = " ".join(str(e).split())[:300]
-                raise EngineError(
-                    f"{label} task {i} failed after {self.max_retries} retries: {type(e).__name__}: {why}"
-                ) from None
-            yield i, result
+            refs = list(pending)
+            first, rest = ray.wait(refs, num_returns=1)
+            # everything else finished by now too, in one more pass: never one pass over all refs per result
+            more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
+            for done in [*first, *more]:
+                i, mine = pending.pop(done)
+                own -= mine
+                yield i, self._result(ray, done, pending, label, i)
+
+    def _result(self, ray: Any, ref: Any, pending: dict[Any, tuple[int, bool]], label: str, i: int) -> Any:
+        """``ref``'s value; on failure cancel ``pending`` and raise the task's own error or an EngineError."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as e:
+            for left in pending:
+                ray.cancel(left)
+            if isinstance(e, ray.exceptions.RayTaskError):  # the function's own exception, as its own type
+                raise e.as_instanceof_cause() from None
+            # its worker (or node) died on every attempt, or Ray lost its result: not the data's fault
+            why = " ".join(str(e).split())[:300]
+            raise EngineError(
+                f"{label} task {i} failed after {self.max_retries} retries: {type(e).__name__}: {why}"
+            ) from None
 
 
 _CONNECT = threading.Lock()
+_AHEAD: dict[tuple[str, str], Any] = {}  # (label, key) -> the ref of a task submitted ahead (module docstring)
 LOCAL = LocalEngine()
 """The embedded default."""
 

@@ -21,12 +21,13 @@ from typing import Any
 
 import polars as pl
 
-from mixing.engine import LOCAL, Engine
+from mixing.engine import LOCAL, Engine, LocalEngine
 from mixing.format.commit import commit, uncommit
 from mixing.format.layout import BuildLayout, atomic_path
 from mixing.format.manifest import MANIFEST, Manifest
-from mixing.format.store import sha256_file
+from mixing.format.store import Store, sha256_file
 from mixing.ingest.documents import TokenizeReport, tokenize_source
+from mixing.ingest.documents import tokenize_ahead as tokenize_source_ahead
 from mixing.ingest.sources import SourceIndexError, index_source, read_records
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
 from mixing.ingest.tokenizer import prepare_tokenizer as _prepare
@@ -50,6 +51,7 @@ __all__ = [
     "prepare_tokenizer",
     "stages_until",
     "tokenize",
+    "tokenize_ahead",
 ]
 
 Progress = Callable[[str], None]
@@ -156,7 +158,7 @@ def tokenize(
         progress,
         storage_options,
         require_documents=True,  # a source none of whose records is kept fails here, saying why
-        chunks=layout.store().sub(f"sources/{source}/chunks"),
+        chunks=_chunks(layout, source),
         engine=engine,
     )
     chunks = [{**r, "name": f"sources/{source}/chunks/{r['name']}"} for r in report.chunk_records]
@@ -164,6 +166,28 @@ def tokenize(
         layout, "documents", source, [f"sources/{source}/{n}" for n in ("docs.parquet", "quarantine.jsonl")], chunks
     )
     return report
+
+
+def tokenize_ahead(
+    mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None, engine: Engine = LOCAL
+) -> int:
+    """Start every source's tokenizing (and the checks of its reused chunks) on ``engine`` at once, for the
+    :func:`tokenize` runs that follow to collect: on a cluster the sources are tokenized side by side. Needs
+    every source indexed and the tokenizer prepared. Returns the tasks started (0 on the local engine)."""
+    if isinstance(engine, LocalEngine):
+        return 0
+    tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+    started = 0
+    for source in sorted(mix.sources):
+        files = pl.read_parquet(layout.source_dir(source) / "index.parquet")
+        started += tokenize_source_ahead(
+            mix.sources[source], files, tok, _chunks(layout, source), storage_options, engine
+        )
+    return started
+
+
+def _chunks(layout: BuildLayout, source: str) -> Store:
+    return layout.store().sub(f"sources/{source}/chunks")
 
 
 def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
@@ -236,7 +260,9 @@ class Stage:
     ``per_source``: partitioned by source name, run once per source (sorted); else once for the whole mix.
     ``deps``: the stages whose outputs it reads, all earlier in :data:`STAGES`. ``reads_sources``: it reads
     the sources' files, so ``fn`` takes the fsspec ``storage_options``. ``fans_out``: ``fn`` takes the
-    ``engine`` that runs its work items (:mod:`mixing.engine`).
+    ``engine`` that runs its work items (:mod:`mixing.engine`). ``ahead``: starts every partition's work
+    items on the engine before the first run (:meth:`run_ahead`), for a driver that runs the partitions one
+    after another in one process.
     """
 
     name: str
@@ -245,6 +271,7 @@ class Stage:
     fn: Callable[..., object]
     reads_sources: bool = False
     fans_out: bool = False
+    ahead: Callable[..., int] | None = None
 
     def partitions(self, mix: Mix) -> list[str | None]:
         """The runs of this stage: each source name (sorted) if ``per_source``, else one run (``None``)."""
@@ -265,12 +292,28 @@ class Stage:
         kwargs: dict[str, Any] = {"storage_options": storage_options} if self.reads_sources else {}
         return self.fn(*args, **kwargs, **({"engine": engine} if self.fans_out else {}))
 
+    def run_ahead(
+        self, mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None, engine: Engine = LOCAL
+    ) -> int:
+        """Start every partition's work items on ``engine`` now, for the runs that follow in this process to
+        collect (:mod:`mixing.engine`); the tasks started (0 without ``ahead`` or on the local engine)."""
+        if self.ahead is None:
+            return 0
+        kwargs: dict[str, Any] = {"storage_options": storage_options} if self.reads_sources else {}
+        return self.ahead(mix, layout, **kwargs, engine=engine)
+
 
 STAGES: tuple[Stage, ...] = (
     Stage("source_index", per_source=True, deps=(), fn=index, reads_sources=True),
     Stage("tokenizer", per_source=False, deps=("source_index",), fn=prepare_tokenizer, reads_sources=True),
     Stage(
-        "documents", per_source=True, deps=("source_index", "tokenizer"), fn=tokenize, reads_sources=True, fans_out=True
+        "documents",
+        per_source=True,
+        deps=("source_index", "tokenizer"),
+        fn=tokenize,
+        reads_sources=True,
+        fans_out=True,
+        ahead=tokenize_ahead,
     ),
     Stage("length_stats", per_source=False, deps=("documents",), fn=length_stats),
     Stage("plan", per_source=False, deps=("length_stats",), fn=plan),

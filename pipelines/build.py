@@ -16,7 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from assets import WeirEngine, mix_assets
 from mixing import Mix, stages
-from pipelines.resources import engine_resource, storage_resource
+from mixing.engine import Engine, LocalEngine
+from pipelines.resources import engine_resource, mix_storage_options, storage_resource
 
 __all__ = ["build_mix", "progress_display", "step_line", "warnings_to"]
 
@@ -31,9 +32,11 @@ def build_mix(
     """Build ``mix`` into ``out`` (a local folder, or an fsspec URL: see :class:`assets.WeirStorage`) by
     materializing its assets and checks, stage by stage in the order of :data:`mixing.stages.STAGES`, a
     per-source stage once per source (sorted). ``engine`` runs the stages' fan-out work (default: the
-    ``local`` engine, in this process): on a cluster engine each source's chunks are spread over the cluster,
-    one source after another. (Not several sources' runs at once from threads: Dagster configures logging per
-    run, and two runs configuring it at once in one process deadlock.)
+    ``local`` engine, in this process). On a cluster engine, a stage with work to start ahead
+    (:meth:`mixing.stages.Stage.run_ahead`: every source's chunks) submits all of it before its first run,
+    so the cluster tokenizes the sources side by side while their runs collect it one after another. (Not
+    several sources' runs at once from threads: Dagster configures logging per run, and two runs configuring
+    it at once in one process deadlock.)
 
     Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
     there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
@@ -42,12 +45,18 @@ def build_mix(
     ``warning: ...`` lines.
     """
     defs = mix_assets(mix)
-    resources = {"storage": storage_resource(out, per_mix=False), "engine": engine or engine_resource(kind="local")}
+    engine = engine or engine_resource(kind="local")
+    resources = {"storage": storage_resource(out, per_mix=False), "engine": engine}
     instance = instance or dg.DagsterInstance.ephemeral()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+    runner = engine.engine()
 
-    with warnings_to(say):
+    with warnings_to(say), _forgetting(runner):
         for stage in stages.STAGES:
+            if stage.ahead and not isinstance(runner, LocalEngine):
+                layout = storage_resource(out, per_mix=False, bound=False).layout(mix)
+                n = stage.run_ahead(mix, layout, mix_storage_options(mix), runner)
+                say(f"  {stage.name}: {n} tasks of every source started on {runner.name}")
             for partition in stage.partitions(mix):
                 say(step_line(stage.name, partition))
                 dg.materialize(
@@ -58,6 +67,15 @@ def build_mix(
                     instance=instance,
                     run_config=quiet,
                 )
+
+
+@contextmanager
+def _forgetting(engine: Engine) -> Iterator[None]:
+    """Drop what ``engine`` still holds of work submitted ahead when the build ends (a failed run leaves some)."""
+    try:
+        yield
+    finally:
+        engine.forget()
 
 
 def step_line(stage: str, partition: str | None) -> str:

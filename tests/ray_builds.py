@@ -137,7 +137,7 @@ class RayBuilds:
 
     def start(self, out: str) -> Driver:
         """``weir build`` of the corpus into ``out`` on the cluster, started."""
-        log = self.logs / f"build-{len(list(self.logs.iterdir())):02d}.log"
+        log = self.logs / f"build-{len(list(self.logs.iterdir())):02d}-{Path(out).name}.log"
         return Driver(self.mix, out, log, self.env, self.cluster)
 
     def build(self, out: str) -> Store:

@@ -36,7 +36,9 @@ __all__ = [
     "ChunkRead",
     "ChunkTokens",
     "check_chunk",
+    "is_ahead",
     "present_keys",
+    "submit_ahead",
     "tokenize_missing",
     "verify_chunks",
 ]
@@ -101,11 +103,31 @@ def tokenize_missing(
         tokenize_chunks(job.spec, todo, job.tokenizer, chunks.path, job.source_options, done_files, started, report)
         return
     files, docs, text, last = done_files, 0, 0, 0.0
-    for k, (_i, done) in enumerate(engine.map(_tokenize_one, todo, job, "tokenize_chunk"), start=1):
+    for k, (_i, done) in enumerate(engine.map(_tokenize_one, todo, job, _TOKENIZE, key=_item_key), start=1):
         files, docs, text = files + done.files, docs + done.documents, text + done.bytes_in
         if time.perf_counter() - last >= 1.0 or k == len(todo):
             last = time.perf_counter()
             report(files, k, docs, text)
+
+
+def submit_ahead(engine: Engine, job: ChunkJob, todo: list[tuple[Group, str]], reused: list[str]) -> int:
+    """Start tokenizing the ``todo`` chunks and checking the ``reused`` ones on ``engine`` now; the calls of
+    :func:`tokenize_missing` and :func:`verify_chunks` for them collect the results. Returns the tasks started
+    (0 on an engine that cannot run work ahead)."""
+    n = engine.submit_ahead(_tokenize_one, todo, job, _TOKENIZE, key=_item_key)
+    return n + engine.submit_ahead(_verify_one, reused, job, _VERIFY, key=str)
+
+
+def is_ahead(engine: Engine, key: str) -> bool:
+    """Whether chunk ``key`` is being tokenized ahead (so a listing may show it, yet this build writes it)."""
+    return engine.is_ahead(_TOKENIZE, key)
+
+
+_TOKENIZE, _VERIFY = "tokenize_chunk", "verify_chunk"  # task names (``ray::tokenize_chunk`` in ``ps``)
+
+
+def _item_key(item: tuple[Group, str]) -> str:
+    return item[1]
 
 
 def _tokenize_one(job: ChunkJob, item: tuple[Group, str]) -> ChunkDone:
@@ -127,7 +149,7 @@ def _tokenize_one(job: ChunkJob, item: tuple[Group, str]) -> ChunkDone:
 
 def verify_chunks(engine: Engine, job: ChunkJob, keys: list[str]) -> dict[str, str]:
     """Check every file of the chunks ``keys`` against their reports, on ``engine``; {key: what is wrong}."""
-    return {keys[i]: why for i, why in engine.map(_verify_one, keys, job, "verify_chunk") if why}
+    return {keys[i]: why for i, why in engine.map(_verify_one, keys, job, _VERIFY, key=str) if why}
 
 
 def _verify_one(job: ChunkJob, key: str) -> str | None:

@@ -3,9 +3,10 @@
 Chunks: the files are cut at stable boundaries that each file sets alone, from its path and its size:
 about :data:`_GROUP` files, or about :data:`CHUNK_BYTES` of them, whichever comes first, and a file of
 :data:`CHUNK_BYTES` or more is a chunk of its own. Changing a file's contents never moves a boundary; changing
-its size can only move the boundaries beside it, never others. A chunk's ``key`` hashes its files' paths and fingerprints, the tokenizer's
-fingerprint and the source's rendering spec, so equal keys mean equal documents and a chunk whose key is
-already there is reused: a rebuild after one file changed re-tokenizes only that file's chunk.
+its size can only move the boundaries beside it, never others. A chunk's ``key`` hashes its files' paths and
+fingerprints, the tokenizer's fingerprint and the source's rendering spec, so equal keys mean equal documents
+and a chunk whose key is already there is reused: a rebuild after one file changed re-tokenizes only that
+file's chunk.
 
 A chunk folder holds ``tokens.bin`` (little-endian uint32 token ids), ``docs.parquet`` (``file``, ``line``,
 ``n_tokens``, ``meta``: :data:`CHUNK_SCHEMA`), ``quarantine.jsonl`` (one line per malformed record) and

@@ -44,11 +44,13 @@ from mixing.ingest.chunk_store import (
     ChunkRead,
     ChunkTokens,
     check_chunk,
+    is_ahead,
     present_keys,
+    submit_ahead,
     tokenize_missing,
     verify_chunks,
 )
-from mixing.ingest.chunks import CHUNK_SCHEMA, ChunkDamaged, chunk_groups
+from mixing.ingest.chunks import CHUNK_SCHEMA, ChunkDamaged, Group, chunk_groups
 from mixing.ingest.tokenizer import TextTokenizer
 from mixing.spec.mixfile import SourceSpec
 
@@ -58,6 +60,7 @@ __all__ = [
     "TokenizeProgress",
     "TokenizeReport",
     "open_documents",
+    "tokenize_ahead",
     "tokenize_source",
 ]
 
@@ -169,11 +172,8 @@ def tokenize_source(
         files = pl.DataFrame({"path": list(files)}, schema={"path": pl.String})
     out_dir.mkdir(parents=True, exist_ok=True)
     chunks = chunks or Store(out_dir / "chunks")
-    job = ChunkJob(spec, tokenizer, chunks.url, chunks.storage_options, storage_options)
-    groups = chunk_groups(files, tokenizer, spec)
+    job, groups, todo = _chunk_work(spec, files, tokenizer, chunks, storage_options, engine)
     keys = [k for _g, k in groups]
-    have = present_keys(chunks)
-    todo = [(g, k) for g, k in groups if k not in have]
     tokenized = {k for _g, k in todo}
     distributed = not isinstance(engine, LocalEngine)
     started = time.perf_counter()
@@ -235,6 +235,41 @@ def tokenize_source(
     if require_documents and result.docs_seen and not result.docs_kept:
         raise DocumentsError(_no_documents(name, result))
     return result
+
+
+def tokenize_ahead(
+    spec: SourceSpec,
+    files: pl.DataFrame,
+    tokenizer: TextTokenizer,
+    chunks: Store,
+    storage_options: dict[str, Any] | None,
+    engine: Engine,
+) -> int:
+    """Start the work :func:`tokenize_source` will do for these arguments on ``engine`` now: tokenizing the
+    missing chunks, checking the reused ones. Its call collects the results, so the work of several sources
+    runs side by side on a cluster while their stages still run one after another. Returns the tasks
+    started (0 on the local engine, which runs nothing ahead)."""
+    if isinstance(engine, LocalEngine):
+        return 0
+    job, groups, todo = _chunk_work(spec, files, tokenizer, chunks, storage_options, engine)
+    missing = {k for _g, k in todo}
+    return submit_ahead(engine, job, todo, sorted({k for _g, k in groups} - missing))
+
+
+def _chunk_work(
+    spec: SourceSpec,
+    files: pl.DataFrame,
+    tokenizer: TextTokenizer,
+    chunks: Store,
+    storage_options: dict[str, Any] | None,
+    engine: Engine,
+) -> tuple[ChunkJob, list[tuple[Group, str]], list[tuple[Group, str]]]:
+    """The source's chunk job, its chunks (rows, key) in order, and those to tokenize: not in ``chunks``, or
+    being tokenized ahead on ``engine`` (a listing may show one an ahead task has just written)."""
+    job = ChunkJob(spec, tokenizer, chunks.url, chunks.storage_options, storage_options)
+    groups = chunk_groups(files, tokenizer, spec)
+    have = present_keys(chunks)
+    return job, groups, [(g, k) for g, k in groups if k not in have or is_ahead(engine, k)]
 
 
 def _read_chunks(chunks: Store, keys: list[str], deep: bool) -> tuple[dict[str, ChunkRead], dict[str, str]]:

@@ -39,8 +39,33 @@ def s3_build(rb: RayBuilds) -> Store:
     return rb.build(rb.url("ray"))
 
 
+def _documents_metadata() -> dict[str, dict[str, object]]:
+    """The newest materialization's metadata values of each ``documents`` partition, from the session's DAGSTER_HOME
+    (where the drivers record their runs)."""
+    with dg.DagsterInstance.get() as instance:
+        records = instance.fetch_materializations(dg.AssetKey(["raymix", "documents"]), limit=1000).records
+    newest: dict[str, dict[str, object]] = {}
+    for r in sorted(records, key=lambda r: r.timestamp):
+        m = r.asset_materialization
+        assert m is not None and m.partition is not None
+        newest[m.partition] = {k: v.value for k, v in m.metadata.items()}
+    return newest
+
+
+def _reference_chunks(rb: RayBuilds) -> dict[str, int]:
+    return {s.name: len(list((s / "chunks").iterdir())) for s in (rb.reference / "sources").iterdir()}
+
+
 def test_a_ray_build_into_s3_is_the_local_build_byte_for_byte(rb: RayBuilds, s3_build: Store) -> None:
     assert_same_build(s3_build, rb.reference)
+    # every source's chunks were submitted at once, before the first source's run, and each run collected its own:
+    # none counted as reused although a listing may already have shown it
+    chunks = _reference_chunks(rb)
+    log = next(rb.logs.glob("*-ray.log")).read_text()
+    assert f"documents: {sum(chunks.values())} tasks of every source started on ray" in log, log
+    assert log.index("tasks of every source started") < log.index("documents [prose]") < log.index("documents [qa]")
+    md = _documents_metadata()
+    assert {s: (m["chunks"], m["chunks_reused"]) for s, m in md.items()} == {s: (n, 0) for s, n in chunks.items()}
 
 
 def test_weir_inspect_reads_the_s3_build_and_dagster_recorded_the_engine(rb: RayBuilds, s3_build: Store) -> None:
@@ -125,3 +150,9 @@ def test_an_incremental_ray_rebuild_tokenizes_only_the_changed_files_chunk(
     kept = {p: v for p, v in before.items() if not p.startswith(old_key + "/")}
     assert {p: after.get(p) for p in kept} == kept, "every other chunk's objects are the ones the first build wrote"
     assert_same_build(store, clean)
+    # submitted ahead: one chunk to tokenize, the others to check; each source's run counted them as the local one
+    log = next(rb.logs.glob("*-incremental.log")).read_text()
+    assert f"documents: {sum(_reference_chunks(rb).values())} tasks of every source started on ray" in log, log
+    md = _documents_metadata()
+    assert md["prose"]["chunks"] == md["prose"]["chunks_reused"] + 1  # type: ignore[operator]
+    assert md["qa"]["chunks"] == md["qa"]["chunks_reused"]
