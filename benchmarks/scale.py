@@ -13,7 +13,7 @@ byte-level BPE the build trains on the corpus, said so in the output. The mix pl
 byte (about 0.6 epoch of this corpus) in one phase at S=8192, 64 sequences a step.
 
 Each configuration is a fresh process, the driver, that runs every stage of :data:`mixing.stages.STAGES`
-(``Stage.run`` per partition: what ``weir build`` runs inside Dagster, without Dagster) into a fresh build
+(``Stage.run_ahead``, then ``Stage.run`` per partition: what ``weir build`` runs, without Dagster) into a fresh build
 folder, so no chunk is reused:
 
 - ``local``: the local engine with one tokenizer thread (``RAYON_NUM_THREADS=1``): one worker's work, in process;
@@ -28,7 +28,7 @@ folder, so no chunk is reused:
 Figures. Tokenize throughput: the records' text (UTF-8 MB) ÷ the wall seconds of the ``documents`` stage over
 every source (the whole stage: chunk listing, task submission, Ray workers starting on first use, the document
 index); ratios ray×2 / ray×1 (goal ≥ 1.7) and ray×1 / local (goal ≥ 0.85), with the most two workers could
-gain given the chunks (each source's chunks in order to the first free worker, time in proportion to MB).
+gain given the chunks (every source's chunks in one queue to the first free worker, time in proportion to MB).
 CPU-seconds per GB of input files, per stage: the driver's (``time.process_time``, every thread of the driver
 process, less this benchmark's polling) and, on Ray, every process of the cluster, polled with psutil every
 0.2 s (user + system; the ``ray::`` worker processes apart from Ray's daemons: GCS, raylets, agents), so a
@@ -282,6 +282,7 @@ def drive(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
         for stage in stages_until(last):
             before = sampler.snapshot()
             t = time.perf_counter()
+            stage.run_ahead(mix, layout, None, engine)  # what weir build does: every source's tasks at once
             results: list[Any] = [stage.run(mix, layout, p, None, engine) for p in stage.partitions(mix)]
             wall = time.perf_counter() - t
             after = sampler.snapshot()
@@ -346,16 +347,14 @@ RAY = ("ray1", "ray2")
 
 
 def chunk_bound(chunk_mb: dict[str, list[float]], workers: int) -> float:
-    """The most the documents stage can gain on ``workers`` workers over one, given its chunks: each source's
-    chunks go in order to the first free worker (as the engine submits them, a source after another), each
-    taking time in proportion to its MB, with no other cost."""
-    total = span = 0.0
+    """The most the documents stage can gain on ``workers`` workers over one, given its chunks: every source's
+    chunks in one queue (as ``weir build`` submits them ahead: the sources in order, each source's chunks in
+    order) to the first free worker, each taking time in proportion to its MB, with no other cost."""
+    free = [0.0] * workers
     for sizes in chunk_mb.values():
-        free = [0.0] * workers
         for mb in sizes:
             free[free.index(min(free))] += mb
-        total, span = total + sum(sizes), span + max(free)
-    return total / span
+    return sum(free) / max(free)
 
 
 def _cpu(st: dict[str, float], gb: float) -> str:
