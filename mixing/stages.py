@@ -35,6 +35,7 @@ from mixing.pack.packed import write_packed
 from mixing.pack.packing import pack_plan
 from mixing.plan.audit import PlanAudit, audit_plan
 from mixing.plan.curriculum_plan import Plan, make_plan
+from mixing.plan.database import duckdb_config
 from mixing.plan.stats import LengthStats, compute_length_stats
 from mixing.spec import envvars
 from mixing.spec.mixfile import Mix
@@ -191,10 +192,11 @@ def _chunks(layout: BuildLayout, source: str) -> Store:
 
 
 def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
-    """Length tables in ``weir.duckdb`` over every source's documents."""
+    """Length tables in ``weir.duckdb`` over every source's documents (DuckDB bounded by
+    :func:`~mixing.plan.database.duckdb_config`, as in :func:`plan`)."""
     _begin(layout, "length_stats")
     files = {name: layout.source_dir(name) / "docs.parquet" for name in mix.sources}
-    stats = compute_length_stats(layout.duckdb, files, mix.sequence.length)
+    stats = compute_length_stats(layout.duckdb, files, mix.sequence.length, duckdb_config())
     with atomic_path(layout.plan_dir / "length_histogram.parquet") as tmp:
         stats.histogram.write_parquet(tmp)
     with atomic_path(layout.plan_dir / "length_summary.parquet") as tmp:
@@ -206,7 +208,7 @@ def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
 def plan(mix: Mix, layout: BuildLayout) -> Plan:
     """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/{quotas,phases,sources}.parquet``)."""
     _begin(layout, "plan")
-    result = make_plan(mix, layout.duckdb)
+    result = make_plan(mix, layout.duckdb, duckdb_config())
     with atomic_path(layout.plan_dir / "quotas.parquet") as tmp:
         result.quotas.write_parquet(tmp)
     with atomic_path(layout.plan_dir / "phases.parquet") as tmp:

@@ -3,12 +3,10 @@
 A source's tokens live in chunks (:mod:`mixing.ingest.chunks`) under ``<source>/chunks/<key>/`` in the
 build root, written by whichever engine tokenized them (:mod:`mixing.engine`): a chunk is never copied
 again. The source's folder in the local working folder gets ``docs.parquet``, the document index
-(``doc_id`` int64 0..n-1 in file/record order, ``source``, ``file``, ``line``, ``n_tokens`` int64,
-``chunk``: the key of the chunk holding its tokens, ``offset`` int64: its first token's position in that
-chunk's ``tokens.bin``, ``meta`` JSON string or null, ``tokenizer``: the fingerprint of the tokenizer that
-made them) and ``quarantine.jsonl`` (one line per malformed record: file, line, reason, detail, sample). Both
-are written to temporary names and renamed. :func:`open_documents` reads a document's tokens through the
-index, from a local build or any fsspec root.
+(:data:`mixing.ingest.doc_index.INDEX_SCHEMA`: a document's file, line, length, chunk and offset in that
+chunk's ``tokens.bin``), and ``quarantine.jsonl`` (one line per malformed record: file, line, reason, detail,
+sample), both written from the chunks one at a time (:func:`mixing.ingest.doc_index.write_index`).
+:func:`open_documents` reads a document's tokens through the index, from a local build or any fsspec root.
 
 Incremental: a chunk whose key is already in the root is reused (never submitted again), so a rebuild after
 one file changed tokenizes only that file's chunk; the index equals a clean build's.
@@ -23,7 +21,6 @@ matched path.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -37,20 +34,18 @@ import polars as pl
 
 from mixing.engine import LOCAL, Engine, LocalEngine
 from mixing.errors import WeirError
-from mixing.format.layout import atomic_path
 from mixing.format.store import Store
 from mixing.ingest.chunk_store import (
     ChunkJob,
-    ChunkRead,
     ChunkTokens,
-    check_chunk,
     is_ahead,
     present_keys,
     submit_ahead,
     tokenize_missing,
     verify_chunks,
 )
-from mixing.ingest.chunks import CHUNK_SCHEMA, ChunkDamaged, Group, chunk_groups
+from mixing.ingest.chunks import Group, chunk_groups
+from mixing.ingest.doc_index import ChunksDamaged, write_index
 from mixing.ingest.tokenizer import TextTokenizer
 from mixing.spec.mixfile import SourceSpec
 
@@ -64,7 +59,6 @@ __all__ = [
     "tokenize_source",
 ]
 
-_QUARANTINE_SAMPLE = 20  # bad records per reason listed in the report (all are in quarantine.jsonl)
 PROGRESS_LOG = logging.getLogger("weir.progress")  # the CLI shows these events as a progress bar
 LOG = logging.getLogger("weir.documents")
 
@@ -78,7 +72,7 @@ class TokenizeReport:
     """What tokenizing one source saw: ``docs_seen == docs_kept + docs_quarantined``.
 
     ``chunks_reused`` of ``chunks`` came from a previous build. ``quarantine_sample`` holds up to
-    :data:`_QUARANTINE_SAMPLE` ``{file, line, reason}`` per reason; ``tokenizer`` is its fingerprint.
+    20 ``{file, line, reason}`` per reason; ``tokenizer`` is its fingerprint.
     ``missing_fields`` counts records per field they lack (``"template field 'q'"``); ``chunks_damaged``
     names each reused chunk that failed its checksum and was tokenized again; ``warnings`` are one-line
     messages about both.
@@ -204,33 +198,39 @@ def tokenize_source(
         tokenized |= set(bad)
         reused_files = len(files) - sum(len(g) for g, _k in todo)
         tokenize_missing(engine, job, todo, reused_files, started, show_progress)
-        read, bad = _read_chunks(chunks, keys, deep=not distributed)
-        if not bad:
+        for stale in set(chunks.names()) - set(keys):
+            chunks.remove_tree(stale)
+        try:
+            counts = write_index(name, keys, chunks, deep=not distributed, tokenizer=tokenizer.fingerprint, out=out_dir)
             break
+        except ChunksDamaged as e:
+            bad = e.bad
         if attempt or distributed:  # a chunk just written (or just verified) does not read back
             raise DocumentsError(
                 f"source {name!r}: chunk(s) {', '.join(bad)} damaged right after being written or checked "
                 f"({'; '.join(bad.values())}); check the storage under {chunks.url}"
             )
         todo = []
-    for stale in set(chunks.names()) - set(keys):
-        chunks.remove_tree(stale)
-    report = _assemble(name, keys, read, tokenizer.fingerprint, out_dir)
-    missing: dict[str, int] = report.pop("missing_fields")
-    for what, n in sorted(missing.items(), key=lambda kv: -kv[1]):
-        warn(f"source {name!r}: {n} of {report['docs_seen']} records lack {what}")
+    for what, n in sorted(counts.missing.items(), key=lambda kv: -kv[1]):
+        warn(f"source {name!r}: {n} of {counts.seen} records lack {what}")
     result = TokenizeReport(
-        **report,
+        docs_seen=counts.seen,
+        docs_kept=counts.kept,
+        docs_quarantined=counts.quarantined,
+        tokens=counts.tokens,
+        bytes_in=counts.bytes_in,
+        quarantine_reasons=dict(counts.reasons),
+        quarantine_sample=counts.sample,
         chunks=len(keys),
         chunks_reused=len(set(keys) - tokenized),
         tokenizer=tokenizer.fingerprint,
         seconds=time.perf_counter() - started,
-        missing_fields=missing,
+        missing_fields=dict(counts.missing),
         chunks_damaged=damaged,
         warnings=warnings,
         engine=engine.name,
         workers=engine.workers,
-        chunk_records=tuple(read[k].record for k in keys),
+        chunk_records=tuple(counts.records),
     )
     if require_documents and result.docs_seen and not result.docs_kept:
         raise DocumentsError(_no_documents(name, result))
@@ -272,18 +272,6 @@ def _chunk_work(
     return job, groups, [(g, k) for g, k in groups if k not in have or is_ahead(engine, k)]
 
 
-def _read_chunks(chunks: Store, keys: list[str], deep: bool) -> tuple[dict[str, ChunkRead], dict[str, str]]:
-    """Every chunk's checked contents (tokens too when ``deep``), and {key: what is wrong} for those that fail."""
-    read: dict[str, ChunkRead] = {}
-    bad: dict[str, str] = {}
-    for k in keys:
-        try:
-            read[k] = check_chunk(chunks, k, tokens=deep)
-        except ChunkDamaged as e:
-            bad[k] = str(e)
-    return read, bad
-
-
 def _no_documents(name: str, r: TokenizeReport) -> str:
     """One line: why no record of source ``name`` became a document."""
     first = r.quarantine_sample[0] if r.quarantine_sample else None
@@ -293,61 +281,3 @@ def _no_documents(name: str, r: TokenizeReport) -> str:
         return f"source {name!r} has no documents: {n} of {r.docs_seen} records lack {what}{where}"
     reasons = ", ".join(f"{n} {reason}" for reason, n in Counter(r.quarantine_reasons).most_common(3))
     return f"source {name!r} has no documents: all {r.docs_seen} records were quarantined ({reasons}){where}"
-
-
-def _assemble(
-    name: str, keys: list[str], read: dict[str, ChunkRead], tokenizer_fp: str, out_dir: Path
-) -> dict[str, Any]:
-    """Write the source's document index and quarantine file from its checked chunks, in order; return the
-    summed counts. The tokens stay in the chunks."""
-    frames: list[pl.DataFrame] = []
-    reasons: Counter[str] = Counter()
-    missing: Counter[str] = Counter()
-    sample: list[dict[str, Any]] = []
-    per_reason: Counter[str] = Counter()
-    seen = bytes_in = n_tokens = quarantined = 0
-    with atomic_path(out_dir / "quarantine.jsonl") as q_tmp, q_tmp.open("wb") as q_f:
-        for k in keys:
-            c = read[k]
-            seen += c.report["seen"]
-            bytes_in += c.report["bytes_in"]
-            reasons.update(c.report["reasons"])
-            missing.update(c.report["missing"])
-            offsets = c.docs["n_tokens"].cum_sum() - c.docs["n_tokens"]
-            frames.append(c.docs.with_columns(chunk=pl.lit(k, pl.String), offset=offsets))
-            n_tokens += int(c.docs["n_tokens"].sum())
-            q_f.write(c.quarantine)
-            for line in c.quarantine.split(b"\n"):  # not splitlines: U+2028 and friends may be inside a string
-                if not line:
-                    continue
-                quarantined += 1
-                row = json.loads(line)
-                if per_reason[row["reason"]] < _QUARANTINE_SAMPLE:
-                    per_reason[row["reason"]] += 1
-                    sample.append({k: row[k] for k in ("file", "line", "reason")})
-    empty = pl.DataFrame(schema={**CHUNK_SCHEMA, "chunk": pl.String, "offset": pl.Int64})
-    docs = pl.concat(frames) if frames else empty
-    kept = len(docs)
-    docs = docs.select(
-        pl.int_range(kept, dtype=pl.Int64).alias("doc_id"),
-        pl.lit(name, pl.String).alias("source"),
-        "file",
-        "line",
-        "n_tokens",
-        "chunk",
-        pl.col("offset").cast(pl.Int64),
-        "meta",
-        pl.lit(tokenizer_fp, pl.String).alias("tokenizer"),
-    )
-    with atomic_path(out_dir / "docs.parquet") as tmp:
-        docs.write_parquet(tmp)
-    return {
-        "docs_seen": seen,
-        "docs_kept": kept,
-        "docs_quarantined": quarantined,  # counted from the quarantine lines, so the identity is a check
-        "tokens": n_tokens,
-        "bytes_in": bytes_in,
-        "quarantine_reasons": dict(reasons),
-        "quarantine_sample": sample,
-        "missing_fields": dict(missing),
-    }

@@ -14,6 +14,7 @@ Both are also written as parquet under the build's ``plan/`` folder by :func:`mi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +30,14 @@ class LengthStats:
     histogram: pl.DataFrame
 
 
-def compute_length_stats(db_path: Path, doc_files: dict[str, Path], seq_len: int) -> LengthStats:
-    """(Re)create the three tables from each source's ``docs.parquet`` in ``doc_files``; deterministic."""
+def compute_length_stats(
+    db_path: Path, doc_files: dict[str, Path], seq_len: int, config: Mapping[str, str | int] | None = None
+) -> LengthStats:
+    """(Re)create the three tables from each source's ``docs.parquet`` in ``doc_files``; deterministic.
+    ``config``: DuckDB settings (:func:`mixing.plan.database.duckdb_config`); past ``memory_limit`` it spills."""
     files = [str(doc_files[k]) for k in sorted(doc_files)]
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    with duckdb.connect(str(db_path)) as con:
+    with duckdb.connect(str(db_path), config=dict(config or {})) as con:
         con.execute(
             "CREATE OR REPLACE TABLE documents AS SELECT * FROM read_parquet(?, union_by_name=true)"
             " ORDER BY source, doc_id",

@@ -31,7 +31,7 @@ def test_chunks_are_reused_only_for_the_same_tokenizer(tmp_path: Path) -> None:
 
 
 def test_chunk_keys_name_the_chunks_a_build_writes_and_one_changed_file_changes_one_key(tmp_path: Path) -> None:
-    idx = write(tmp_path, n=200)
+    idx = write(tmp_path, n=600)  # boundaries hash the (temporary) paths: ~19 chunks, never fewer than 3
     spec = SourceSpec(uri="x", format="jsonl")
     tok = load_tokenizer(TokenizerSpec(kind="bytes"), tmp_path)
     keys = chunk_keys(idx, tok, spec)

@@ -1,0 +1,119 @@
+"""A source's document index, written from its checked chunks one chunk at a time.
+
+``docs.parquet`` (the columns of :data:`INDEX_SCHEMA`; one row group per chunk, rows in chunk order, then file
+and record order) and ``quarantine.jsonl`` go to a local folder, each to a temporary name renamed into place
+only when every chunk read back as its report says. Memory is one chunk's document list and quarantine at a
+time, whatever the source's size: the driver of a build never holds a source's index (nor any token).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from mixing.format.layout import atomic_path
+from mixing.format.store import Store
+from mixing.ingest.chunk_store import check_chunk
+from mixing.ingest.chunks import ChunkDamaged
+
+__all__ = ["INDEX_SCHEMA", "ChunksDamaged", "IndexCounts", "write_index"]
+
+INDEX_SCHEMA = {
+    "doc_id": pl.Int64,  # 0..n-1 over the source
+    "source": pl.String,
+    "file": pl.String,
+    "line": pl.Int64,
+    "n_tokens": pl.Int64,
+    "chunk": pl.String,  # the key of the chunk holding its tokens
+    "offset": pl.Int64,  # its first token's position in that chunk's tokens.bin
+    "meta": pl.String,  # JSON, or null
+    "tokenizer": pl.String,  # the fingerprint of the tokenizer that made them
+}
+_SAMPLE = 20  # bad records per reason listed in the counts (all are in quarantine.jsonl)
+
+
+class ChunksDamaged(Exception):
+    """Chunks that do not read back as their reports say: ``bad`` maps each key to what is wrong."""
+
+    def __init__(self, bad: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {why}" for k, why in bad.items()))
+        self.bad = bad
+
+
+@dataclass
+class IndexCounts:
+    """What the chunks held, summed: ``seen == kept + quarantined`` when the chunks are sound."""
+
+    seen: int = 0
+    kept: int = 0
+    quarantined: int = 0  # counted from the quarantine lines, so the identity is a check
+    tokens: int = 0
+    bytes_in: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    missing: Counter[str] = field(default_factory=Counter)
+    sample: list[dict[str, Any]] = field(default_factory=list)  # up to _SAMPLE {file, line, reason} per reason
+    records: list[dict[str, Any]] = field(default_factory=list)  # {name, bytes, sha256} of each report.json
+
+
+def write_index(name: str, keys: list[str], chunks: Store, *, deep: bool, tokenizer: str, out: Path) -> IndexCounts:
+    """Check the chunks ``keys`` of source ``name`` (their tokens too when ``deep``) and write ``out/docs.parquet``
+    and ``out/quarantine.jsonl`` from them, in order; ``tokenizer`` is its fingerprint.
+
+    Raises :class:`ChunksDamaged` naming every chunk that fails (after checking them all); then neither file is
+    replaced.
+    """
+    counts = IndexCounts()
+    bad: dict[str, str] = {}
+    schema = pl.DataFrame(schema=INDEX_SCHEMA).to_arrow().schema
+    per_reason: Counter[str] = Counter()
+    with (
+        atomic_path(out / "quarantine.jsonl") as q_tmp,
+        q_tmp.open("wb") as q_f,
+        atomic_path(out / "docs.parquet") as d_tmp,
+        pq.ParquetWriter(d_tmp, schema) as writer,
+    ):
+        for k in keys:
+            try:
+                c = check_chunk(chunks, k, tokens=deep)
+            except ChunkDamaged as e:
+                bad[k] = str(e)
+                continue
+            if bad:  # the files will not be kept: only find the other damaged chunks
+                continue
+            counts.records.append(c.record)
+            counts.seen += c.report["seen"]
+            counts.bytes_in += c.report["bytes_in"]
+            counts.reasons.update(c.report["reasons"])
+            counts.missing.update(c.report["missing"])
+            docs = c.docs.select(
+                pl.int_range(counts.kept, counts.kept + c.docs.height, dtype=pl.Int64).alias("doc_id"),
+                pl.lit(name, pl.String).alias("source"),
+                "file",
+                "line",
+                "n_tokens",
+                pl.lit(k, pl.String).alias("chunk"),
+                (pl.col("n_tokens").cum_sum() - pl.col("n_tokens")).cast(pl.Int64).alias("offset"),
+                "meta",
+                pl.lit(tokenizer, pl.String).alias("tokenizer"),
+            )
+            writer.write_table(docs.to_arrow().cast(schema))
+            counts.kept += docs.height
+            counts.tokens += int(c.docs["n_tokens"].sum())
+            q_f.write(c.quarantine)
+            for line in c.quarantine.split(b"\n"):  # not splitlines: U+2028 and friends may be inside a string
+                if not line:
+                    continue
+                counts.quarantined += 1
+                row = json.loads(line)
+                if per_reason[row["reason"]] < _SAMPLE:
+                    per_reason[row["reason"]] += 1
+                    counts.sample.append({f: row[f] for f in ("file", "line", "reason")})
+        if bad:
+            raise ChunksDamaged(bad)  # inside: the temporary files are removed, the old ones stay
+    return counts
