@@ -173,18 +173,25 @@ def tokenize_ahead(
     mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None, engine: Engine = LOCAL
 ) -> int:
     """Start every source's tokenizing (and the checks of its reused chunks) on ``engine`` at once, for the
-    :func:`tokenize` runs that follow to collect: on a cluster the sources are tokenized side by side. Needs
-    every source indexed and the tokenizer prepared. Returns the tasks started (0 on the local engine)."""
+    :func:`tokenize` runs that follow to collect: on a cluster the sources are tokenized side by side. Sources
+    whose chunks are largest go first (each source's chunks largest first), so the cluster ends on small
+    ones. Needs every source indexed and the tokenizer prepared. Returns the tasks started (0 on the local
+    engine)."""
     if isinstance(engine, LocalEngine):
         return 0
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
-    started = 0
-    for source in sorted(mix.sources):
-        files = pl.read_parquet(layout.source_dir(source) / "index.parquet")
-        started += tokenize_source_ahead(
-            mix.sources[source], files, tok, _chunks(layout, source), storage_options, engine
+    work = [
+        tokenize_source_ahead(
+            mix.sources[source],
+            pl.read_parquet(layout.source_dir(source) / "index.parquet"),
+            tok,
+            _chunks(layout, source),
+            storage_options,
+            engine,
         )
-    return started
+        for source in sorted(mix.sources)
+    ]
+    return sum(w.submit(engine) for w in sorted(work, key=lambda w: -w.largest))
 
 
 def _chunks(layout: BuildLayout, source: str) -> Store:

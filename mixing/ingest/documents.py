@@ -50,6 +50,7 @@ from mixing.ingest.tokenizer import TextTokenizer
 from mixing.spec.mixfile import SourceSpec
 
 __all__ = [
+    "AheadWork",
     "DocumentSet",
     "DocumentsError",
     "TokenizeProgress",
@@ -237,6 +238,25 @@ def tokenize_source(
     return result
 
 
+@dataclass(frozen=True)
+class AheadWork:
+    """What :func:`tokenize_source` will run on an engine for one source: its chunks to tokenize, largest
+    first, and its reused chunks to check (:func:`tokenize_ahead`)."""
+
+    job: ChunkJob
+    todo: list[tuple[Group, str]]
+    reused: list[str]
+
+    @property
+    def largest(self) -> int:
+        """Input bytes of the largest chunk to tokenize (0 when none)."""
+        return _bytes(self.todo[0][0]) if self.todo else 0
+
+    def submit(self, engine: Engine) -> int:
+        """Start it on ``engine``; the tasks started (0 on the local engine)."""
+        return submit_ahead(engine, self.job, self.todo, self.reused)
+
+
 def tokenize_ahead(
     spec: SourceSpec,
     files: pl.DataFrame,
@@ -244,16 +264,19 @@ def tokenize_ahead(
     chunks: Store,
     storage_options: dict[str, Any] | None,
     engine: Engine,
-) -> int:
-    """Start the work :func:`tokenize_source` will do for these arguments on ``engine`` now: tokenizing the
-    missing chunks, checking the reused ones. Its call collects the results, so the work of several sources
-    runs side by side on a cluster while their stages still run one after another. Returns the tasks
-    started (0 on the local engine, which runs nothing ahead)."""
-    if isinstance(engine, LocalEngine):
-        return 0
+) -> AheadWork:
+    """The work :func:`tokenize_source` will do for these arguments on ``engine``, to start now
+    (:meth:`AheadWork.submit`): its call collects the results, so the work of several sources runs side by
+    side on a cluster while their stages still run one after another. Largest chunks first: the last tasks
+    to run are the small ones, so workers finish together."""
     job, groups, todo = _chunk_work(spec, files, tokenizer, chunks, storage_options, engine)
     missing = {k for _g, k in todo}
-    return submit_ahead(engine, job, todo, sorted({k for _g, k in groups} - missing))
+    reused = sorted({k for _g, k in groups} - missing)
+    return AheadWork(job, sorted(todo, key=lambda gk: -_bytes(gk[0])), reused)
+
+
+def _bytes(group: Group) -> int:
+    return sum(row.get("size") or 0 for row in group)
 
 
 def _chunk_work(

@@ -32,3 +32,20 @@ def test_progress_reports_files_documents_and_rate(tmp_path: Path, caplog: pytes
     assert lines and lines[-1].startswith("s: 40/40 files, 40 documents") and "MB/s" in lines[-1]
     events = [r.progress for r in caplog.records if hasattr(r, "progress")]  # type: ignore[attr-defined]
     assert events[-1].files_done == events[-1].files == 40
+
+
+def test_work_to_start_ahead_is_the_missing_chunks_largest_first(tmp_path: Path) -> None:
+    from mixing.engine import LOCAL
+    from mixing.format.store import Store
+    from mixing.ingest.documents import tokenize_ahead
+
+    idx = write(tmp_path, n=400).with_columns(size=pl.int_range(pl.len()) * 1000)
+    spec, tok = SourceSpec(uri="x", format="jsonl"), load_tokenizer(TokenizerSpec(kind="bytes"), tmp_path)
+    chunks = Store(tmp_path / "out" / "chunks")
+    work = tokenize_ahead(spec, idx, tok, chunks, None, LOCAL)
+    sizes = [sum(r["size"] for r in g) for g, _k in work.todo]
+    assert len(sizes) > 3 and sizes == sorted(sizes, reverse=True) and work.largest == sizes[0]
+    assert work.reused == [] and work.submit(LOCAL) == 0  # nothing runs ahead on the local engine
+    tokenize_source("s", spec, idx, tok, tmp_path / "out")
+    again = tokenize_ahead(spec, idx, tok, chunks, None, LOCAL)
+    assert again.todo == [] and sorted(again.reused) == sorted(k for _g, k in work.todo)
