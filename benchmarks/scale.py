@@ -35,7 +35,8 @@ process, less this benchmark's polling) and, on Ray, every process of the cluste
 process that exits loses at most its last 0.2 s. Memory, polled every 0.2 s, the largest in each stage: the
 driver's anonymous memory (RSS less file-backed and shared pages: memory-mapped token files are the page
 cache's) at both sizes, with ``ru_maxrss`` (all of its RSS, the cluster's processes not included) of the whole
-run, and the largest Ray worker's RSS and anonymous memory. Every run prints the 1-minute load average
+run, and the largest Ray worker's RSS and anonymous memory; beside them, the documents of the largest chunk (the
+driver writes a source's index one chunk at a time) and DuckDB's ``memory_limit`` (``WEIR_DUCKDB_MEMORY_LIMIT``). Every run prints the 1-minute load average
 before → after it.
 """
 
@@ -296,12 +297,28 @@ def drive(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
                     out[key] = sum(getattr(r, field) for r in results)
                 out["chunks"] = sum(r.chunks for r in results)
                 out["chunk_mb"] = _chunk_sizes(mix, layout)
+                out["largest_chunk_docs"] = _largest_chunk_docs(mix, layout)
             if stage.name == "packed_shards":  # the manifest
                 out["shards"] = len(results[0].shards)
             out["stages"][stage.name] = row
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["load_after"] = _load()
     return out
+
+
+def _largest_chunk_docs(mix: Any, layout: Any) -> int:
+    """Documents in the largest chunk of any source (what the driver holds at once while it writes an index)."""
+    import polars as pl
+
+    return max(
+        int(
+            pl.read_parquet(layout.source_dir(n) / "docs.parquet", columns=["chunk"])["chunk"]
+            .value_counts()["count"]
+            .max()
+            or 0
+        )
+        for n in mix.sources
+    )
 
 
 def _chunk_sizes(mix: Any, layout: Any) -> dict[str, list[float]]:
@@ -428,6 +445,13 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
         f"{'documents':<15}"
         + "".join(f"{docs[n]:>17,}" if i % 2 == 0 else f"{docs[n]:>11,}" for i, n in enumerate(configs))
     )
+    largest = {n: runs[n]["largest_chunk_docs"] for n in configs}
+    print(
+        f"{'largest chunk':<15}"
+        + "".join(f"{largest[n]:>17,}" if i % 2 == 0 else f"{largest[n]:>11,}" for i, n in enumerate(configs))
+    )
+    limit = os.environ.get("WEIR_DUCKDB_MEMORY_LIMIT") or "2GB (default)"
+    print(f"(documents: the driver holds one chunk's document list at a time; DuckDB's memory_limit: {limit})")
     big, small = runs["ray2"], runs["ray2-part0"]
     span = (big["docs"] - small["docs"]) / 2**20  # bytes per document from MB per Mi-documents
     rows = [("before stages", {n: runs[n]["before"] for n in configs})]
