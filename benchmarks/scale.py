@@ -27,8 +27,11 @@ folder, so no chunk is reused:
 
 Figures. Tokenize throughput: the records' text (UTF-8 MB) ÷ the wall seconds of the ``documents`` stage over
 every source (the whole stage: chunk listing, task submission, Ray workers starting on first use, the document
-index); ratios ray×2 / ray×1 (goal ≥ 1.7) and ray×1 / local (goal ≥ 0.85), with the most two workers could
-gain given the chunks (every source's chunks in one queue to the first free worker, time in proportion to MB).
+index); each of ``local``, ``ray×1``, ``ray×2`` runs twice, in the order local, ray×1, ray×2, ray×2, ray×1,
+local (the second runs up to ``documents``), so that a drift of the shared machine's speed over the runs cancels
+to first order out of the ratios ray×2 / ray×1 (goal ≥ 1.7) and ray×1 / local (goal ≥ 0.85), computed over both
+runs of each; printed with the most two workers could gain given the chunks (every source's chunks in one
+queue to the first free worker, time in proportion to MB).
 CPU-seconds per GB of input files, per stage: the driver's (``time.process_time``, every thread of the driver
 process, less this benchmark's polling) and, on Ray, every process of the cluster, polled with psutil every
 0.2 s (user + system; the ``ray::`` worker processes apart from Ray's daemons: GCS, raylets, agents), so a
@@ -36,8 +39,8 @@ process that exits loses at most its last 0.2 s. Memory, polled every 0.2 s, the
 driver's anonymous memory (RSS less file-backed and shared pages: memory-mapped token files are the page
 cache's) at both sizes, with ``ru_maxrss`` (all of its RSS, the cluster's processes not included) of the whole
 run, and the largest Ray worker's RSS and anonymous memory; beside them, the documents of the largest chunk (the
-driver writes a source's index one chunk at a time) and DuckDB's ``memory_limit`` (``WEIR_DUCKDB_MEMORY_LIMIT``). Every run prints the 1-minute load average
-before → after it.
+driver writes a source's index one chunk at a time) and DuckDB's ``memory_limit`` (``WEIR_DUCKDB_MEMORY_LIMIT``).
+Every run prints the 1-minute load average before → after it.
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ CONFIGS = {  # name: (ray nodes, last stage, corpus part glob, label)
     "local": (0, "packed_shards", "*", "local"),
     "ray1": (1, "packed_shards", "*", "ray×1"),
     "ray2": (2, "packed_shards", "*", "ray×2"),
+    # the same three again in reverse order, up to documents: throughput over both runs of each (ABBA), so a
+    # drift of the shared machine's speed during the runs cancels out of the ratios
+    "ray2-b": (2, "documents", "*", "ray×2, again"),
+    "ray1-b": (1, "documents", "*", "ray×1, again"),
+    "local-b": (0, "documents", "*", "local, again"),
     "ray1-cores": (1, "documents", "*", "ray×1, threads=cores"),
     "local-all": (0, "documents", "*", "local, all cores"),
     "local-part0": (0, "packed_shards", "0", "local"),
@@ -396,7 +404,7 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
     print("\ntokenize throughput (documents stage, every source):")
     print(f"{'':<22}{'text MB':>9}{'wall s':>9}{'MB/s':>8}{'CPU/wall':>10}   load before → after")
     rate = {}
-    for name in ("local", *RAY, "ray1-cores", "local-all"):
+    for name in ("local", *RAY, "ray2-b", "ray1-b", "local-b", "ray1-cores", "local-all"):
         r = runs[name]
         st = r["stages"]["documents"]
         rate[name] = r["text_bytes"] / 1e6 / st["wall"]
@@ -405,6 +413,10 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
             f"{CONFIGS[name][3]:<22}{r['text_bytes'] / 1e6:>9,.0f}{st['wall']:>9.1f}{rate[name]:>8.2f}{cpu:>10.2f}"
             f"   {r['load_before']:.2f} → {r['load_after']:.2f}"
         )
+    for name in ("local", *RAY):  # both runs of each, in the order local, ray×1, ray×2, ray×2, ray×1, local
+        a, b = runs[name], runs[f"{name}-b"]
+        rate[name] = (a["text_bytes"] + b["text_bytes"]) / 1e6 / sum(r["stages"]["documents"]["wall"] for r in (a, b))
+    print("over both runs of each (ABBA):", ", ".join(f"{CONFIGS[n][3]} {rate[n]:.2f} MB/s" for n in ("local", *RAY)))
     r21, r1l = rate["ray2"] / rate["ray1"], rate["ray1"] / rate["local"]
     bound = chunk_bound(full["chunk_mb"], 2)
     ok = "ok" if r21 >= 1.7 else "BELOW GOAL"
