@@ -3,9 +3,10 @@ tests/faults/test_ray_faults.py): the corpus and its mix, the reference build (l
 ``weir build`` as a subprocess driver, and the checks that compare a build in any root with the reference.
 
 The corpus (:func:`write_corpus`, 7 MB of text in 320 files) makes about 15 chunks (a file ends its chunk when its
-path's hash says so, one in 32), each of which a worker tokenizes and uploads in 0.05 to 1.5 s (median 0.2 s) on 2
-busy cores, and 5 shards of :data:`SHARD_SEQUENCES` sequences (the shard size is lowered in every build of these
-tests, the driver's included: :data:`DRIVER`), each of which a worker gathers from the chunks with one ranged read
+path's hash says so, one in :data:`CHUNK_FILES`), each of which a worker tokenizes and uploads in 0.05 to 1.5 s
+(median 0.2 s) on 2 busy cores, and 5 shards of :data:`SHARD_SEQUENCES` sequences (the shard size and the files per
+chunk are lowered in every build of these tests, the driver's included: :data:`DRIVER`), each of which a worker
+gathers from the chunks with one ranged read
 per document piece in 0.8 to 1.5 s from ``moto_server``. :func:`kill_worker` kills a worker while it is titled
 with the task and waits for Ray to report that it died inside a task, so a kill that finds the task just ended is
 not taken for one inside it.
@@ -53,10 +54,12 @@ __all__ = [
 
 SEQ_LEN = 256  # the mix's sequence length
 SHARD_SEQUENCES = 64
+CHUNK_FILES = 32  # files per chunk on average (the default is larger): ~15 chunks, so that workers can be killed in one
 TASKS = ("tokenize_chunk", "verify_chunk", "write_shard")  # the Ray tasks a build runs
 # `weir build` with shards of SHARD_SEQUENCES sequences (the jobs are cut in the driver, so patching it is enough)
 DRIVER = (
-    f"import sys, mixing.pack.packed as p; p._SHARD_TOKENS = {SHARD_SEQUENCES * SEQ_LEN}; "
+    f"import sys, mixing.pack.packed as p, mixing.ingest.chunks as c; p._SHARD_TOKENS = {SHARD_SEQUENCES * SEQ_LEN}; "
+    f"c._GROUP = {CHUNK_FILES}; "
     "from pipelines.cli import app; app(sys.argv[1:])"
 )
 MIX = """\
@@ -102,12 +105,14 @@ def write_corpus(root: Path, seed: int = 3) -> Path:
 def build_reference(mix_path: Path, out: Path) -> Path:
     """Build the mix into the local folder ``out`` on the local engine, in this process (the stages one after
     another, as ``weir build`` runs them, without Dagster), with the shard size of :data:`DRIVER`; return ``out``."""
+    import mixing.ingest.chunks as chunks
     import mixing.pack.packed as packed
 
     mix = load_mix(mix_path)
     layout = BuildLayout(out)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(packed, "_SHARD_TOKENS", SHARD_SEQUENCES * SEQ_LEN)
+        mp.setattr(chunks, "_GROUP", CHUNK_FILES)
         for stage in STAGES:
             for partition in stage.partitions(mix):
                 stage.run(mix, layout, partition, engine=LOCAL)

@@ -50,7 +50,7 @@ def test_every_chunk_file_is_verified_on_reuse(tmp_path: Path, name: str) -> Non
     data = tmp_path / "data"
     data.mkdir()
     paths = []
-    for i in range(40):  # about two chunks (a path-determined boundary about every 32 files)
+    for i in range(40):  # one chunk or a few (a path-determined boundary about every 128 files)
         p = data / f"f{i:02d}.jsonl"
         p.write_text(json.dumps({"text": f"document {i} " * (i + 1)}) + "\n{broken\n")
         paths.append(str(p))

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
+import mixing.ingest.chunks as chunks_module
 from mixing.ingest.chunks import CHUNK_BYTES, chunk_groups, chunk_keys
 from mixing.ingest.documents import open_documents, tokenize_source
 from mixing.ingest.tokenizer import load_tokenizer
@@ -30,7 +32,10 @@ def test_chunks_are_reused_only_for_the_same_tokenizer(tmp_path: Path) -> None:
     assert len(list((tmp_path / "out" / "chunks").iterdir())) == other.chunks  # stale chunks removed
 
 
-def test_chunk_keys_name_the_chunks_a_build_writes_and_one_changed_file_changes_one_key(tmp_path: Path) -> None:
+def test_chunk_keys_name_the_chunks_a_build_writes_and_one_changed_file_changes_one_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chunks_module, "_GROUP", 32)  # several chunks of these 600 small files
     idx = write(tmp_path, n=600)  # boundaries hash the (temporary) paths: ~19 chunks, never fewer than 3
     spec = SourceSpec(uri="x", format="jsonl")
     tok = load_tokenizer(TokenizerSpec(kind="bytes"), tmp_path)
@@ -73,11 +78,12 @@ def _cuts(files: pl.DataFrame, tmp_path: Path) -> list[int]:
 
 def test_chunks_are_cut_by_bytes_as_well_as_files(tmp_path: Path) -> None:
     mb = 1 << 20
-    small = _cuts(_frame([10_000] * 3000), tmp_path)  # small files: ~32 a chunk
-    assert 20 < 3000 / len(small) < 50
+    group = chunks_module._GROUP
+    small = _cuts(_frame([10_000] * 3000), tmp_path)  # small files: ~_GROUP a chunk
+    assert 0.6 * group < 3000 / len(small) < 1.6 * group
     ones = _cuts(_frame([mb] * 3000), tmp_path)  # 1 MB files: ~CHUNK_BYTES of them, or fewer
     per_chunk = 3000 * mb / len(ones)
-    assert 0.25 * CHUNK_BYTES < per_chunk < 1.0 * CHUNK_BYTES
+    assert 0.25 * CHUNK_BYTES < per_chunk < 1.2 * CHUNK_BYTES
     sizes = [mb] * 100
     sizes[10] = sizes[50] = CHUNK_BYTES  # a big file is a chunk of its own
     big = _cuts(_frame(sizes), tmp_path)

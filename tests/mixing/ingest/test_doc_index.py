@@ -9,6 +9,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+import mixing.ingest.chunks as chunks_module
 from mixing.format.store import Store
 from mixing.ingest.chunks import chunk_keys
 from mixing.ingest.doc_index import INDEX_SCHEMA, ChunksDamaged, write_index
@@ -18,7 +19,10 @@ from mixing.spec.mixfile import SourceSpec, TokenizerSpec
 from tests.mixing.ingest.test_documents import write
 
 
-def test_the_index_is_written_a_chunk_at_a_time_and_kept_whole_when_a_chunk_is_damaged(tmp_path: Path) -> None:
+def test_the_index_is_written_a_chunk_at_a_time_and_kept_whole_when_a_chunk_is_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chunks_module, "_GROUP", 16)  # several chunks of these 300 small files
     idx = write(tmp_path, n=300)
     spec = SourceSpec(uri="x", format="jsonl")
     tok = load_tokenizer(TokenizerSpec(kind="bytes"), tmp_path)

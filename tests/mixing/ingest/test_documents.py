@@ -34,7 +34,12 @@ def test_progress_reports_files_documents_and_rate(tmp_path: Path, caplog: pytes
     assert events[-1].files_done == events[-1].files == 40
 
 
-def test_work_to_start_ahead_is_the_missing_chunks_largest_first(tmp_path: Path) -> None:
+def test_work_to_start_ahead_is_the_missing_chunks_largest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mixing.ingest.chunks as chunks_module
+
+    monkeypatch.setattr(chunks_module, "_GROUP", 16)  # several chunks of these 400 small files
     from mixing.engine import LOCAL
     from mixing.format.store import Store
     from mixing.ingest.documents import tokenize_ahead
