@@ -131,20 +131,35 @@ def _item_key(item: tuple[Group, str]) -> str:
 
 
 def _tokenize_one(job: ChunkJob, item: tuple[Group, str]) -> ChunkDone:
-    """One chunk, tokenized into a temporary folder on this worker and uploaded, ``report.json`` last."""
+    """One chunk on this worker: into a local root, written beside its place and renamed into it whole (as the
+    local engine does); into an object store, written to a temporary folder and uploaded, ``report.json`` last."""
     group, key = item
     chunks = job.store()
+
+    def tokenize(into: Path) -> None:
+        tokenize_chunks(job.spec, [item], job.tokenizer, into, job.source_options, 0, time.perf_counter(), _quiet)
+
+    if chunks.local:  # no copy: a rename publishes it (a killed task leaves only a hidden temporary folder)
+        chunks.path.mkdir(parents=True, exist_ok=True)
+        tokenize(chunks.path)
+        return _done(chunks.path / key, key, len(group))
     with tempfile.TemporaryDirectory(prefix="weir-chunk-") as tmp:
-        tokenize_chunks(
-            job.spec, [item], job.tokenizer, Path(tmp), job.source_options, 0, time.perf_counter(), lambda *_: None
-        )
+        tokenize(Path(tmp))
         local = Path(tmp) / key
         for name in CHUNK_FILES:
             chunks.put_file(f"{key}/{name}", local / name)
         chunks.put_file(f"{key}/{REPORT}", local / REPORT)  # last: the chunk exists from here on
-        rep = json.loads((local / REPORT).read_text())
-        kept = pl.read_parquet(local / "docs.parquet", columns=["n_tokens"]).height
-    return ChunkDone(key, len(group), kept, int(rep["bytes_in"]))
+        return _done(local, key, len(group))
+
+
+def _quiet(*_: object) -> None:
+    pass
+
+
+def _done(folder: Path, key: str, files: int) -> ChunkDone:
+    rep = json.loads((folder / REPORT).read_text())
+    kept = pl.read_parquet(folder / "docs.parquet", columns=["n_tokens"]).height
+    return ChunkDone(key, files, kept, int(rep["bytes_in"]))
 
 
 def verify_chunks(engine: Engine, job: ChunkJob, keys: list[str]) -> dict[str, str]:
