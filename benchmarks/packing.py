@@ -49,7 +49,7 @@ from mixing.format.layout import BuildLayout
 from mixing.ingest.tokenizer import load_tokenizer
 from mixing.pack import reference as _packing_v1
 from mixing.pack.packed import write_packed
-from mixing.pack.packing import Packing, pack_plan
+from mixing.pack.packing import Packing, pack_plan, stream_plan
 from mixing.pack.pool import default_engine
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureError, mixture_error, plan_mixture_error
 from mixing.report import inspect_build
@@ -244,11 +244,11 @@ def main() -> int:
         times["pack (bin packing)"] = new_s
         tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
         timed(
-            "pack (gather + write shards)",
+            "pack (bin packing again, gather + write shards)",
             write_packed,
             mix,
             layout,
-            packing,
+            stream_plan(db, S, B, cost, chunk_units=args.chunk_units),
             tok.fingerprint,
             tok.vocab_size,
             tok.eos_id,

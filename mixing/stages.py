@@ -32,7 +32,7 @@ from mixing.ingest.sources import SourceIndexError, index_source, read_records
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
 from mixing.ingest.tokenizer import prepare_tokenizer as _prepare
 from mixing.pack.packed import write_packed
-from mixing.pack.packing import pack_plan
+from mixing.pack.packing import stream_plan
 from mixing.plan.audit import PlanAudit, audit_plan
 from mixing.plan.curriculum_plan import Plan, make_plan
 from mixing.plan.database import duckdb_config
@@ -241,10 +241,10 @@ def pack(
     """
     _begin(layout, "packed_shards")
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
-    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=mix.balance.cost.model())
+    stream = stream_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=mix.balance.cost.model())
     pad, eos = tok.pad_id, tok.eos_id
     manifest = write_packed(
-        mix, layout, packing, tok.fingerprint, tok.vocab_size, pad, eos_id=eos, on_shard=on_shard, engine=engine
+        mix, layout, stream, tok.fingerprint, tok.vocab_size, pad, eos_id=eos, on_shard=on_shard, engine=engine
     )
     name = f"shards/{MANIFEST}"
     got = layout.store().digest(name)

@@ -92,22 +92,20 @@ def seal_shards(
     store: Store,
     info: BuildInfo,
     shards: list[ShardEntry],
-    step: np.ndarray,
+    sequences_per_step: int | None,
     seq_len: int,
     dtype: Any,
 ) -> Manifest:
-    """Write the manifest of ``shards`` (in order; ``step`` [n] of every sequence) last, then remove shard files
-    of older builds that it does not list; return it."""
-    n = len(step)
-    steps = np.asarray(step)
-    per_step = np.unique(steps, return_counts=True)[1] if n else np.zeros(0, np.int64)
+    """Write the manifest of ``shards`` (in order; ``sequences_per_step``: the sequences every step has, or
+    None where steps differ) last, then remove shard files of older builds that it does not list; return it."""
+    n = sum(s.sequences for s in shards)
     full = Manifest.model_validate(
         {
             **{name: getattr(info, name) for name in info.model_fields_set & set(BuildInfo.model_fields)},
             "format_version": FORMAT_VERSION,
             "seq_len": int(seq_len),
             "sequences": n,
-            "sequences_per_step": int(per_step[0]) if len(per_step) and (per_step == per_step[0]).all() else None,
+            "sequences_per_step": sequences_per_step if n else None,
             "dtype": str(np.dtype(dtype)),
             "shards": tuple(shards),
         }
@@ -158,7 +156,9 @@ def write_shards(
             write_shard(store, k, lo, block, step[lo:hi], seg_offsets[lo : hi + 1] - s0, segments[s0:s1], info.cost)
         )
         on_shard(k)
-    return seal_shards(store, info, shards, np.asarray(step), int(seq_len or 0), dtype)
+    per_step = np.unique(np.asarray(step), return_counts=True)[1]
+    uniform = int(per_step[0]) if len(per_step) and (per_step == per_step[0]).all() else None
+    return seal_shards(store, info, shards, uniform, int(seq_len or 0), dtype)
 
 
 def _write_npy(arr: np.ndarray, f: BinaryIO) -> None:

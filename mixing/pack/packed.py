@@ -25,7 +25,8 @@ from mixing.format.manifest import BuildInfo, Manifest, PackingNote, PhaseSpan, 
 from mixing.format.shard_writer import open_shards, seal_shards, token_dtype, write_shard
 from mixing.format.store import Store
 from mixing.ingest.chunk_store import ChunkTokens
-from mixing.pack.packing import Packing
+from mixing.pack.locations import Locations
+from mixing.pack.packing import PackedStep, PackStream
 from mixing.spec.mixfile import Mix
 
 __all__ = ["ShardContext", "ShardJob", "write_packed", "write_shard_job"]
@@ -85,27 +86,52 @@ def write_shard_job(ctx: ShardContext, job: ShardJob) -> ShardEntry:
     return write_shard(store, job.k, job.first, block, job.step, job.seg_offsets, job.segments, ctx.cost)
 
 
-def _jobs(packing: Packing, chunk_of: list[np.ndarray], src_of: list[np.ndarray], per_shard: int) -> Iterator[ShardJob]:
-    """The shard jobs of ``packing``, in order; ``chunk_of[s]``/``src_of[s]``: per document of source ``s``."""
-    n = len(packing.seq_step)
-    for k, lo in enumerate(range(0, n, per_shard)):
-        hi = min(n, lo + per_shard)
-        s0, s1 = int(packing.seg_offsets[lo]), int(packing.seg_offsets[hi])
-        segs = np.ascontiguousarray(packing.segments[s0:s1])
-        chunk = np.zeros(len(segs), np.int64)
-        src = np.zeros(len(segs), np.int64)
-        for s in np.unique(segs[:, 0]).tolist():
-            mine = segs[:, 0] == s
-            chunk[mine] = chunk_of[s][segs[mine, 1]]
-            src[mine] = src_of[s][segs[mine, 1]] + segs[mine, 2]
-        off = packing.seg_offsets[lo : hi + 1] - s0
-        yield ShardJob(k, lo, np.array(packing.seq_step[lo:hi]), np.array(off), segs, chunk, src)
+@dataclass
+class _Tally:
+    """Per source, what the stream packed and dropped (int64 [k] each), and the dropped units themselves."""
+
+    tokens_packed: np.ndarray
+    tokens_dropped: np.ndarray
+    dropped: list[np.ndarray]
+
+
+def _jobs(stream: PackStream, where: Locations, per_shard: int, tally: _Tally) -> Iterator[ShardJob]:
+    """The shard jobs of ``stream`` in order, ``per_shard`` sequences each (the last may have fewer), made as
+    the stream is read: at most one shard's sequences are held. Counts into ``tally`` as it goes."""
+    held: list[PackedStep] = []
+    n_held, k, first = 0, 0, 0
+    for out in stream.steps:
+        held.append(out)
+        n_held += len(out.counts)
+        np.add.at(tally.tokens_packed, out.segments[:, 0], out.segments[:, 3])
+        if len(out.dropped):
+            np.add.at(tally.tokens_dropped, out.dropped[:, 0], out.dropped[:, 3])
+            tally.dropped.append(out.dropped)
+        while n_held >= per_shard:
+            job, held = _cut(held, per_shard, k, first, where)
+            yield job
+            k, first, n_held = k + 1, first + per_shard, n_held - per_shard
+    if n_held:
+        yield _cut(held, n_held, k, first, where)[0]
+
+
+def _cut(held: list[PackedStep], n: int, k: int, first: int, where: Locations) -> tuple[ShardJob, list[PackedStep]]:
+    """Shard ``k``: the first ``n`` sequences of the steps ``held`` (and what is left of them)."""
+    counts = np.concatenate([h.counts for h in held])
+    step = np.concatenate([np.full(len(h.counts), h.step, np.int64) for h in held])
+    segs = np.concatenate([h.segments for h in held])
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    mine = segs[: off[n]]
+    chunk, src = where.of(mine)
+    job = ShardJob(k, first, step[:n], off[: n + 1], mine, chunk, src)
+    rest = PackedStep(int(step[n]), counts[n:], segs[off[n] :], np.zeros((0, 4), np.int64)) if n < len(step) else None
+    return job, [rest] if rest is not None else []
 
 
 def write_packed(
     mix: Mix,
     layout: BuildLayout,
-    packing: Packing,
+    stream: PackStream,
     tokenizer_fingerprint: str,
     vocab_size: int,
     pad_id: int,
@@ -118,6 +144,10 @@ def write_packed(
 ) -> Manifest:
     """Gather each sequence's tokens from the sources' chunks and write shards plus manifest; return the manifest.
 
+    ``stream`` is read once, as the shards are written (:func:`~mixing.pack.packing.stream_plan`): the
+    driver holds the shards in flight and each document's location in a memory-mapped local table
+    (:class:`~mixing.pack.locations.Locations`, under ``layout.root``), never the whole packing.
+
     Shards go to ``out`` (a folder or fsspec URL such as ``s3://bucket/prefix``; default the build's
     ``shards/``, at ``layout.url``), with ``storage_options`` for the filesystem (default the layout's). The
     shards are written by ``engine``; ``on_shard(k)`` runs in this process as shard ``k`` is done (any order).
@@ -125,64 +155,82 @@ def write_packed(
     The manifest's ``per_source`` records, for each source: ``tokens_planned`` (Σ planned unit lengths),
     ``tokens_packed``, ``tokens_dropped`` (planned = packed + dropped) and ``documents_packed``.
     """
-    info = _build_info(mix, layout, packing, tokenizer_fingerprint, vocab_size, pad_id, eos_id)
     options = storage_options if out is not None else layout.storage_options
     store = open_shards(out if out is not None else f"{layout.url}/shards", options)
-    chunk_keys: list[tuple[int, str]] = []
-    chunk_of, src_of = [], []
-    for s, name in enumerate(packing.sources):
-        docs = pl.read_parquet(layout.source_dir(name) / "docs.parquet", columns=["chunk", "offset"])
-        keys = docs["chunk"].unique(maintain_order=True).to_list()
-        ids = {k: len(chunk_keys) + i for i, k in enumerate(keys)}
-        chunk_keys += [(s, k) for k in keys]
-        chunk_of.append(docs["chunk"].replace_strict(ids, return_dtype=pl.Int64).to_numpy())
-        src_of.append(docs["offset"].to_numpy())
-    ctx = ShardContext(
-        shards_url=store.url,
-        storage_options=store.storage_options,
-        source_chunks=tuple(f"{layout.url}/sources/{name}/chunks" for name in packing.sources),
-        chunk_options=layout.storage_options,
-        chunk_keys=tuple(chunk_keys),
-        seq_len=packing.seq_len,
-        dtype=np.dtype(token_dtype(vocab_size)).name,
-        pad_id=pad_id,
-        cost=info.cost,
-    )
+    dtype = np.dtype(token_dtype(vocab_size)).name
+    n_src = len(stream.sources)
+    tally = _Tally(np.zeros(n_src, np.int64), np.zeros(n_src, np.int64), [])
+    index_files = [layout.source_dir(name) / "docs.parquet" for name in stream.sources]
     shards: dict[int, ShardEntry] = {}
-    jobs = _jobs(packing, chunk_of, src_of, max(1, _SHARD_TOKENS // packing.seq_len))
-    for _i, entry in engine.map(write_shard_job, jobs, ctx, "write_shard"):
-        k = len(shards)
-        shards[entry.first_sequence] = entry
-        on_shard(k)
+    with Locations(layout.root / "locations.tmp", index_files) as where:
+        ctx = ShardContext(
+            shards_url=store.url,
+            storage_options=store.storage_options,
+            source_chunks=tuple(f"{layout.url}/sources/{name}/chunks" for name in stream.sources),
+            chunk_options=layout.storage_options,
+            chunk_keys=where.chunk_keys,
+            seq_len=stream.seq_len,
+            dtype=dtype,
+            pad_id=pad_id,
+            cost=mix.balance.cost.model(),
+        )
+        jobs = _jobs(stream, where, max(1, _SHARD_TOKENS // stream.seq_len), tally)
+        for _i, entry in engine.map(write_shard_job, jobs, ctx, "write_shard"):
+            k = len(shards)
+            shards[entry.first_sequence] = entry
+            on_shard(k)
+    info = _build_info(mix, layout, stream, tally, tokenizer_fingerprint, vocab_size, pad_id, eos_id)
     ordered = [shards[first] for first in sorted(shards)]
-    return seal_shards(store, info, ordered, np.asarray(packing.seq_step), packing.seq_len, ctx.dtype)
+    return seal_shards(store, info, ordered, stream.global_batch, stream.seq_len, dtype)
 
 
 def _build_info(
     mix: Mix,
     layout: BuildLayout,
-    packing: Packing,
+    stream: PackStream,
+    tally: _Tally,
     tokenizer_fingerprint: str,
     vocab_size: int,
     pad_id: int,
     eos_id: int | None,
 ) -> BuildInfo:
-    """What the manifest records about the build besides its shards."""
+    """What the manifest records about the build besides its shards. Documents packed per source: those the
+    plan drew, less those whose every planned unit was dropped (counted in DuckDB, which spills)."""
+    dropped = np.concatenate(tally.dropped) if tally.dropped else np.zeros((0, 4), np.int64)
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
-        planned = dict(con.sql("SELECT source, sum(length)::BIGINT FROM plan_units GROUP BY 1").fetchall())
+        planned = {
+            name: (int(tokens), int(docs))
+            for name, tokens, docs in con.sql(
+                "SELECT source, sum(length)::BIGINT, count(DISTINCT doc_id)::BIGINT FROM plan_units GROUP BY 1"
+            ).fetchall()
+        }
         phases = con.sql(
             "SELECT phase, min(step)::BIGINT, count(DISTINCT step)::BIGINT FROM plan_quotas GROUP BY 1 ORDER BY 2"
         ).fetchall()
+        con.register(
+            "drops",
+            pl.DataFrame(
+                {"source": [stream.sources[i] for i in dropped[:, 0].tolist()], "doc_id": dropped[:, 1]},
+                schema={"source": pl.String, "doc_id": pl.Int64},
+            ).to_arrow(),
+        )
+        lost = dict(  # documents whose every planned unit was dropped
+            con.sql(
+                "WITH d AS (SELECT source, doc_id, count(*) AS n FROM drops GROUP BY ALL), "
+                "p AS (SELECT source, doc_id, count(*) AS n FROM plan_units SEMI JOIN d USING (source, doc_id) "
+                "GROUP BY ALL) SELECT d.source, count(*)::BIGINT FROM d JOIN p USING (source, doc_id) "
+                "WHERE d.n = p.n GROUP BY 1"
+            ).fetchall()
+        )
     per_source = {}
-    for k, name in enumerate(packing.sources):
-        seg = packing.segments[packing.segments[:, 0] == k]
-        drop = packing.dropped[packing.dropped[:, 0] == k]
+    for k, name in enumerate(stream.sources):
+        tokens, docs = planned.get(name, (0, 0))
         per_source[name] = SourceCounts(
-            tokens_planned=int(planned.get(name, 0)),
-            tokens_packed=int(seg[:, 3].sum()),
-            tokens_dropped=int(drop[:, 3].sum()),
-            documents_packed=len(np.unique(seg[:, 1])),
-            documents_dropped=len(np.unique(drop[:, 1])),
+            tokens_planned=tokens,
+            tokens_packed=int(tally.tokens_packed[k]),
+            tokens_dropped=int(tally.tokens_dropped[k]),
+            documents_packed=docs - int(lost.get(name, 0)),
+            documents_dropped=len(np.unique(dropped[dropped[:, 0] == k, 1])),
         )
     balance = mix.balance
     return BuildInfo(
@@ -199,7 +247,7 @@ def _build_info(
         max_tokens=balance.max_tokens,
         regroup=Regroup(**balance.regroup.model_dump()) if balance.regroup else None,
         steps=mix.total_steps,
-        sources=tuple(packing.sources),
+        sources=tuple(stream.sources),
         phases=tuple(PhaseSpan(phase=p, first_step=s, steps=c) for p, s, c in phases),
         per_source=per_source,
         packing=PackingNote(

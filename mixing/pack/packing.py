@@ -22,11 +22,13 @@ and reported per source. Because every step is steered by the cumulative deficit
 place is made up by the next, and what is dropped at a phase end is what the plan drew beyond the phase's
 share of each source (and the padding), spread over the sources instead of falling on the shortest units.
 
-The packer streams: ``pack_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (about
+The packer streams: ``stream_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (about
 ``chunk_units`` units, in Arrow batches; a helper thread reads the next block while the current one is
-packed), and the pool holds only a phase's carry (what earlier steps of the phase could not place) plus two
-steps of units. Its memory is therefore bounded by the block size and the largest steps, not the plan; what
-grows with the plan is the result, 32 bytes per segment, allocated once. The inner loop
+packed), the pool holds only a phase's carry (what earlier steps of the phase could not place) plus two
+steps of units, and each step's sequences are handed out as they are made (:class:`PackStream`). Its memory
+is therefore bounded by the block size and the largest steps, not the plan. ``pack_plan`` collects the
+stream into one :class:`Packing` (32 bytes per segment) for callers that want it whole; the build
+(:mod:`mixing.pack.packed`) writes shards from the stream instead. The inner loop
 (:mod:`mixing.pack.pool`) is compiled with numba where it is installed (about 20× the pure-Python
 reference :mod:`mixing.pack.reference` on ``benchmarks/packing.py``; see docs/scale-packing.md) and gives
 the same packing, unit for unit, either way.
@@ -48,7 +50,7 @@ import numpy as np
 from mixing.format.cost import CostModel
 from mixing.pack.pool import default_engine, make_pool
 
-__all__ = ["Packing", "pack_plan", "pack_units"]
+__all__ = ["PackStream", "PackedStep", "Packing", "pack_plan", "pack_units", "stream_plan"]
 
 _CHUNK_UNITS = 1 << 18  # units read from DuckDB per block of steps (12 MB as int64 rows; two in flight)
 
@@ -88,6 +90,33 @@ class Packing:
         return cum[self.seg_offsets[1:]] - cum[self.seg_offsets[:-1]]
 
 
+@dataclass(frozen=True)
+class PackedStep:
+    """One step's ``global_batch`` sequences: ``counts`` int64 [global_batch] segments per sequence,
+    ``segments`` int64 [Σ counts, 4] (source index, doc_id, start, length) sequence by sequence;
+    ``dropped`` int64 [k, 4]: the units the phase left unplaced, on its last step (else empty)."""
+
+    step: int
+    counts: np.ndarray
+    segments: np.ndarray
+    dropped: np.ndarray
+
+
+@dataclass(frozen=True)
+class PackStream:
+    """A packing as it is made, step by step: ``steps`` yields a :class:`PackedStep` for every step of the
+    plan, in order, once (a generator: iterate it once). ``sequences``: how many sequences its steps hold in
+    all; ``units``: how many units the plan has (each ends up in a sequence or dropped)."""
+
+    sources: tuple[str, ...]
+    seq_len: int
+    global_batch: int
+    cost: CostModel
+    sequences: int
+    units: int
+    steps: Iterator[PackedStep]
+
+
 def pack_plan(
     db_path: Path,
     seq_len: int,
@@ -97,44 +126,57 @@ def pack_plan(
     engine: str | None = None,
     chunk_units: int = _CHUNK_UNITS,
 ) -> Packing:
-    """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file; deterministic for the same plan.
+    """:func:`stream_plan` collected into one :class:`Packing` (32 bytes per segment, held whole)."""
+    stream = stream_plan(db_path, seq_len, global_batch, cost, engine=engine, chunk_units=chunk_units)
+    return _collect(stream)
 
-    Reads ``plan_quotas(step, phase, source, quota)`` whole (steps × sources rows) and ``plan_units(step,
-    source, doc_id, start, length, ord)`` a block of about ``chunk_units`` units at a time, by step range,
-    in Arrow batches. ``engine``: ``"compiled"`` or ``"python"`` (default: compiled where numba is installed).
+
+def stream_plan(
+    db_path: Path,
+    seq_len: int,
+    global_batch: int,
+    cost: CostModel = CostModel(),
+    *,
+    engine: str | None = None,
+    chunk_units: int = _CHUNK_UNITS,
+) -> PackStream:
+    """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file, a step at a time as the
+    stream is read; deterministic for the same plan.
+
+    Reads ``plan_quotas(step, phase, source, quota)`` whole now (steps × sources rows), and ``plan_units(step,
+    source, doc_id, start, length, ord)`` as ``steps`` is iterated: a block of about ``chunk_units`` units at
+    a time, by step range, in Arrow batches, on a connection of its own that closes when the stream ends or is
+    closed. ``engine``: ``"compiled"`` or ``"python"`` (default: compiled where numba is installed).
     """
     with duckdb.connect(str(db_path), read_only=True) as con:
         q = con.sql("SELECT step, phase, source, quota FROM plan_quotas ORDER BY step, source").fetchnumpy()
         per_step = con.sql("SELECT step, count(*) AS n FROM plan_units GROUP BY 1 ORDER BY 1").fetchnumpy()
-        sources = tuple(sorted(set(q["source"].tolist())))
-        q_step = np.asarray(q["step"], np.int64)
-        step_values, first = np.unique(q_step, return_index=True)
-        steps = [(int(s), str(q["phase"][i])) for s, i in zip(step_values.tolist(), first.tolist(), strict=True)]
-        src_idx = {s: i for i, s in enumerate(sources)}
-        quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
-        quotas[np.searchsorted(step_values, q_step), [src_idx[s] for s in q["source"]]] = q["quota"]
-        unit_steps = np.asarray(per_step["step"], np.int64)
-        if not np.isin(unit_steps, step_values).all():
-            lost = unit_steps[~np.isin(unit_steps, step_values)]
-            raise ValueError(f"{db_path}: plan_units has units at step {int(lost[0])}, which plan_quotas lacks")
-        counts = np.zeros(len(steps), np.int64)  # units per step, to cut blocks of about chunk_units
-        counts[np.searchsorted(step_values, unit_steps)] = per_step["n"]
-        blocks = _prefetched(con, sources, _step_ranges(step_values, counts, chunk_units))
-        n_units = int(np.asarray(per_step["n"], np.int64).sum())
-        try:
-            return _pack(
-                _by_step(blocks, step_values, seq_len),
-                steps,
-                sources,
-                seq_len,
-                global_batch,
-                cost,
-                quotas,
-                engine,
-                n_units,
-            )
-        finally:
-            blocks.close()  # on an error: wait for a read in flight before the connection closes
+    sources = tuple(sorted(set(q["source"].tolist())))
+    q_step = np.asarray(q["step"], np.int64)
+    step_values, first = np.unique(q_step, return_index=True)
+    steps = [(int(s), str(q["phase"][i])) for s, i in zip(step_values.tolist(), first.tolist(), strict=True)]
+    src_idx = {s: i for i, s in enumerate(sources)}
+    quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
+    quotas[np.searchsorted(step_values, q_step), [src_idx[s] for s in q["source"]]] = q["quota"]
+    unit_steps = np.asarray(per_step["step"], np.int64)
+    if not np.isin(unit_steps, step_values).all():
+        lost = unit_steps[~np.isin(unit_steps, step_values)]
+        raise ValueError(f"{db_path}: plan_units has units at step {int(lost[0])}, which plan_quotas lacks")
+    counts = np.zeros(len(steps), np.int64)  # units per step, to cut blocks of about chunk_units
+    counts[np.searchsorted(step_values, unit_steps)] = per_step["n"]
+    ranges = _step_ranges(step_values, counts, chunk_units)
+
+    def packed() -> Iterator[PackedStep]:
+        with duckdb.connect(str(db_path), read_only=True) as con:
+            blocks = _prefetched(con, sources, ranges)
+            try:
+                units = _by_step(blocks, step_values, seq_len)
+                yield from _steps(units, steps, len(sources), seq_len, global_batch, cost, quotas, engine)
+            finally:
+                blocks.close()  # on an error: wait for a read in flight before the connection closes
+
+    n_units = int(np.asarray(per_step["n"], np.int64).sum())
+    return PackStream(sources, seq_len, global_batch, cost, len(steps) * global_batch, n_units, packed())
 
 
 def pack_units(
@@ -161,37 +203,60 @@ def pack_units(
         quotas = np.zeros((len(steps), len(sources)))
         if len(units):
             np.add.at(quotas, (_rows_of(step_values, units[:, 4]), units[:, 1]), units[:, 0])
-    return _pack(
-        _by_step([units], step_values, seq_len), steps, sources, seq_len, global_batch, cost, quotas, engine, len(units)
+    units_by_step = _by_step([units], step_values, seq_len)
+    packed = _steps(units_by_step, steps, len(sources), seq_len, global_batch, cost, quotas, engine)
+    return _collect(PackStream(sources, seq_len, global_batch, cost, len(steps) * global_batch, len(units), packed))
+
+
+def _collect(stream: PackStream) -> Packing:
+    """Every step of ``stream`` in one :class:`Packing` (room for ``stream.units`` segments allocated once)."""
+    counts = np.zeros(stream.sequences, np.int64)
+    segments = np.zeros((stream.units, 4), np.int64)
+    n_seg = 0
+    seq_step: list[np.ndarray] = []
+    dropped: list[np.ndarray] = []
+    for i, out in enumerate(stream.steps):
+        m = len(out.segments)
+        if len(segments) < n_seg + m:  # more units than announced: double the room
+            room = max(n_seg + m, 2 * len(segments)) - len(segments)
+            segments = np.concatenate([segments, np.zeros((room, 4), np.int64)])
+        segments[n_seg : n_seg + m] = out.segments
+        n_seg += m
+        counts[i * stream.global_batch : (i + 1) * stream.global_batch] = out.counts
+        seq_step.append(np.full(stream.global_batch, out.step, np.int64))
+        if len(out.dropped):
+            dropped.append(out.dropped)
+    return Packing(
+        sources=stream.sources,
+        seq_len=stream.seq_len,
+        seq_step=np.concatenate(seq_step) if seq_step else np.zeros(0, np.int64),
+        seg_offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
+        segments=segments[:n_seg],  # a view: the room left is what was dropped
+        dropped=np.concatenate(dropped).astype(np.int64).reshape(-1, 4) if dropped else np.zeros((0, 4), np.int64),
+        cost=stream.cost,
     )
 
 
-def _pack(
+def _steps(
     step_units: Iterator[tuple[int, np.ndarray]],
     steps: list[tuple[int, str]],
-    sources: tuple[str, ...],
+    n_src: int,
     seq_len: int,
     global_batch: int,
     cost: CostModel,
     quotas: np.ndarray,
     engine: str | None,
-    n_units: int,
-) -> Packing:
+) -> Iterator[PackedStep]:
     """The step loop: ``step_units`` yields (row in ``steps``, that step's units) in increasing row order,
-    each step's units sorted by (source, ord, doc_id, start); steps without units may be skipped.
-    ``n_units``: how many units there are in all (room for the segments, allocated once)."""
-    n_src = len(sources)
+    each step's units sorted by (source, ord, doc_id, start); steps without units may be skipped. Yields
+    every step of ``steps`` in order; holds the pool and the blocks being read, nothing of earlier steps."""
     quotas = np.asarray(quotas, dtype=np.float64).reshape(len(steps), n_src)
     cap = float(seq_len * global_batch)
-    counts = np.zeros(len(steps) * global_batch, np.int64)
-    segments = np.zeros((n_units, 4), np.int64)
-    n_seg = 0
-    dropped: list[np.ndarray] = []
     pool = make_pool(engine or default_engine(), n_src, seq_len, cost)
     pending = _Lookahead(step_units)
     q_cum = np.zeros(n_src)
     r_cum = np.zeros(n_src)
-    for i, (_step, phase) in enumerate(steps):
+    for i, (step, phase) in enumerate(steps):
         if i == 0 or steps[i - 1][1] != phase:  # a phase starts: its own pool and its own shares
             q_cum[:], r_cum[:] = 0.0, 0.0
             pool.add(pending.take(i))
@@ -201,23 +266,13 @@ def _pack(
         q_cum += quotas[i]
         total = q_cum.sum()
         want = q_cum * ((r_cum.sum() + cap) / total) - r_cum if total > 0 else np.full(n_src, cap / max(n_src, 1))
-        if len(segments) < n_seg + len(pool):  # more units than announced: make room
-            segments = np.concatenate([segments, np.zeros((n_seg + len(pool) - len(segments), 4), np.int64)])
-        n, placed = pool.fill(want, segments[n_seg:], counts[i * global_batch : (i + 1) * global_batch])
-        n_seg += n
+        segs = np.zeros((len(pool), 4), np.int64)
+        counts = np.zeros(global_batch, np.int64)
+        n, placed = pool.fill(want, segs, counts)
         r_cum += placed
-        if last_of_phase:
-            dropped.append(pool.drain())
+        drop = pool.drain().astype(np.int64).reshape(-1, 4) if last_of_phase else np.zeros((0, 4), np.int64)
+        yield PackedStep(step, counts, segs[:n].copy(), drop)
     pending.finish()
-    return Packing(
-        sources=sources,
-        seq_len=seq_len,
-        seq_step=np.repeat(np.array([s for s, _p in steps], dtype=np.int64), global_batch),
-        seg_offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
-        segments=segments[:n_seg],  # a view: the room left is what was dropped
-        dropped=np.concatenate(dropped).astype(np.int64).reshape(-1, 4) if dropped else np.zeros((0, 4), np.int64),
-        cost=cost,
-    )
 
 
 class _Lookahead:

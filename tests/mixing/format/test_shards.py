@@ -19,7 +19,7 @@ from mixing.format.shard_writer import token_dtype, write_shards
 from mixing.format.shards import FORMAT_VERSION, ShardError, ShardSet
 from mixing.ingest.tokenizer import load_tokenizer
 from mixing.pack.packed import write_packed
-from mixing.pack.packing import pack_plan
+from mixing.pack.packing import stream_plan
 from mixing.report import inspect_build
 from mixing.spec.mixfile import load_mix
 from tests.conftest import ROOT, moto_endpoint
@@ -174,7 +174,7 @@ def test_a_build_packs_straight_to_s3(s3_endpoint: str, tiny_mix_path: Path, tmp
     layout = _build(tiny_mix_path, tmp_path / "b")
     mix = load_mix(tiny_mix_path)
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
-    packing = pack_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=mix.balance.cost.model())
+    packing = stream_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=mix.balance.cost.model())
     url = "s3://weir-build/tiny/shards"
     write_packed(mix, layout, packing, tok.fingerprint, tok.vocab_size, tok.eos_id, out=url, storage_options=opts)
     local, remote = ShardSet(layout.shards_dir), ShardSet(url, storage_options=opts)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from mixing.format.cost import CostModel
 from mixing.pack import reference as v1
-from mixing.pack.packing import Packing, pack_plan, pack_units
+from mixing.pack.packing import Packing, pack_plan, pack_units, stream_plan
 from mixing.plan.mixture import mixture_error
 
 ENGINES = [
@@ -202,6 +202,26 @@ def test_packing_memory_is_bounded_not_python_tuples_per_unit(tmp_path: Path) ->
     new = peak(lambda: pack_plan(tmp_path / "plan.duckdb", 1024, 16, engine="python", chunk_units=512))
     # the result is 32 bytes per unit; the rest is a few steps' pool and one block, not the plan
     assert new < 80 and new < ref / 4, (new, ref)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_streamed_packing_holds_nothing_of_the_steps_it_handed_out(tmp_path: Path, engine: str) -> None:
+    peaks = []
+    for n_steps in (60, 240):  # four times the plan
+        units, steps, quotas = random_plan(3, n_steps, 16, 1024, 3, 0.7)
+        write_plan(tmp_path / f"{n_steps}.duckdb", units, steps, quotas)
+        for _ in stream_plan(tmp_path / f"{n_steps}.duckdb", 1024, 16, engine=engine, chunk_units=512).steps:
+            pass  # the first pass imports (or compiles) what it needs: not measured
+        stream = stream_plan(tmp_path / f"{n_steps}.duckdb", 1024, 16, engine=engine, chunk_units=512)
+        tracemalloc.start()
+        try:
+            handed = sum(len(out.segments) for out in stream.steps)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert handed > 0
+    # a collected packing would grow 4× (32 bytes a segment); the stream holds a block and a few steps
+    assert peaks[1] < 1.3 * peaks[0], peaks
 
 
 def test_a_unit_at_a_step_the_plan_lacks_is_refused() -> None:
