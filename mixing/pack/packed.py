@@ -116,7 +116,9 @@ def _jobs(stream: PackStream, where: Locations, per_shard: int, tally: _Tally) -
 
 
 def _cut(held: list[PackedStep], n: int, k: int, first: int, where: Locations) -> tuple[ShardJob, list[PackedStep]]:
-    """Shard ``k``: the first ``n`` sequences of the steps ``held`` (and what is left of them)."""
+    """Shard ``k``: the first ``n`` sequences of the steps ``held`` (and what is left of them). :func:`_jobs`
+    cuts as soon as ``n`` sequences are held, so the cut falls in the last step held and what is left is of
+    that step alone."""
     counts = np.concatenate([h.counts for h in held])
     step = np.concatenate([np.full(len(h.counts), h.step, np.int64) for h in held])
     segs = np.concatenate([h.segments for h in held])
