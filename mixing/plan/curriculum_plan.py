@@ -8,7 +8,8 @@ plan is feasible (:mod:`mixing.plan.feasibility`):
   from the (ramped) mixture; ``cum_quota`` is the rounded cumulative ideal, so rounding error is carried
   forward and never accumulates (Σ quota over any prefix of steps is within 0.5 token of ideal).
 - ``plan_units(step, phase, source, doc_id, piece, start, length, epoch, ord)``: the units each step draws.
-  Each source's units come in a seeded order (a fresh permutation of its documents for every epoch);
+  Each source's units come in a seeded order (a fresh order of its documents for every epoch, sorted by
+  DuckDB: :mod:`mixing.plan.order`);
   a phase with ``max_doc_tokens`` skips longer documents, which stay available to later phases.
 - ``plan_phases``, ``plan_sources``: the summaries :class:`Plan` returns.
 
@@ -31,6 +32,7 @@ from mixing.errors import WeirError
 from mixing.plan.curriculum import PhaseSpan, length_segments, phase_spans, step_shares
 from mixing.plan.draws import SegmentQuota, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, shortfalls
+from mixing.plan.order import draw_order
 from mixing.spec.mixfile import Mix
 
 __all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
@@ -165,8 +167,9 @@ def _draw(
     draws, ``ph`` and ``src`` indices into ``spans`` and the sources by name.
 
     One source and one chunk of its draw order at a time (:func:`mixing.plan.draws.draw_source`): Python holds
-    one source's documents and one epoch's permutation, never every unit; DuckDB holds ``_taken`` and
-    spills it past its ``memory_limit``. Also the temp view ``_plan_units``, ``_taken`` as ``plan_units``.
+    one chunk of documents and its units, never an array per document; DuckDB sorts the order and holds
+    ``_taken``, and spills both past its ``memory_limit``. Also the temp view ``_plan_units``: ``_taken`` as
+    ``plan_units``.
     """
     names = sorted(mix.sources)
     quota = quotas["quota"].to_numpy().reshape(-1, len(names))  # step_quotas: step-major, sources by name
@@ -183,10 +186,9 @@ def _draw(
             col = quota[seg[0].first_step : seg[-1].end_step, i]
             pos = np.flatnonzero(col > 0)
             segments.append(SegmentQuota(seg[0].max_doc_tokens, seg[0].first_step + pos, 2 * np.cumsum(col)[pos]))
-        ids, lens = _source_documents(con, s)
-        draw = draw_source(
-            ids, lens, seed=mix.seed, name=s, seq=mix.sequence.length, epochs=epochs[s], segments=segments
-        )
+        (n_docs,) = con.sql("SELECT count(*) FROM documents WHERE source = ?", params=[s]).fetchall()[0]
+        order = draw_order(con, s, mix.seed)
+        draw = draw_source(order, n_docs, seq=mix.sequence.length, epochs=epochs[s], segments=segments)
         pending: list[dict[str, np.ndarray]] = []
         for u in draw:
             pending.append(u)
@@ -200,33 +202,6 @@ def _draw(
         f"[{sources}][src + 1] AS source, doc_id, piece, start, length, epoch, ord FROM _taken "
         "ORDER BY step, src, ord"  # src follows name order: sorting ints is the cheap way to sort names
     )
-
-
-def _source_documents(con: duckdb.DuckDBPyConnection, source: str) -> tuple[np.ndarray | None, np.ndarray]:
-    """``source``'s (doc_id, n_tokens) in doc_id order, read in batches into arrays sized once: lengths as
-    int32 where they fit, and no ids (None) when doc_id is the row number, as tokenize writes it."""
-    n, longest, lo, hi = con.sql(
-        "SELECT count(*), coalesce(max(n_tokens), 0), min(doc_id), max(doc_id) FROM documents WHERE source = ?",
-        params=[source],
-    ).fetchall()[0]
-    lens = np.empty(n, np.int32 if longest < 1 << 31 else np.int64)
-    dense = n == 0 or (lo == 0 and hi == n - 1)  # checked batch by batch below (doc_ids could repeat)
-    ids = None if dense else np.empty(n, np.int64)
-    at = 0
-    reader = con.sql(
-        "SELECT doc_id, n_tokens FROM documents WHERE source = ? ORDER BY doc_id", params=[source]
-    ).fetch_record_batch(_FLUSH_ROWS)
-    for batch in reader:
-        b_ids = batch.column(0).to_numpy()
-        m = len(b_ids)
-        lens[at : at + m] = batch.column(1).to_numpy()
-        if ids is None and not np.array_equal(b_ids, np.arange(at, at + m)):
-            ids = np.empty(n, np.int64)
-            ids[:at] = np.arange(at)
-        if ids is not None:
-            ids[at : at + m] = b_ids
-        at += m
-    return ids, lens
 
 
 _FLUSH_ROWS = 1 << 19  # units buffered before an INSERT: few statements for small plans, bounded for big ones

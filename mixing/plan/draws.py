@@ -1,28 +1,28 @@
 """The draw: each source's units (whole documents, or S-token pieces of longer ones) in a seeded order,
 assigned to steps against the source's cumulative quota, streamed in bounded memory.
 
-The order is a fresh permutation of the source's documents per epoch (numpy PCG64 seeded by the mix seed,
-crc32 of the source name and the epoch: stable across numpy versions and machines), cut into pieces; a
-unit's ``ord`` is its place in that order counted across epochs. Each length segment (consecutive phases
+The order is a fresh order of the source's documents per epoch (:mod:`mixing.plan.order`: sorted by DuckDB
+on seeded 64-bit keys, read a chunk at a time), cut into pieces; a unit's ``ord`` is its place in that order
+counted across epochs. Each length segment (consecutive phases
 with the same ``max_doc_tokens``) walks the order from the start: the units whose document fits its limit
 and that no earlier segment took, in order, go to the first step whose cumulative quota (from the
 segment's start) exceeds the unit's midpoint in the cumulative draw, so through any step the tokens drawn
 stay within half a unit of the quota. A segment takes a prefix of what it may draw, so what earlier
 segments took is named by (limit, first ord not taken) pairs, not by a set of units.
 
-Memory: O(documents of the source), 12–20 bytes each (lengths as int32 where they fit, ids only where
-doc_id is not the row number, and the current epoch's permutation), plus one chunk of units; never
-every unit of every epoch. The units come out per source, segment by segment, in
-(step, ord) order.
+Memory: one chunk of :data:`CHUNK_DOCS` documents and its units, whatever the number of documents (the
+order's sort is DuckDB's, within its ``memory_limit``). The units come out per source, segment by segment,
+in (step, ord) order.
 """
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+from mixing.plan.order import DrawOrder
 
 __all__ = ["CHUNK_DOCS", "SegmentQuota", "draw_source"]
 
@@ -43,23 +43,19 @@ class SegmentQuota:
 Units = dict[str, np.ndarray]  # step, doc_id, piece, start, length, epoch, ord: int64 columns of equal length
 
 
-def _order(ids: np.ndarray | None, lens: np.ndarray, seed: int, name: str, seq: int, epochs: int) -> Iterator[Units]:
+def _order(order: DrawOrder, seq: int, epochs: int) -> Generator[Units, None, None]:
     """The source's units in draw order, chunk by chunk: doc_id, piece, start, length, doc_len, epoch, ord."""
     base = 0
-    n_docs = len(lens)
     for e in range(epochs):
-        rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(name.encode()), e])
-        perm = rng.permutation(n_docs)
-        for a in range(0, len(perm), CHUNK_DOCS):
-            p = perm[a : a + CHUNK_DOCS]
-            n_p = np.maximum(1, -(-lens[p].astype(np.int64) // seq))  # per chunk: no array of pieces to hold
-            rep = np.repeat(p, n_p)
+        for ids, lens in order(e, CHUNK_DOCS):
+            n_p = np.maximum(1, -(-lens // seq))  # per chunk: no array of pieces to hold
+            rep = np.repeat(np.arange(len(ids)), n_p)
             first = np.repeat(np.cumsum(n_p) - n_p, n_p)
             piece = np.arange(len(rep), dtype=np.int64) - first
             start = piece * seq
-            doc_len = lens[rep].astype(np.int64)
+            doc_len = lens[rep]
             yield {
-                "doc_id": rep if ids is None else ids[rep],
+                "doc_id": ids[rep],
                 "piece": piece,
                 "start": start,
                 "length": np.minimum(seq, doc_len - start),
@@ -68,34 +64,31 @@ def _order(ids: np.ndarray | None, lens: np.ndarray, seed: int, name: str, seq: 
                 "ord": np.arange(base, base + len(rep), dtype=np.int64),
             }
             base += len(rep)
-        del perm
 
 
 def draw_source(
-    ids: np.ndarray | None,
-    lens: np.ndarray,
+    order: DrawOrder,
+    n_docs: int,
     *,
-    seed: int,
-    name: str,
     seq: int,
     epochs: int,
     segments: list[SegmentQuota],
 ) -> Iterator[Units]:
-    """The units of source ``name`` each segment takes, with their ``step``, at most ``epochs`` epochs.
+    """The units of a source each segment takes, with their ``step``, at most ``epochs`` epochs.
 
-    ``ids``/``lens``: the source's documents (doc_id, n_tokens) in doc_id order (``ids`` None: doc_id is
-    the row number, 0..n-1). A segment that runs out
+    ``order``: the source's documents (doc_id, n_tokens) in each epoch's draw order; ``n_docs`` of them.
+    A segment that runs out
     of units before its last step simply takes fewer tokens (the caller compares them to its demand).
     Deterministic; the result does not depend on :data:`CHUNK_DOCS`.
     """
-    lens = np.asarray(lens)
     taken: list[tuple[int, int]] = []  # per earlier segment: (limit, first ord past what it took)
     for seg in segments:
-        if not len(seg.steps) or not epochs or not len(lens):
+        if not len(seg.steps) or not epochs or not n_docs:
             continue
         limit = seg.limit if seg.limit is not None else 1 << 62
         before, end = 0, 0  # tokens this segment drew before the chunk; first ord past its last unit
-        for u in _order(ids, lens, seed, name, seq, epochs):  # from the start: earlier segments skip units
+        units = _order(order, seq, epochs)  # from the start: earlier segments skip units
+        for u in units:
             ok = u["doc_len"] <= limit
             for lim, past in taken:
                 ok &= ~((u["ord"] < past) & (u["doc_len"] <= lim))
@@ -113,4 +106,5 @@ def draw_source(
             if n < len(length):
                 break
             before += int(length.sum())
+        units.close()  # now, not when collected: the order's temporary table is dropped before the next one
         taken.append((limit, end))

@@ -191,3 +191,30 @@ def test_plan_under_a_small_duckdb_memory_limit_spills_and_is_the_same(tmp_path:
         digests.append(tables(db))
     assert plan.units > 250_000  # 9 columns of them: ~20 MB uncompressed, more than 16 MB
     assert digests[0] == digests[1]
+
+
+def test_the_plan_holds_no_array_per_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's share of the plan is one chunk of the draw order and one batch of units, whatever the number
+    of documents: 4× the documents (the same tokens, the same steps) leave its traced peak where it was. It
+    fails with an array per document (the lengths and a numpy permutation: 12 bytes each, 5.8 MB here)."""
+    import tracemalloc
+
+    import mixing.plan.curriculum_plan as plan_mod
+    import mixing.plan.draws as draws_mod
+
+    monkeypatch.setattr(draws_mod, "CHUNK_DOCS", 1 << 12)
+    monkeypatch.setattr(plan_mod, "_FLUSH_ROWS", 1 << 12)
+    mix = parse_mix(
+        "name: m\nseed: 2\nsequence: {length: 1024, global_batch: 16}\nsources:\n  a: {uri: x}\n  b: {uri: y}\n"
+        "curriculum:\n  - {phase: p, steps: 90, mixture: {a: 0.6, b: 0.4}}\n"
+    )
+    peaks = []
+    for n in (120_000, 480_000):  # 2.4 M tokens of each source either way
+        db = tmp_path / f"{n}.duckdb"
+        write_documents(db, {"a": np.full(n, 2_400_000 // n), "b": np.full(n, 2_400_000 // n)})
+        tracemalloc.start()
+        plan = make_plan(mix, db, config={"threads": 1})
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert plan.units > 0.5 * n
+    assert peaks[1] < 1.3 * peaks[0] + (1 << 20), peaks
