@@ -187,14 +187,13 @@ def _draw(
             pos = np.flatnonzero(col > 0)
             segments.append(SegmentQuota(seg[0].max_doc_tokens, seg[0].first_step + pos, 2 * np.cumsum(col)[pos]))
         (n_docs,) = con.sql("SELECT count(*) FROM documents WHERE source = ?", params=[s]).fetchall()[0]
-        order = draw_order(con, s, mix.seed)
-        draw = draw_source(order, n_docs, seq=mix.sequence.length, epochs=epochs[s], segments=segments)
-        pending: list[dict[str, np.ndarray]] = []
-        for u in draw:
-            pending.append(u)
-            if sum(len(p["step"]) for p in pending) >= _FLUSH_ROWS:
-                _insert(con, pending, i, starts)
-        _insert(con, pending, i, starts)
+        with draw_order(con, s, mix.seed) as order:
+            pending: list[dict[str, np.ndarray]] = []
+            for u in draw_source(order, n_docs, seq=mix.sequence.length, epochs=epochs[s], segments=segments):
+                pending.append(u)
+                if sum(len(p["step"]) for p in pending) >= _FLUSH_ROWS:
+                    _insert(con, pending, i, starts)
+            _insert(con, pending, i, starts)
     sources = ", ".join(f"'{n}'" for n in names)  # source names match [A-Za-z_][A-Za-z0-9_]*: safe to inline
     phases = ", ".join("'" + sp.name.replace("'", "''") + "'" for sp in spans)
     con.execute(

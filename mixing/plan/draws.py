@@ -17,7 +17,7 @@ in (step, ord) order.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +43,7 @@ class SegmentQuota:
 Units = dict[str, np.ndarray]  # step, doc_id, piece, start, length, epoch, ord: int64 columns of equal length
 
 
-def _order(order: DrawOrder, seq: int, epochs: int) -> Generator[Units, None, None]:
+def _order(order: DrawOrder, seq: int, epochs: int) -> Iterator[Units]:
     """The source's units in draw order, chunk by chunk: doc_id, piece, start, length, doc_len, epoch, ord."""
     base = 0
     for e in range(epochs):
@@ -87,8 +87,7 @@ def draw_source(
             continue
         limit = seg.limit if seg.limit is not None else 1 << 62
         before, end = 0, 0  # tokens this segment drew before the chunk; first ord past its last unit
-        units = _order(order, seq, epochs)  # from the start: earlier segments skip units
-        for u in units:
+        for u in _order(order, seq, epochs):  # from the start: earlier segments skip units
             ok = u["doc_len"] <= limit
             for lim, past in taken:
                 ok &= ~((u["ord"] < past) & (u["doc_len"] <= lim))
@@ -106,5 +105,4 @@ def draw_source(
             if n < len(length):
                 break
             before += int(length.sum())
-        units.close()  # now, not when collected: the order's temporary table is dropped before the next one
         taken.append((limit, end))

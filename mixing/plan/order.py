@@ -11,12 +11,13 @@ order on every machine and every DuckDB version (integer arithmetic only, ties b
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Iterator
 
 import duckdb
 import numpy as np
 
-__all__ = ["DrawOrder", "draw_order", "epoch_key", "mix64"]
+__all__ = ["DrawOrder", "SortedOrder", "draw_order", "epoch_key", "mix64"]
 
 DrawOrder = Callable[[int, int], Iterator[tuple[np.ndarray, np.ndarray]]]
 """``order(epoch, chunk)``: the source's (doc_id, n_tokens) int64 arrays of at most ``chunk`` documents each,
@@ -24,7 +25,7 @@ in the epoch's draw order; the concatenation over chunks does not depend on ``ch
 
 _MASK = (1 << 64) - 1
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-_TABLE = "_draw_order"
+_TABLES = itertools.count()  # each order its own temp table: two orders on one connection never share one
 
 
 def mix64(x: np.ndarray | int) -> np.ndarray:
@@ -53,30 +54,57 @@ def _sql_mix64(x: str) -> str:
     return f"xor({z}, {z} >> 31)"
 
 
-def draw_order(con: duckdb.DuckDBPyConnection, source: str, seed: int) -> DrawOrder:
+class SortedOrder:
+    """The draw order of one source's rows in the ``documents`` table of ``con``, a :data:`DrawOrder`; use it
+    as a context manager (its table is dropped on exit). See :func:`draw_order`."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, source: str, seed: int) -> None:
+        self._con, self._source, self._seed = con, source, seed
+        self._table = f"_draw_order_{next(_TABLES)}"
+        self._epoch: int | None = None  # the epoch whose order the table holds
+        self._n = 0
+
+    def __call__(self, epoch: int, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if self._epoch != epoch:
+            self._sort(epoch)
+        for lo in range(0, self._n, chunk):
+            t = self._con.sql(
+                f"SELECT doc_id, n_tokens FROM {self._table} "
+                f"WHERE rowid >= {lo} AND rowid < {lo + chunk} ORDER BY rowid"
+            ).fetchnumpy()
+            yield t["doc_id"].astype(np.int64), t["n_tokens"].astype(np.int64)
+
+    def _sort(self, epoch: int) -> None:
+        key = epoch_key(self._seed, self._source, epoch)
+        plus = f"(doc_id::UBIGINT::UHUGEINT + {key}::UHUGEINT & {_MASK}::UHUGEINT)::UBIGINT"
+        self._epoch = None  # until the table holds this epoch's order
+        self._con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {self._table} AS "
+            "SELECT doc_id::BIGINT AS doc_id, n_tokens::BIGINT AS n_tokens "
+            f"FROM documents WHERE source = ? ORDER BY {_sql_mix64(plus)}, doc_id",
+            [self._source],
+        )
+        (self._n,) = self._con.sql(f"SELECT count(*) FROM {self._table}").fetchall()[0]
+        self._epoch = epoch
+
+    def close(self) -> None:
+        """Drop the sorted table."""
+        self._con.execute(f"DROP TABLE IF EXISTS {self._table}")
+        self._epoch = None
+
+    def __enter__(self) -> SortedOrder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def draw_order(con: duckdb.DuckDBPyConnection, source: str, seed: int) -> SortedOrder:
     """The draw order of ``source``'s rows in the ``documents`` table of ``con`` (see the module's contract).
 
-    Each epoch's order is sorted into the temp table ``_draw_order`` when first read and read back by row
-    ranges, so the connection stays free for other statements between chunks (the planner inserts what it
-    draws). One order is read at a time: starting another epoch, or another source, replaces the table.
+    An epoch's order is sorted into a temp table (``_draw_order_<n>``, its own) when first read, and kept
+    while the same epoch is read again (each length segment of the plan walks the order from its start); it
+    is read back by row ranges, so the connection stays free for other statements between chunks (the
+    planner inserts what it draws). One epoch is held at a time: reading another sorts it in its place.
     """
-
-    def order(epoch: int, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        key = epoch_key(seed, source, epoch)
-        plus = f"(doc_id::UBIGINT::UHUGEINT + {key}::UHUGEINT & {_MASK}::UHUGEINT)::UBIGINT"
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {_TABLE} AS SELECT doc_id::BIGINT AS doc_id, n_tokens::BIGINT AS n_tokens "
-            f"FROM documents WHERE source = ? ORDER BY {_sql_mix64(plus)}, doc_id",
-            [source],
-        )
-        (n,) = con.sql(f"SELECT count(*) FROM {_TABLE}").fetchall()[0]
-        try:
-            for lo in range(0, n, chunk):
-                t = con.sql(
-                    f"SELECT doc_id, n_tokens FROM {_TABLE} WHERE rowid >= {lo} AND rowid < {lo + chunk} ORDER BY rowid"
-                ).fetchnumpy()
-                yield t["doc_id"].astype(np.int64), t["n_tokens"].astype(np.int64)
-        finally:
-            con.execute(f"DROP TABLE IF EXISTS {_TABLE}")
-
-    return order
+    return SortedOrder(con, source, seed)

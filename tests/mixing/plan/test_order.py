@@ -58,11 +58,12 @@ def test_the_order_is_the_documents_sorted_by_their_keys(
     lens = rng.integers(1, 10_000, n)
     with duckdb.connect() as con:
         _documents(con, {"a": (ids, lens), "b": (np.arange(7), np.full(7, 3))})
-        got_ids, got_lens = _read(draw_order(con, "a", seed), epoch, chunk)
+        with draw_order(con, "a", seed) as order:
+            got_ids, got_lens = _read(order, epoch, chunk)
         plus = (ids.astype(np.uint64) + np.uint64(epoch_key(seed, "a", epoch))) if n else ids.astype(np.uint64)
         want = np.lexsort((ids, mix64(plus)))
         assert np.array_equal(got_ids, ids[want]) and np.array_equal(got_lens, lens[want])
-        assert con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_draw_order'").fetchall() == [(0,)]
+        assert con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '_draw_order%'").fetchall() == [(0,)]
 
 
 def test_epochs_and_seeds_give_fresh_orders_of_the_same_documents() -> None:
@@ -80,13 +81,16 @@ def test_epochs_and_seeds_give_fresh_orders_of_the_same_documents() -> None:
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
-def test_an_abandoned_read_leaves_no_table_and_the_next_read_starts_over(chunk: int) -> None:
+def test_an_order_read_again_or_abandoned_is_the_same_and_leaves_no_table(chunk: int) -> None:
     with duckdb.connect() as con:
-        _documents(con, {"a": (np.arange(50), np.arange(50) + 1)})
-        order = draw_order(con, "a", 7)
-        whole = _read(order, 0, 50)[0]
-        it = order(0, chunk)
-        next(it)
-        it.close()
-        assert con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_draw_order'").fetchall() == [(0,)]
-        assert np.array_equal(_read(order, 0, chunk)[0], whole)
+        _documents(con, {"a": (np.arange(50), np.arange(50) + 1), "b": (np.arange(9), np.ones(9, np.int64))})
+        with draw_order(con, "a", 7) as order:
+            whole = [_read(order, e, 50)[0] for e in (0, 1)]
+            it = order(0, chunk)
+            next(it)  # abandoned after one chunk: the next read starts over
+            with draw_order(con, "b", 7) as other:  # another order on the same connection: its own table
+                assert np.array_equal(np.sort(_read(other, 0, chunk)[0]), np.arange(9))
+            assert [_read(order, e, chunk)[0].tolist() for e in (1, 0, 0)] == [
+                w.tolist() for w in whole[::-1] + whole[:1]
+            ]
+        assert con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '_draw_order%'").fetchall() == [(0,)]
