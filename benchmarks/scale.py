@@ -260,7 +260,9 @@ class Sampler:
             daemons = sum(s for w, s in self.cpu.values() if not w)
             peak, self.peak = self.peak, dict.fromkeys(MEMORY, 0)
             cpu = {"driver": time.process_time() - self.overhead, "workers": workers, "daemons": daemons}
-            return cpu | {k: v / 2**20 for k, v in peak.items()}
+            mem = self.me.memory_info()
+            now = {"driver_anon_now": (mem.rss - mem.shared) / 2**20}  # where the next stage starts from
+            return cpu | {k: v / 2**20 for k, v in peak.items()} | now
 
 
 def drive(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
@@ -296,7 +298,7 @@ def drive(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
             wall = time.perf_counter() - t
             after = sampler.snapshot()
             row = {k: after[k] - before[k] for k in ("driver", "workers", "daemons")}
-            row |= {k: after[k] for k in MEMORY} | {"wall": wall}
+            row |= {k: after[k] for k in MEMORY} | {"wall": wall, "driver_anon_start": before["driver_anon_now"]}
             if stage.name == "source_index":  # index frames
                 out["input_bytes"] = sum(int(df["size"].sum()) for df in results)
                 out["files"] = sum(df.height for df in results)

@@ -241,10 +241,21 @@ def pack(
     """
     _begin(layout, "packed_shards")
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
-    stream = stream_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=mix.balance.cost.model())
+    db = duckdb_config()  # DuckDB's pages read by the packer, bounded as in length_stats and plan
+    cost = mix.balance.cost.model()
+    stream = stream_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost, config=db)
     pad, eos = tok.pad_id, tok.eos_id
     manifest = write_packed(
-        mix, layout, stream, tok.fingerprint, tok.vocab_size, pad, eos_id=eos, on_shard=on_shard, engine=engine
+        mix,
+        layout,
+        stream,
+        tok.fingerprint,
+        tok.vocab_size,
+        pad,
+        eos_id=eos,
+        on_shard=on_shard,
+        engine=engine,
+        db_config=db,
     )
     name = f"shards/{MANIFEST}"
     got = layout.store().digest(name)

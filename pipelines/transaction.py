@@ -39,6 +39,7 @@ from mixing.format.commit import COMMITS
 from mixing.format.layout import file_mode
 from mixing.format.store import Store, is_local
 from pipelines.build import build_mix
+from pipelines.lease import LeaseBusy, root_lease
 from pipelines.resources import storage_resource
 
 __all__ = [
@@ -130,7 +131,8 @@ def build_remote(
     resource binds them); a failure or a kill leaves no stage committed that is incomplete.
 
     Refuses a root fsspec cannot reach (:class:`~mixing.format.store.StoreError`, before anything is written).
-    One build at a time per root and driver machine: the lock is on the local working folder. Chunks already in
+    One build at a time per root: the lock on the driver's local working folder, and the root's lease
+    (:mod:`pipelines.lease`) against drivers on other machines (:class:`BuildBusy` names the holder). Chunks already in
     the root are reused by key; what a killed build left is never trusted (no commit record, no chunk report,
     no manifest lists it) and is overwritten or removed by this one. ``fresh`` removes the root's chunks and
     commit records and the working folder first. After success, sources no longer in the mix are removed.
@@ -138,16 +140,19 @@ def build_remote(
     resource = storage_resource(url, per_mix=False, bound=False)
     store = Store.open(url, resource.storage_options())
     work = work_folder(store.url)
-    with output_lock(work, wait, say):
-        if fresh:
-            shutil.rmtree(work, ignore_errors=True)
-            for folder in ("sources", COMMITS):
-                store.remove_tree(folder)
-        build_mix(mix, store.url, say=say, instance=instance, engine=engine)
-        for old in set(store.names("sources")) - set(mix.sources):
-            store.remove_tree(f"sources/{old}")
-            store.remove(f"{COMMITS}/documents/{old}.json")
-            store.remove(f"{COMMITS}/source_index/{old}.json")
+    try:
+        with output_lock(work, wait, say), root_lease(store, wait, say):
+            if fresh:
+                shutil.rmtree(work, ignore_errors=True)
+                for folder in ("sources", COMMITS):
+                    store.remove_tree(folder)
+            build_mix(mix, store.url, say=say, instance=instance, engine=engine)
+            for old in set(store.names("sources")) - set(mix.sources):
+                store.remove_tree(f"sources/{old}")
+                store.remove(f"{COMMITS}/documents/{old}.json")
+                store.remove(f"{COMMITS}/source_index/{old}.json")
+    except LeaseBusy as e:  # as a local output's lock says it
+        raise BuildBusy(str(e)) from None
     return BuildOutcome(store.url, 0, 0, 0)
 
 

@@ -158,20 +158,22 @@ def ray_builds(cluster: LocalRayCluster, tmp: pytest.TempPathFactory) -> Iterato
     with s3_endpoint() as s3:
         mix = write_corpus(tmp.mktemp("corpus"))
         reference = build_reference(mix, tmp.mktemp("reference") / "build")
-        env = {**s3.env(), "WEIR_WORK_DIR": str(tmp.mktemp("work"))}
+        # a killed driver's lease of its root expires after WEIR_LEASE_TTL s, and the next driver (--wait) takes it over
+        env = {**s3.env(), "WEIR_WORK_DIR": str(tmp.mktemp("work")), "WEIR_LEASE_TTL": "3"}
         yield RayBuilds(cluster, s3, mix, reference, env, tmp.mktemp("logs"))
 
 
 class Driver:
-    """``weir build MIX --out OUT --engine ray`` on ``cluster`` (shards of :data:`SHARD_SEQUENCES`) in a subprocess,
-    its output in ``log``; ``env`` adds to this process's environment (which holds DAGSTER_HOME and Ray's settings)."""
+    """``weir build MIX --out OUT --wait --engine ray`` on ``cluster`` (shards of :data:`SHARD_SEQUENCES`) in a
+    subprocess, its output in ``log``; ``env`` adds to this process's environment (which holds DAGSTER_HOME and
+    Ray's settings)."""
 
     def __init__(self, mix: Path, out: str, log: Path, env: dict[str, str], cluster: LocalRayCluster) -> None:
         engine = ["--engine", "ray", "--ray-address", cluster.address]
         self.log = log
         with log.open("wb") as f:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", DRIVER, "build", str(mix), "--out", out, *engine],
+                [sys.executable, "-c", DRIVER, "build", str(mix), "--out", out, "--wait", *engine],
                 cwd=ROOT,
                 env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
                 stdout=f,

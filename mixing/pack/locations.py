@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 __all__ = ["Locations"]
 
-_BATCH = 1 << 20  # index rows read at a time (a chunk's keys are mapped to numbers once per batch)
+_BATCH = 1 << 16  # index rows read at a time: ~5 MB of Arrow (its chunk keys are strings), mapped once per batch
 
 
 class Locations:

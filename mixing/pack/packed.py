@@ -9,7 +9,7 @@ A job is a function of the plan alone, so every engine writes the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,7 @@ def write_packed(
     out: str | Path | None = None,
     storage_options: dict[str, Any] | None = None,
     engine: Engine = LOCAL,
+    db_config: Mapping[str, str | int | bool] | None = None,
 ) -> Manifest:
     """Gather each sequence's tokens from the sources' chunks and write shards plus manifest; return the manifest.
 
@@ -155,7 +156,8 @@ def write_packed(
     shards are written by ``engine``; ``on_shard(k)`` runs in this process as shard ``k`` is done (any order).
 
     The manifest's ``per_source`` records, for each source: ``tokens_planned`` (Σ planned unit lengths),
-    ``tokens_packed``, ``tokens_dropped`` (planned = packed + dropped) and ``documents_packed``.
+    ``tokens_packed``, ``tokens_dropped`` (planned = packed + dropped) and ``documents_packed``, counted in
+    DuckDB with the settings ``db_config`` (give the stream's: see :func:`~mixing.pack.packing.stream_plan`).
     """
     options = storage_options if out is not None else layout.storage_options
     store = open_shards(out if out is not None else f"{layout.url}/shards", options)
@@ -181,7 +183,7 @@ def write_packed(
             k = len(shards)
             shards[entry.first_sequence] = entry
             on_shard(k)
-    info = _build_info(mix, layout, stream, tally, tokenizer_fingerprint, vocab_size, pad_id, eos_id)
+    info = _build_info(mix, layout, stream, tally, tokenizer_fingerprint, vocab_size, pad_id, eos_id, db_config)
     ordered = [shards[first] for first in sorted(shards)]
     return seal_shards(store, info, ordered, stream.global_batch, stream.seq_len, dtype)
 
@@ -195,11 +197,12 @@ def _build_info(
     vocab_size: int,
     pad_id: int,
     eos_id: int | None,
+    db_config: Mapping[str, str | int | bool] | None,
 ) -> BuildInfo:
     """What the manifest records about the build besides its shards. Documents packed per source: those the
     plan drew, less those whose every planned unit was dropped (counted in DuckDB, which spills)."""
     dropped = np.concatenate(tally.dropped) if tally.dropped else np.zeros((0, 4), np.int64)
-    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+    with duckdb.connect(str(layout.duckdb), read_only=True, config=dict(db_config or {})) as con:
         planned = {
             name: (int(tokens), int(docs))
             for name, tokens, docs in con.sql(

@@ -39,7 +39,7 @@ length, due tokens, source, step, draw order, then bin index).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +139,7 @@ def stream_plan(
     *,
     engine: str | None = None,
     chunk_units: int = _CHUNK_UNITS,
+    config: Mapping[str, str | int | bool] | None = None,
 ) -> PackStream:
     """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file, a step at a time as the
     stream is read; deterministic for the same plan.
@@ -147,8 +148,11 @@ def stream_plan(
     source, doc_id, start, length, ord)`` as ``steps`` is iterated: a block of about ``chunk_units`` units at
     a time, by step range, in Arrow batches, on a connection of its own that closes when the stream ends or is
     closed. ``engine``: ``"compiled"`` or ``"python"`` (default: compiled where numba is installed).
+    ``config``: DuckDB settings of both connections (``memory_limit``: the pages it reads stay in DuckDB's
+    buffer pool up to its limit, 80% of the RAM by default).
     """
-    with duckdb.connect(str(db_path), read_only=True) as con:
+    settings: dict[str, str | bool | int | float | list[str]] = dict(config or {})
+    with duckdb.connect(str(db_path), read_only=True, config=settings) as con:
         q = con.sql("SELECT step, phase, source, quota FROM plan_quotas ORDER BY step, source").fetchnumpy()
         per_step = con.sql("SELECT step, count(*) AS n FROM plan_units GROUP BY 1 ORDER BY 1").fetchnumpy()
     sources = tuple(sorted(set(q["source"].tolist())))
@@ -167,7 +171,7 @@ def stream_plan(
     ranges = _step_ranges(step_values, counts, chunk_units)
 
     def packed() -> Iterator[PackedStep]:
-        with duckdb.connect(str(db_path), read_only=True) as con:
+        with duckdb.connect(str(db_path), read_only=True, config=settings) as con:
             blocks = _prefetched(con, sources, ranges)
             try:
                 units = _by_step(blocks, step_values, seq_len)

@@ -17,6 +17,7 @@ import pytest
 
 from mixing.format.manifest import MANIFEST
 from mixing.format.store import Store
+from pipelines.lease import LEASE_NAME
 from tests.ray_builds import RayBuilds, assert_same_build, commit_state, kill_worker, ray_builds, settle, wait_for
 from tests.ray_cluster import LocalRayCluster
 
@@ -46,6 +47,7 @@ def killed_while_tokenizing(rb: RayBuilds) -> tuple[Store, dict[str, list[str]]]
     wait_for("a complete chunk", lambda: any(p.endswith("/report.json") for p in store.walk("sources")), driver)
     driver.kill()
     settle(rb.cluster)
+    assert store.exists(LEASE_NAME), "a killed driver leaves its lease, for the next driver to take over"
     return store, commit_state(store)
 
 
@@ -61,6 +63,7 @@ def rebuilt(rb: RayBuilds, killed_while_tokenizing: tuple[Store, dict[str, list[
     finally:
         if driver.running():
             driver.kill()
+    assert "took over the lease of" in driver.log.read_text(), "the killed driver's lease, once expired"
     return store, killed
 
 
@@ -77,6 +80,7 @@ def test_workers_killed_while_tokenizing_and_writing_shards_leave_the_build_iden
     store, killed = rebuilt
     assert len(set(killed)) == 2
     assert_same_build(store, rb.reference)
+    assert not store.exists(LEASE_NAME), "the build released the root's lease"
 
 
 def _shard_times(store: Store) -> dict[str, object]:
