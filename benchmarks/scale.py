@@ -23,7 +23,8 @@ folder, so no chunk is reused:
   worker runs as many tokenizer threads as the machine has cores (what workers did before ``mixing.engine``
   sized them to the task's CPUs), up to ``documents``;
 - ``local, all cores``: the local engine as ``weir build`` runs it (tokenizer threads = cores), up to ``documents``;
-- ``local`` and ``ray×2`` again on part 0 alone (1/8 of the corpus): the driver's peak memory at two sizes.
+- ``local`` and ``ray×2`` again on parts 0–3 alone (half of the corpus): the driver's peak memory at two sizes, both
+  large enough to fill the packer's blocks of units.
 
 Figures. Tokenize throughput: the records' text (UTF-8 MB) ÷ the wall seconds of the ``documents`` stage over
 every source (the whole stage: chunk listing, task submission, Ray workers starting on first use, the document
@@ -83,8 +84,8 @@ CONFIGS = {  # name: (ray nodes, last stage, corpus part glob, label)
     "local-b": (0, "documents", "*", "local, again"),
     "ray1-cores": (1, "documents", "*", "ray×1, threads=cores"),
     "local-all": (0, "documents", "*", "local, all cores"),
-    "local-part0": (0, "packed_shards", "0", "local"),
-    "ray2-part0": (2, "packed_shards", "0", "ray×2"),
+    "local-half": (0, "packed_shards", "[0-3]", "local"),
+    "ray2-half": (2, "packed_shards", "[0-3]", "ray×2"),
 }
 
 
@@ -371,6 +372,7 @@ def _commit() -> str:
 
 
 RAY = ("ray1", "ray2")
+RAY2 = ("ray2-half", "ray2")  # the driver's memory at two sizes
 
 
 def chunk_bound(chunk_mb: dict[str, list[float]], workers: int) -> float:
@@ -451,8 +453,8 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
 
     print("\nmemory (MB), the largest polled in each stage; anon: RSS less file-backed and shared pages (mapped")
     print("token files, Ray's object store); the driver's anon at both sizes, and ru_maxrss (all its RSS) of the run:")
-    configs = [n + x for n in ("local", "ray2") for x in ("-part0", "")]
-    head = "".join(f"{CONFIGS[n][3] + ': part 0':>17}{'all':>11}" for n in ("local", "ray2"))
+    configs = [n + x for n in ("local", "ray2") for x in ("-half", "")]
+    head = "".join(f"{CONFIGS[n][3] + ': half':>17}{'all':>11}" for n in ("local", "ray2"))
     print(f"{'':<15}{head}{'ray×2 B/doc':>13}{'Ray worker rss, anon':>22}")
     docs = {n: runs[n]["docs"] for n in configs}
     print(
@@ -466,18 +468,23 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
     )
     limit = os.environ.get("WEIR_DUCKDB_MEMORY_LIMIT") or "2GB (default)"
     print(f"(documents: the driver holds one chunk's document list at a time; DuckDB's memory_limit: {limit})")
-    big, small = runs["ray2"], runs["ray2-part0"]
+    big, small = runs["ray2"], runs["ray2-half"]
     span = (big["docs"] - small["docs"]) / 2**20  # bytes per document from MB per Mi-documents
     rows = [("before stages", {n: runs[n]["before"] for n in configs})]
     rows += [(stage, {n: runs[n]["stages"][stage] for n in configs}) for stage in full["stages"]]
     for what, mem in rows:
         cells = "".join(f"{mem[n]['driver_anon']:>{11 if i % 2 else 17}.0f}" for i, n in enumerate(configs))
-        per_doc = (mem["ray2"]["driver_anon"] - mem["ray2-part0"]["driver_anon"]) / span
+        per_doc = (mem["ray2"]["driver_anon"] - mem["ray2-half"]["driver_anon"]) / span
         worker = f"{mem['ray2']['worker_rss']:>15.0f}, {mem['ray2']['worker_anon']:>5.0f}" if what != rows[0][0] else ""
         print(f"{what:<15}{cells}{per_doc:>13.0f}{worker}")
     cells = "".join(f"{runs[n]['peak_rss_mb']:>{11 if i % 2 else 17}.0f}" for i, n in enumerate(configs))
     per_doc = (big["peak_rss_mb"] - small["peak_rss_mb"]) / span
     print(f"{'ru_maxrss':<15}{cells}{per_doc:>13.0f}")
+    print("each stage's own growth in the ray×2 driver (its peak less the anon it began with: what the stage holds,")
+    print("apart from what earlier stages left to the allocator), MB at half → all:")
+    for stage in full["stages"]:
+        own = [runs[n]["stages"][stage]["driver_anon"] - runs[n]["stages"][stage]["driver_anon_start"] for n in RAY2]
+        print(f"{stage:<15}{own[0]:>8.0f} → {own[1]:>5.0f}")
 
 
 def main() -> None:
@@ -517,7 +524,7 @@ def main() -> None:
         runs: dict[str, dict[str, Any]] = {}
         for config, (_nodes, _last, parts, label) in CONFIGS.items():
             mix = tmp / f"mix-{parts}.yaml"
-            write_mix(mix, data.resolve(), parts, tokenizer, total // (PARTS if parts == "0" else 1))
+            write_mix(mix, data.resolve(), parts, tokenizer, total // (2 if parts == "[0-3]" else 1))
             t = time.perf_counter()
             runs[config] = _spawn(config, mix, tmp / f"build-{config}")
             r = runs[config]

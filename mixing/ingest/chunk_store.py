@@ -12,7 +12,6 @@ killed task left under its key, and a retried task simply writes it again.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import tempfile
 import time
@@ -25,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from mixing.engine import Engine, LocalEngine
-from mixing.format.store import Store
+from mixing.format.store import Store, sha256_file
 from mixing.ingest.chunks import CHUNK_FILES, REPORT, ChunkDamaged, Group, tokenize_chunks
 from mixing.ingest.tokenizer import TextTokenizer
 from mixing.spec.mixfile import SourceSpec
@@ -70,13 +69,14 @@ class ChunkDone:
 
 @dataclass(frozen=True)
 class ChunkRead:
-    """A checked chunk: its report (``seen``, ``bytes_in``, ``reasons``, ``missing``), documents (``file``,
-    ``line``, ``n_tokens``, ``meta``), quarantine lines, and ``{name, bytes, sha256}`` of its ``report.json``."""
+    """A checked chunk: its report (``seen``, ``bytes_in``, ``reasons``, ``missing``), ``{name, bytes, sha256}``
+    of its ``report.json``, and where its checked ``docs.parquet`` (``file``, ``line``, ``n_tokens``, ``meta``)
+    and ``quarantine.jsonl`` can be read on the local disk (None when only checked)."""
 
     report: dict[str, Any]
-    docs: pl.DataFrame
-    quarantine: bytes
     record: dict[str, Any]
+    docs: Path | None = None
+    quarantine: Path | None = None
 
 
 def present_keys(chunks: Store) -> set[str]:
@@ -175,9 +175,12 @@ def _verify_one(job: ChunkJob, key: str) -> str | None:
     return None
 
 
-def check_chunk(chunks: Store, key: str, *, tokens: bool) -> ChunkRead:
-    """Read chunk ``key``'s report, documents and quarantine, checking each against the report's sha256 (and
-    ``tokens.bin`` too when ``tokens``, streamed, never held); raises :class:`ChunkDamaged`."""
+def check_chunk(chunks: Store, key: str, *, tokens: bool, into: Path | None = None) -> ChunkRead:
+    """Check chunk ``key``'s report and files against the report's sha256 (``tokens.bin`` too when ``tokens``);
+    raises :class:`ChunkDamaged`. Files are streamed, never held: with ``into`` None they are only hashed where
+    they are; with a local folder ``into``, ``docs.parquet`` and ``quarantine.jsonl`` are read there afterwards
+    (a local chunk's own files, or copies downloaded into ``into``, replacing the previous chunk's), and what is
+    hashed is what will be read."""
     try:
         raw_report = chunks.read(f"{key}/{REPORT}")
         rep = _report(raw_report)
@@ -186,14 +189,24 @@ def check_chunk(chunks: Store, key: str, *, tokens: bool) -> ChunkRead:
             got = chunks.digest(f"{key}/tokens.bin")
             if got is None or got[1] != sums.get("tokens.bin"):
                 raise ChunkDamaged("tokens.bin sha256 mismatch" if got else "tokens.bin missing")
-        raw = {name: chunks.read(f"{key}/{name}") for name in CHUNK_FILES[1:]}
+        paths: dict[str, Path] = {}
+        for name in CHUNK_FILES[1:]:
+            if into is None:
+                got = chunks.digest(f"{key}/{name}")
+                if got is None:
+                    raise FileNotFoundError(2, "No such file", name)
+                digest = got[1]
+            else:
+                paths[name] = chunks.path / key / name if chunks.local else into / name
+                if not chunks.local:
+                    chunks.get_file(f"{key}/{name}", paths[name])
+                digest = sha256_file(paths[name])
+            if digest != sums.get(name):
+                raise ChunkDamaged(f"{name} sha256 mismatch")
     except (OSError, ValueError) as e:  # FileNotFoundError and the object stores' own errors
         raise ChunkDamaged(f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}") from None
-    for name, data in raw.items():
-        if hashlib.sha256(data).hexdigest() != sums.get(name):
-            raise ChunkDamaged(f"{name} sha256 mismatch")
     record = {"name": f"{key}/{REPORT}", "bytes": len(raw_report), "sha256": hashlib.sha256(raw_report).hexdigest()}
-    return ChunkRead(rep, pl.read_parquet(io.BytesIO(raw["docs.parquet"])), raw["quarantine.jsonl"], record)
+    return ChunkRead(rep, record, paths.get("docs.parquet"), paths.get("quarantine.jsonl"))
 
 
 def _report(raw: bytes) -> dict[str, Any]:

@@ -43,6 +43,7 @@ __all__ = [
     "CHUNK_BYTES",
     "CHUNK_FILES",
     "CHUNK_SCHEMA",
+    "INDEX_ROWS",
     "REPORT",
     "ChunkDamaged",
     "Group",
@@ -56,6 +57,7 @@ _BATCH_BYTES = 1 << 20  # text per encode call: large enough to keep every token
 _GROUP = 128  # files per chunk, on average, when files are small: a task's fixed cost (~10-30 ms) stays small
 CHUNK_BYTES = 16 << 20  # input bytes per chunk, about: a Ray task of a few seconds, however large the files
 CHUNK_FILES = ("tokens.bin", "docs.parquet", "quarantine.jsonl")  # checksummed in report.json
+INDEX_ROWS = 1 << 16  # rows per row group of a chunk's docs.parquet and a source's: what a reader holds at once
 REPORT = "report.json"
 _CHUNK_VERSION = 2  # 2: chunks carry checksums
 
@@ -106,7 +108,8 @@ class _Chunk:
     def finish(self) -> None:
         self.tokens.close()
         self.quarantine.close()
-        pl.DataFrame(self.meta, schema=CHUNK_SCHEMA).write_parquet(self.tmp / "docs.parquet")
+        docs = pl.DataFrame(self.meta, schema=CHUNK_SCHEMA)
+        docs.write_parquet(self.tmp / "docs.parquet", row_group_size=INDEX_ROWS)  # read back a row group at a time
         report = {
             "seen": self.seen,
             "bytes_in": self.bytes_in,

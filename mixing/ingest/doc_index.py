@@ -1,14 +1,16 @@
 """A source's document index, written from its checked chunks one chunk at a time.
 
-``docs.parquet`` (the columns of :data:`INDEX_SCHEMA`; one row group per chunk, rows in chunk order, then file
-and record order) and ``quarantine.jsonl`` go to a local folder, each to a temporary name renamed into place
-only when every chunk read back as its report says. Memory is one chunk's document list and quarantine at a
-time, whatever the source's size: the driver of a build never holds a source's index (nor any token).
+``docs.parquet`` (the columns of :data:`INDEX_SCHEMA`; rows in chunk order, then file and record order, in row
+groups of at most :data:`~mixing.ingest.chunks.INDEX_ROWS` rows, never across two chunks) and ``quarantine.jsonl``
+go to a local folder, each to a temporary name renamed into place only when every chunk read back as its report
+says. Memory is one row group and one quarantine line at a time, whatever the size of the chunks or of the
+source: the driver of a build never holds a source's index (nor any token), nor a whole chunk's.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ import pyarrow.parquet as pq
 from mixing.format.layout import atomic_path
 from mixing.format.store import Store
 from mixing.ingest.chunk_store import check_chunk
-from mixing.ingest.chunks import ChunkDamaged
+from mixing.ingest.chunks import CHUNK_SCHEMA, INDEX_ROWS, ChunkDamaged
 
 __all__ = ["INDEX_SCHEMA", "ChunksDamaged", "IndexCounts", "write_index"]
 
@@ -66,13 +68,16 @@ def write_index(name: str, keys: list[str], chunks: Store, *, deep: bool, tokeni
     and ``out/quarantine.jsonl`` from them, in order; ``tokenizer`` is its fingerprint.
 
     Raises :class:`ChunksDamaged` naming every chunk that fails (after checking them all); then neither file is
-    replaced.
+    replaced. Each chunk's files are checked, then read :data:`~mixing.ingest.chunks.INDEX_ROWS` rows and one
+    quarantine line at a time (a remote chunk's through a local copy), and ``docs.parquet`` gets row groups of
+    at most that many rows: memory stays that of one row group, however large the chunks or the source.
     """
     counts = IndexCounts()
     bad: dict[str, str] = {}
     schema = pl.DataFrame(schema=INDEX_SCHEMA).to_arrow().schema
     per_reason: Counter[str] = Counter()
     with (
+        tempfile.TemporaryDirectory(prefix="weir-index-") as scratch,
         atomic_path(out / "quarantine.jsonl") as q_tmp,
         q_tmp.open("wb") as q_f,
         atomic_path(out / "docs.parquet") as d_tmp,
@@ -80,40 +85,48 @@ def write_index(name: str, keys: list[str], chunks: Store, *, deep: bool, tokeni
     ):
         for k in keys:
             try:
-                c = check_chunk(chunks, k, tokens=deep)
+                c = check_chunk(chunks, k, tokens=deep, into=Path(scratch))
             except ChunkDamaged as e:
                 bad[k] = str(e)
                 continue
             if bad:  # the files will not be kept: only find the other damaged chunks
                 continue
+            assert c.docs is not None and c.quarantine is not None, "check_chunk(into=...) gives both files"
             counts.records.append(c.record)
             counts.seen += c.report["seen"]
             counts.bytes_in += c.report["bytes_in"]
             counts.reasons.update(c.report["reasons"])
             counts.missing.update(c.report["missing"])
-            docs = c.docs.select(
-                pl.int_range(counts.kept, counts.kept + c.docs.height, dtype=pl.Int64).alias("doc_id"),
-                pl.lit(name, pl.String).alias("source"),
-                "file",
-                "line",
-                "n_tokens",
-                pl.lit(k, pl.String).alias("chunk"),
-                (pl.col("n_tokens").cum_sum() - pl.col("n_tokens")).cast(pl.Int64).alias("offset"),
-                "meta",
-                pl.lit(tokenizer, pl.String).alias("tokenizer"),
-            )
-            writer.write_table(docs.to_arrow().cast(schema))
-            counts.kept += docs.height
-            counts.tokens += int(c.docs["n_tokens"].sum())
-            q_f.write(c.quarantine)
-            for line in c.quarantine.split(b"\n"):  # not splitlines: U+2028 and friends may be inside a string
-                if not line:
-                    continue
-                counts.quarantined += 1
-                row = json.loads(line)
-                if per_reason[row["reason"]] < _SAMPLE:
-                    per_reason[row["reason"]] += 1
-                    counts.sample.append({f: row[f] for f in ("file", "line", "reason")})
+            offset = 0  # the next document's first token in the chunk's tokens.bin
+            for batch in pq.ParquetFile(c.docs).iter_batches(batch_size=INDEX_ROWS, columns=list(CHUNK_SCHEMA)):
+                part = pl.from_arrow(batch)
+                assert isinstance(part, pl.DataFrame)
+                docs = part.select(
+                    pl.int_range(counts.kept, counts.kept + part.height, dtype=pl.Int64).alias("doc_id"),
+                    pl.lit(name, pl.String).alias("source"),
+                    "file",
+                    "line",
+                    "n_tokens",
+                    pl.lit(k, pl.String).alias("chunk"),
+                    (pl.col("n_tokens").cum_sum() - pl.col("n_tokens") + offset).cast(pl.Int64).alias("offset"),
+                    "meta",
+                    pl.lit(tokenizer, pl.String).alias("tokenizer"),
+                )
+                writer.write_table(docs.to_arrow().cast(schema))
+                tokens = int(part["n_tokens"].sum())
+                counts.kept += docs.height
+                counts.tokens += tokens
+                offset += tokens
+            with c.quarantine.open("rb") as lines:
+                for line in lines:  # split at b"\n" only: U+2028 and friends may be inside a string
+                    q_f.write(line)
+                    if not line.strip(b"\n"):
+                        continue
+                    counts.quarantined += 1
+                    row = json.loads(line)
+                    if per_reason[row["reason"]] < _SAMPLE:
+                        per_reason[row["reason"]] += 1
+                        counts.sample.append({f: row[f] for f in ("file", "line", "reason")})
         if bad:
             raise ChunksDamaged(bad)  # inside: the temporary files are removed, the old ones stay
     return counts
