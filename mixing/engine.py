@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -79,6 +80,11 @@ class Engine(Protocol):
         """Whether an item of ``label`` named ``key`` was submitted ahead and not collected yet."""
         ...
 
+    def ahead_since(self, label: str, keys: Iterable[str]) -> float | None:
+        """When (``time.perf_counter``) the first of ``keys`` still ahead under ``label`` was submitted; None if
+        none is. A rate over work that started ahead counts from then, not from its collection."""
+        ...
+
     def forget(self) -> None:
         """Drop (and cancel) everything submitted ahead and not collected."""
         ...
@@ -105,6 +111,9 @@ class LocalEngine:
 
     def is_ahead(self, label: str, key: str) -> bool:
         return False
+
+    def ahead_since(self, label: str, keys: Iterable[str]) -> float | None:
+        return None
 
     def forget(self) -> None:
         pass
@@ -153,14 +162,18 @@ class RayEngine:
         """Submit every item now (no limit in flight: Ray queues them; an item is a few rows); a later
         :meth:`map` with the same ``label`` and ``key`` collects them."""
         ray = self.connect()
-        task, ref, n = self._task(ray, label), ray.put(shared), 0
+        task, ref, n, now = self._task(ray, label), ray.put(shared), 0, time.perf_counter()
         for item in items:
             _AHEAD[(label, key(item))] = task.remote(fn, ref, item)
+            _AHEAD_AT[(label, key(item))] = now
             n += 1
         return n
 
     def is_ahead(self, label: str, key: str) -> bool:
         return (label, key) in _AHEAD
+
+    def ahead_since(self, label: str, keys: Iterable[str]) -> float | None:
+        return min((t for t in (_AHEAD_AT.get((label, k)) for k in keys) if t is not None), default=None)
 
     def forget(self) -> None:
         if _AHEAD:
@@ -168,6 +181,7 @@ class RayEngine:
             for ref in _AHEAD.values():
                 ray.cancel(ref)
             _AHEAD.clear()
+            _AHEAD_AT.clear()
 
     def map(
         self, fn: Callable[[S, T], R], items: Iterable[T], shared: S, label: str, key: Key | None = None
@@ -188,6 +202,8 @@ class RayEngine:
                     break
                 i, item = nxt
                 ahead = _AHEAD.pop((label, key(item)), None) if key else None
+                if ahead is not None and key:
+                    del _AHEAD_AT[(label, key(item))]
                 if ahead is not None:
                     pending[ahead] = (i, False)
                     continue
@@ -224,6 +240,7 @@ class RayEngine:
 
 _CONNECT = threading.Lock()
 _AHEAD: dict[tuple[str, str], Any] = {}  # (label, key) -> the ref of a task submitted ahead (module docstring)
+_AHEAD_AT: dict[tuple[str, str], float] = {}  # (label, key) -> when it was submitted (time.perf_counter)
 LOCAL = LocalEngine()
 """The embedded default."""
 

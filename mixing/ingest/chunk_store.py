@@ -123,6 +123,11 @@ def is_ahead(engine: Engine, key: str) -> bool:
     return engine.is_ahead(_TOKENIZE, key)
 
 
+def ahead_since(engine: Engine, todo: list[tuple[Group, str]]) -> float | None:
+    """When the first of the ``todo`` chunks still being tokenized ahead was submitted (``time.perf_counter``)."""
+    return engine.ahead_since(_TOKENIZE, [k for _g, k in todo])
+
+
 _TOKENIZE, _VERIFY = "tokenize_chunk", "verify_chunk"  # task names (``ray::tokenize_chunk`` in ``ps``)
 
 

@@ -38,6 +38,7 @@ from mixing.format.store import Store
 from mixing.ingest.chunk_store import (
     ChunkJob,
     ChunkTokens,
+    ahead_since,
     is_ahead,
     present_keys,
     submit_ahead,
@@ -171,7 +172,7 @@ def tokenize_source(
     keys = [k for _g, k in groups]
     tokenized = {k for _g, k in todo}
     distributed = not isinstance(engine, LocalEngine)
-    started = time.perf_counter()
+    started = ahead_since(engine, todo) or time.perf_counter()  # MB/s and seconds count the work done ahead
     warnings: list[str] = []
     damaged: list[str] = []
 

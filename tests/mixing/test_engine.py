@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -44,8 +45,12 @@ def test_work_submitted_ahead_runs_once_and_each_map_collects_its_own(
     engine = RayEngine(ray_cluster.address)
     folder = str(tmp_path)
     with ray_cluster.connect():
+        before = time.perf_counter()
         assert engine.submit_ahead(_record, range(10), folder, "square", key=str) == 10
         assert engine.is_ahead("square", "3") and not engine.is_ahead("other", "3")
+        since = engine.ahead_since("square", ["3", "99"])  # a rate over work done ahead counts from here
+        assert since is not None and before <= since <= time.perf_counter()
+        assert engine.ahead_since("square", ["99"]) is None and engine.ahead_since("other", ["3"]) is None
         # a map over some of them and others: the others run now, the ahead ones are collected
         first = dict(engine.map(_record, [3, 12, 4, 13], folder, "square", key=str))
         assert first == {0: 9, 1: 144, 2: 16, 3: 169}
@@ -53,6 +58,7 @@ def test_work_submitted_ahead_runs_once_and_each_map_collects_its_own(
         rest = [i for i in range(10) if i not in (3, 4)]
         assert sorted(r for _i, r in engine.map(_record, rest, folder, "square", key=str)) == [i * i for i in rest]
         assert not any(engine.is_ahead("square", str(i)) for i in range(10))
+        assert engine.ahead_since("square", [str(i) for i in range(10)]) is None  # collected: no longer ahead
         runs = sorted(int(p.name.split("-")[0]) for p in tmp_path.iterdir())
         assert runs == [*range(10), 12, 13]  # every item ran exactly once
         engine.submit_ahead(_record, [20], folder, "square", key=str)
