@@ -467,7 +467,7 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
         + "".join(f"{largest[n]:>17,}" if i % 2 == 0 else f"{largest[n]:>11,}" for i, n in enumerate(configs))
     )
     limit = os.environ.get("WEIR_DUCKDB_MEMORY_LIMIT") or "2GB (default)"
-    print(f"(documents: the driver holds one chunk's document list at a time; DuckDB's memory_limit: {limit})")
+    print(f"(documents: the driver reads a chunk's document list 64 Ki rows at a time; DuckDB's memory_limit: {limit})")
     big, small = runs["ray2"], runs["ray2-half"]
     span = (big["docs"] - small["docs"]) / 2**20  # bytes per document from MB per Mi-documents
     rows = [("before stages", {n: runs[n]["before"] for n in configs})]
