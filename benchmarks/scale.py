@@ -3,6 +3,7 @@
     python benchmarks/scale.py --quick                   # ~80 MB corpus: a sanity check (~3 min on 2 cores)
     python benchmarks/scale.py                           # ~1 GB corpus: the figures in docs/scale.md (~17 min)
     python benchmarks/scale.py --data /tmp/scale-1gb     # keep the corpus there (reused when it exists)
+    python benchmarks/scale.py --mb 2000 --memory        # only the ray×2 driver's memory, at 1 and 2 GB (~4 min)
 
 The corpus (``--mb`` MB of files) is 8 equal parts, each with three sources: ``prose`` (the synthetic prose
 documents of :mod:`mixing.ingest.synthetic` as ``{"text": ...}`` records in ~1 MB jsonl files, 1/2 of the
@@ -480,11 +481,19 @@ def report(corpus: dict[str, Any], tokenizer: str, runs: dict[str, dict[str, Any
     cells = "".join(f"{runs[n]['peak_rss_mb']:>{11 if i % 2 else 17}.0f}" for i, n in enumerate(configs))
     per_doc = (big["peak_rss_mb"] - small["peak_rss_mb"]) / span
     print(f"{'ru_maxrss':<15}{cells}{per_doc:>13.0f}")
-    print("each stage's own growth in the ray×2 driver (its peak less the anon it began with: what the stage holds,")
-    print("apart from what earlier stages left to the allocator), MB at half → all:")
+    report_driver_memory(runs)
+
+
+def report_driver_memory(runs: dict[str, dict[str, Any]]) -> None:
+    """The ray×2 driver at half and all of the corpus: its anon memory per stage, and each stage's own growth."""
+    half, full = (runs[n] for n in RAY2)
+    print(f"the ray×2 driver, MB at half → all of the corpus ({half['docs']:,} → {full['docs']:,} documents):")
+    print(f"{'stage':<15}{'peak anon':>19}{'own growth':>19}   (own: its peak less the anon it began with)")
     for stage in full["stages"]:
-        own = [runs[n]["stages"][stage]["driver_anon"] - runs[n]["stages"][stage]["driver_anon_start"] for n in RAY2]
-        print(f"{stage:<15}{own[0]:>8.0f} → {own[1]:>5.0f}")
+        a, b = half["stages"][stage], full["stages"][stage]
+        own = (a["driver_anon"] - a["driver_anon_start"], b["driver_anon"] - b["driver_anon_start"])
+        print(f"{stage:<15}{a['driver_anon']:>10.0f} → {b['driver_anon']:>5.0f}{own[0]:>11.0f} → {own[1]:>5.0f}")
+    print(f"{'ru_maxrss':<15}{half['peak_rss_mb']:>10.0f} → {full['peak_rss_mb']:>5.0f}")
 
 
 def main() -> None:
@@ -493,6 +502,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="80 MB: a sanity check")
     ap.add_argument("--data", type=Path, help="the corpus folder: written there unless it holds one already")
     ap.add_argument("--tokenizer", choices=("tiktoken", "bpe"), help="default: tiktoken when its cache is here")
+    ap.add_argument("--memory", action="store_true", help="only the ray×2 driver's memory at half and all the corpus")
     ap.add_argument("--driver", nargs=3, metavar=("CONFIG", "MIX", "WORK"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.driver:
@@ -523,6 +533,8 @@ def main() -> None:
         print(f"warm-up (page cache, packer compiled): {warm_up(data, tmp, tokenizer):.0f} s", flush=True)
         runs: dict[str, dict[str, Any]] = {}
         for config, (_nodes, _last, parts, label) in CONFIGS.items():
+            if a.memory and config not in RAY2:
+                continue
             mix = tmp / f"mix-{parts}.yaml"
             write_mix(mix, data.resolve(), parts, tokenizer, total // (2 if parts == "[0-3]" else 1))
             t = time.perf_counter()
@@ -534,6 +546,11 @@ def main() -> None:
                 flush=True,
             )
         print()
+        if a.memory:
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+            print(f"commit {_commit()}, {now}, {os.cpu_count()} cores, load average {load0:.2f} at start")
+            report_driver_memory(runs)
+            return
         report(corpus, "tiktoken o200k_base" if tokenizer == "tiktoken" else "trained BPE, 32768", runs, load0)
 
 
