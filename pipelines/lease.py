@@ -35,15 +35,16 @@ from typing import Any
 from mixing import WeirError
 from mixing.format.store import Store
 
-__all__ = ["DEFAULT_TTL", "LEASE_NAME", "TTL_ENV", "Lease", "LeaseBusy", "LeaseLost", "root_lease"]
+__all__ = ["DEFAULT_TTL", "LEASE_NAME", "TTL_ENV", "BuildBusy", "Lease", "LeaseLost", "root_lease"]
 
 LEASE_NAME = ".weir-build.lease"
 DEFAULT_TTL = 60.0
 TTL_ENV = "WEIR_LEASE_TTL"
 
 
-class LeaseBusy(WeirError):
-    """Another driver holds the root's lease and renews it."""
+class BuildBusy(WeirError):
+    """Another ``weir build`` is building into the same output: it holds a local output's lock
+    (:func:`pipelines.transaction.output_lock`) or renews an object-store root's lease."""
 
 
 class LeaseLost(WeirError):
@@ -96,10 +97,10 @@ def root_lease(
     store: Store, wait: bool, say: Callable[[str], None], ttl: float | None = None
 ) -> Iterator[Lease | None]:
     """Hold the lease of the remote root ``store`` for the ``with`` block (``None`` where the protocol has no
-    conditional writes, said once). Raises :class:`LeaseBusy` naming the holder when another driver holds it
+    conditional writes, said once). Raises :class:`BuildBusy` naming the holder when another driver holds it
     and ``wait`` is false; with ``wait``, polls until it is released or expires. Raises :class:`LeaseLost` on
     exit if the lease was taken over meanwhile."""
-    if store.protocol not in ("s3", "s3a"):
+    if store.protocol not in ("s3", "s3a"):  # fsspec has no conditional writes for the others
         say(f"{store.url}: {store.protocol}:// has no conditional writes: nothing keeps another build out of this root")
         yield None
         return
@@ -149,7 +150,7 @@ def _acquire(store: Store, wait: bool, say: Callable[[str], None], ttl: float) -
             return lease
         holder = f"{held.get('holder', 'unknown')} (since {held.get('started', '?')}, renewed {age:.0f} s ago)"
         if not wait:
-            raise LeaseBusy(
+            raise BuildBusy(
                 f"{store.url}: another weir build holds this root's lease: {holder}; wait for it, or pass --wait "
                 f"to start when it is done (a killed build's lease expires {their_ttl - age:.0f} s from now)"
             )
@@ -213,7 +214,8 @@ def _delete(store: Store, etag: str) -> None:
 
 
 def _precondition(e: OSError) -> bool:
-    """Whether ``e`` is S3's 412 PreconditionFailed (or 409 ConditionalRequestConflict) as s3fs raises it."""
+    """Whether ``e`` is S3's 412 PreconditionFailed (or 409 ConditionalRequestConflict): s3fs raises an
+    ``OSError`` from botocore's ``ClientError``, which carries the code."""
     cause = e.__cause__ or e.__context__
     code = getattr(cause, "response", {}).get("Error", {}).get("Code", "") if cause is not None else ""
-    return code in ("PreconditionFailed", "ConditionalRequestConflict") or "pre-condition" in str(e).lower()
+    return code in ("PreconditionFailed", "ConditionalRequestConflict")

@@ -34,12 +34,12 @@ import dagster as dg
 
 from assets import WeirEngine
 from assets.storage import work_folder
-from mixing import Mix, WeirError
+from mixing import Mix
 from mixing.format.commit import COMMITS
 from mixing.format.layout import file_mode
 from mixing.format.store import Store, is_local
 from pipelines.build import build_mix
-from pipelines.lease import LeaseBusy, root_lease
+from pipelines.lease import BuildBusy, root_lease
 from pipelines.resources import storage_resource
 
 __all__ = [
@@ -52,10 +52,6 @@ __all__ = [
     "reuse_previous",
     "work_cache",
 ]
-
-
-class BuildBusy(WeirError):
-    """Another ``weir build`` holds the output's lock (it is building into the same folder right now)."""
 
 
 @dataclass(frozen=True)
@@ -140,19 +136,16 @@ def build_remote(
     resource = storage_resource(url, per_mix=False, bound=False)
     store = Store.open(url, resource.storage_options())
     work = work_folder(store.url)
-    try:
-        with output_lock(work, wait, say), root_lease(store, wait, say):
-            if fresh:
-                shutil.rmtree(work, ignore_errors=True)
-                for folder in ("sources", COMMITS):
-                    store.remove_tree(folder)
-            build_mix(mix, store.url, say=say, instance=instance, engine=engine)
-            for old in set(store.names("sources")) - set(mix.sources):
-                store.remove_tree(f"sources/{old}")
-                store.remove(f"{COMMITS}/documents/{old}.json")
-                store.remove(f"{COMMITS}/source_index/{old}.json")
-    except LeaseBusy as e:  # as a local output's lock says it
-        raise BuildBusy(str(e)) from None
+    with output_lock(work, wait, say), root_lease(store, wait, say):
+        if fresh:
+            shutil.rmtree(work, ignore_errors=True)
+            for folder in ("sources", COMMITS):
+                store.remove_tree(folder)
+        build_mix(mix, store.url, say=say, instance=instance, engine=engine)
+        for old in set(store.names("sources")) - set(mix.sources):
+            store.remove_tree(f"sources/{old}")
+            store.remove(f"{COMMITS}/documents/{old}.json")
+            store.remove(f"{COMMITS}/source_index/{old}.json")
     return BuildOutcome(store.url, 0, 0, 0)
 
 

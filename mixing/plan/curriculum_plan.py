@@ -32,7 +32,7 @@ from mixing.errors import WeirError
 from mixing.plan.curriculum import PhaseSpan, length_segments, phase_spans, step_shares
 from mixing.plan.draws import SegmentQuota, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, shortfalls
-from mixing.plan.order import draw_order
+from mixing.plan.order import SortedOrder
 from mixing.spec.mixfile import Mix
 
 __all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
@@ -187,7 +187,7 @@ def _draw(
             pos = np.flatnonzero(col > 0)
             segments.append(SegmentQuota(seg[0].max_doc_tokens, seg[0].first_step + pos, 2 * np.cumsum(col)[pos]))
         (n_docs,) = con.sql("SELECT count(*) FROM documents WHERE source = ?", params=[s]).fetchall()[0]
-        with draw_order(con, s, mix.seed) as order:
+        with SortedOrder(con, s, mix.seed) as order:
             pending: list[dict[str, np.ndarray]] = []
             for u in draw_source(order, n_docs, seq=mix.sequence.length, epochs=epochs[s], segments=segments):
                 pending.append(u)

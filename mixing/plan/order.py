@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import duckdb
 import numpy as np
 
-__all__ = ["DrawOrder", "SortedOrder", "draw_order", "epoch_key", "mix64"]
+__all__ = ["DrawOrder", "SortedOrder", "epoch_key", "mix64"]
 
 DrawOrder = Callable[[int, int], Iterator[tuple[np.ndarray, np.ndarray]]]
 """``order(epoch, chunk)``: the source's (doc_id, n_tokens) int64 arrays of at most ``chunk`` documents each,
@@ -29,7 +29,7 @@ _TABLES = itertools.count()  # each order its own temp table: two orders on one 
 
 
 def mix64(x: np.ndarray | int) -> np.ndarray:
-    """splitmix64's finalizer over uint64 (wrapping), elementwise: what :func:`draw_order` computes in SQL."""
+    """splitmix64's finalizer over uint64 (wrapping), elementwise: what :class:`SortedOrder` computes in SQL."""
     z = np.asarray(x, dtype=np.uint64).copy()
     with np.errstate(over="ignore"):
         z ^= z >> np.uint64(30)
@@ -55,8 +55,14 @@ def _sql_mix64(x: str) -> str:
 
 
 class SortedOrder:
-    """The draw order of one source's rows in the ``documents`` table of ``con``, a :data:`DrawOrder`; use it
-    as a context manager (its table is dropped on exit). See :func:`draw_order`."""
+    """The draw order of ``source``'s rows in the ``documents`` table of ``con``, a :data:`DrawOrder` (see the
+    module's contract); use it as a context manager (its table is dropped on exit).
+
+    An epoch's order is sorted into a temp table (``_draw_order_<n>``, its own) when first read, and kept
+    while the same epoch is read again (each length segment of the plan walks the order from its start); it
+    is read back by row ranges, so the connection stays free for other statements between chunks (the
+    planner inserts what it draws). One epoch is held at a time: reading another sorts it in its place.
+    """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, source: str, seed: int) -> None:
         self._con, self._source, self._seed = con, source, seed
@@ -97,14 +103,3 @@ class SortedOrder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def draw_order(con: duckdb.DuckDBPyConnection, source: str, seed: int) -> SortedOrder:
-    """The draw order of ``source``'s rows in the ``documents`` table of ``con`` (see the module's contract).
-
-    An epoch's order is sorted into a temp table (``_draw_order_<n>``, its own) when first read, and kept
-    while the same epoch is read again (each length segment of the plan walks the order from its start); it
-    is read back by row ranges, so the connection stays free for other statements between chunks (the
-    planner inserts what it draws). One epoch is held at a time: reading another sorts it in its place.
-    """
-    return SortedOrder(con, source, seed)

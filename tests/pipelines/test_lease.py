@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mixing.format.store import Store
-from pipelines.lease import LEASE_NAME, LeaseBusy, LeaseLost, root_lease
+from pipelines.lease import LEASE_NAME, BuildBusy, LeaseLost, root_lease
 from tests.conftest import S3, S3_BUCKET, s3_endpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def test_a_held_lease_refuses_another_driver_naming_the_holder_and_renews_past_i
     with root_lease(store, wait=False, say=said.append, ttl=TTL) as lease:
         assert lease is not None and f"pid {os.getpid()}" in _holder(store)
         for _ in range(3):  # 3 s > ttl: only renewals keep it
-            with pytest.raises(LeaseBusy) as e, root_lease(store, wait=False, say=said.append, ttl=TTL):
+            with pytest.raises(BuildBusy) as e, root_lease(store, wait=False, say=said.append, ttl=TTL):
                 pass
             assert f"pid {os.getpid()}" in str(e.value) and "--wait" in str(e.value)
             assert s3.options["secret"] not in str(e.value)
@@ -88,7 +88,7 @@ def test_a_killed_drivers_lease_is_refused_until_its_ttl_then_taken_over(store: 
     finally:
         proc.kill()
         proc.wait()
-    with pytest.raises(LeaseBusy, match="expires"), root_lease(store, wait=False, say=print, ttl=TTL):
+    with pytest.raises(BuildBusy, match="expires"), root_lease(store, wait=False, say=print, ttl=TTL):
         pass
     said: list[str] = []
     start = time.monotonic()
@@ -112,7 +112,7 @@ def test_of_drivers_taking_over_one_stale_lease_exactly_one_wins(store: Store) -
             with root_lease(store, wait=False, say=lambda _s: None, ttl=30):
                 won.append(_holder(store))
                 release.wait(10)
-        except LeaseBusy as e:
+        except BuildBusy as e:
             refused.append(str(e))
 
     threads = [threading.Thread(target=contend, args=(i,)) for i in range(4)]

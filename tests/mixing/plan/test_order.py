@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixing.plan.order import draw_order, epoch_key, mix64
+from mixing.plan.order import SortedOrder, epoch_key, mix64
 
 
 def _documents(con: duckdb.DuckDBPyConnection, tables: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -58,7 +58,7 @@ def test_the_order_is_the_documents_sorted_by_their_keys(
     lens = rng.integers(1, 10_000, n)
     with duckdb.connect() as con:
         _documents(con, {"a": (ids, lens), "b": (np.arange(7), np.full(7, 3))})
-        with draw_order(con, "a", seed) as order:
+        with SortedOrder(con, "a", seed) as order:
             got_ids, got_lens = _read(order, epoch, chunk)
         plus = (ids.astype(np.uint64) + np.uint64(epoch_key(seed, "a", epoch))) if n else ids.astype(np.uint64)
         want = np.lexsort((ids, mix64(plus)))
@@ -70,7 +70,7 @@ def test_epochs_and_seeds_give_fresh_orders_of_the_same_documents() -> None:
     n = 2000
     with duckdb.connect() as con:
         _documents(con, {"a": (np.arange(n), np.ones(n, np.int64))})
-        orders = [_read(draw_order(con, "a", s), e, 256)[0] for s in (1, 2) for e in (0, 1)]
+        orders = [_read(SortedOrder(con, "a", s), e, 256)[0] for s in (1, 2) for e in (0, 1)]
     for o in orders:
         assert np.array_equal(np.sort(o), np.arange(n))
     for i in range(len(orders)):
@@ -84,11 +84,11 @@ def test_epochs_and_seeds_give_fresh_orders_of_the_same_documents() -> None:
 def test_an_order_read_again_or_abandoned_is_the_same_and_leaves_no_table(chunk: int) -> None:
     with duckdb.connect() as con:
         _documents(con, {"a": (np.arange(50), np.arange(50) + 1), "b": (np.arange(9), np.ones(9, np.int64))})
-        with draw_order(con, "a", 7) as order:
+        with SortedOrder(con, "a", 7) as order:
             whole = [_read(order, e, 50)[0] for e in (0, 1)]
             it = order(0, chunk)
             next(it)  # abandoned after one chunk: the next read starts over
-            with draw_order(con, "b", 7) as other:  # another order on the same connection: its own table
+            with SortedOrder(con, "b", 7) as other:  # another order on the same connection: its own table
                 assert np.array_equal(np.sort(_read(other, 0, chunk)[0]), np.arange(9))
             assert [_read(order, e, chunk)[0].tolist() for e in (1, 0, 0)] == [
                 w.tolist() for w in whole[::-1] + whole[:1]
