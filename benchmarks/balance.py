@@ -29,7 +29,8 @@ anneal). Rows: the build's steps (B3, regroup off), weir (default: each phase's 
 the phase before it, ``loaders.order``; no edges), weir with the heaviest-first layout of before issue 16,
 weir with edges over 2 and over all windows after each boundary that needs them (``--edge-windows``);
 ``mixture_error`` of the trainer's stream against the plan's ramped per-step shares, per 10-step window (and
-how many windows miss 0.01) and per phase. ``--edge-goal`` moves the balance/mixture trade-off at the edges.
+how many windows miss 0.01), over the windows inside one phase only (``inside``: crossing no boundary), and
+per phase. ``--edge-goal`` moves the balance/mixture trade-off at the edges.
 
     TIKTOKEN_CACHE_DIR=../shared/tokenizers/tiktoken_cache .venv/bin/python benchmarks/balance.py [--steps 64]
     ... benchmarks/balance.py --only curriculum --kind ramps --seq-len 32768 --steps 200
@@ -451,19 +452,22 @@ def curriculum_regime(
         streams[f"weir, edges {e}"] = regrouped_steps(packed, batch, window, period, slack, starts, e)
     desc = ", ".join(f"{p[0]} {p[1]}" + (f" ramp {p[3]} {p[4]}" if p[3] else "") for p in phases)
     print(f"\nS={seq_len} global_batch={batch} dp={dp} curriculum {kind}: {desc}")
-    print(f"{'':20} {'dp_imb mean':>11} {'dp_imb p95':>10} {'mix_err/10':>10} {'over 0.01':>9} {'mix_err/phase':>13}")
+    head = f"{'':20} {'dp_imb mean':>11} {'dp_imb p95':>10} {'mix_err/10':>10} {'over 0.01':>9}"
+    print(f"{head} {'inside/10':>9} {'over 0.01':>9} {'mix_err/phase':>13}")
     for name, st in streams.items():
         per_step = [np.array([cost(s) for s in x]) for x in st]
         imb = [dp_imbalance(c, assign_ranks(c, dp), dp) for c in per_step]
         realized = np.array([sum((source_tokens(s) for s in x), np.zeros(len(MIXTURE))) for x in st])
         me = phase_error(realized, planned, phase, list(MIXTURE), [p[0] for p in phases])
-        over = sum(
-            float(np.abs(r / r.sum() - p / p.sum()).max()) > 0.01
+        err = np.array([
+            float(np.abs(r / r.sum() - p / p.sum()).max())
             for r, p in ((realized[a : a + 10].sum(0), planned[a : a + 10].sum(0)) for a in range(n - 9))
-        )
+        ])  # fmt: skip
+        inside = err[phase[: n - 9] == phase[9:]]  # the windows that cross no phase boundary
         print(
             f"{name:20} {np.mean(imb):11.3f} {np.percentile(imb, 95):10.3f} {me.window:10.4f} "
-            f"{over:>4}/{n - 9:<4} {me.phase:13.4f}"
+            f"{int((err > 0.01).sum()):>4}/{n - 9:<4} {inside.max():9.4f} "
+            f"{int((inside > 0.01).sum()):>4}/{len(inside):<4} {me.phase:13.4f}"
         )
 
 
