@@ -141,7 +141,9 @@ class Verifier:
                 self._hash(path, f, records)
             else:
                 with os.fdopen(fd, "r+b") as m:
-                    fcntl.lockf(m, fcntl.LOCK_EX)  # released on close; another process may be hashing it
+                    # flock, not lockf: POSIX record locks belong to the process, and the kernel reports
+                    # EDEADLK between threads of one process hashing two files (seen in a worker)
+                    fcntl.flock(m, fcntl.LOCK_EX)  # released on close; another process may be hashing it
                     if m.read() != _GOOD:
                         self._hash(path, f, records)
                         m.seek(0)
