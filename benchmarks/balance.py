@@ -69,6 +69,7 @@ from loaders.refinement import SLACK, boundary_error, refine_steps
 from mixing.format.cost import CostModel
 from mixing.plan.curriculum import ramp
 from mixing.plan.mixture import mixture_error as phase_error
+from mixing.plan.mixture import window_errors
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}
@@ -459,10 +460,7 @@ def curriculum_regime(
         imb = [dp_imbalance(c, assign_ranks(c, dp), dp) for c in per_step]
         realized = np.array([sum((source_tokens(s) for s in x), np.zeros(len(MIXTURE))) for x in st])
         me = phase_error(realized, planned, phase, list(MIXTURE), [p[0] for p in phases])
-        err = np.array([
-            float(np.abs(r / r.sum() - p / p.sum()).max())
-            for r, p in ((realized[a : a + 10].sum(0), planned[a : a + 10].sum(0)) for a in range(n - 9))
-        ])  # fmt: skip
+        err = window_errors(realized, planned).max(axis=1)  # the worst source of each 10-step window
         inside = err[phase[: n - 9] == phase[9:]]  # the windows that cross no phase boundary
         print(
             f"{name:20} {np.mean(imb):11.3f} {np.percentile(imb, 95):10.3f} {me.window:10.4f} "

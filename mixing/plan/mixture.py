@@ -46,6 +46,7 @@ __all__ = [
     "planned_tokens",
     "shards_mixture_error",
     "unit_goal",
+    "window_errors",
 ]
 
 WINDOW = 10
@@ -162,6 +163,18 @@ def _share_error(realized: np.ndarray, planned: np.ndarray) -> np.ndarray:
     return np.nan_to_num(err, nan=0.0)
 
 
+def window_errors(realized: np.ndarray, planned: np.ndarray, window: int = WINDOW) -> np.ndarray:
+    """float64 [n_steps − window + 1, n_sources]: |realized share − planned share| of each source in each window
+    of ``window`` consecutive steps (row ``i``: steps ``i … i + window − 1``); arguments as :func:`mixture_error`'s,
+    ``window`` ≤ n_steps."""
+    realized = np.asarray(realized, dtype=np.float64)
+    planned = np.asarray(planned, dtype=np.float64)
+    zero = np.zeros((1, realized.shape[1]))
+    r_cum = np.concatenate([zero, np.cumsum(realized, axis=0)])
+    p_cum = np.concatenate([zero, np.cumsum(planned, axis=0)])
+    return _share_error(r_cum[window:] - r_cum[:-window], p_cum[window:] - p_cum[:-window])
+
+
 def mixture_error(
     realized: np.ndarray,
     planned: np.ndarray,
@@ -184,10 +197,8 @@ def mixture_error(
     if n == 0:
         return MixtureError(0.0, 0.0, (0, ""), ("", ""), {})
     w = min(window, n)
-    zero = np.zeros((1, realized.shape[1]))
-    r_cum = np.concatenate([zero, np.cumsum(realized, axis=0)])
-    p_cum = np.concatenate([zero, np.cumsum(planned, axis=0)])
-    win = _share_error(r_cum[w:] - r_cum[:-w], p_cum[w:] - p_cum[:-w])
+    win = window_errors(realized, planned, w)
+    p_cum = np.concatenate([np.zeros((1, planned.shape[1])), np.cumsum(planned, axis=0)])
     fewest = float((p_cum[w:] - p_cum[:-w]).sum(axis=1).min())
     i, s = np.unravel_index(int(np.argmax(win)), win.shape)
     per_phase: dict[str, float] = {}

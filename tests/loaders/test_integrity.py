@@ -3,10 +3,13 @@ their tokens is yielded, on every read path; sound files give the very items of 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import itertools
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +17,9 @@ import pytest
 import torch
 
 from loaders import PackedDataset, PackedLoader, Payload, Reading, World
-from loaders.integrity import CorruptShardError
+from loaders.integrity import CorruptShardError, Verifier
 from mixing.format.index import ARRAYS
+from mixing.format.manifest import ShardFile
 
 DAMAGED = 2  # the shard whose file is damaged: two sound shards come before it
 
@@ -128,3 +132,22 @@ def test_verify_false_is_the_explicit_opt_out(sharded_build: Path, tmp_path: Pat
         )
     )
     assert sum(a != b for a, b in zip(sound, served, strict=True)) == 1  # trusted as asked: one token differs
+
+
+def test_a_node_verdict_being_written_holds_back_another_thread_of_the_same_process(tmp_path: Path) -> None:
+    """The node's verdict marker is locked per open file (flock): a POSIX record lock belongs to the process,
+    so a thread of the same process would not wait for it, and the kernel's deadlock detection misfires
+    between threads (EDEADLK, seen in a DataLoader worker)."""
+    data = tmp_path / "tokens.npy"
+    data.write_bytes(os.urandom(4096))
+    f = ShardFile(name=data.name, bytes=4096, sha256=hashlib.sha256(data.read_bytes()).hexdigest())
+    Verifier(tmp_path / "cache").verify(data, f)  # writes the node's verdict
+    (marker,) = (tmp_path / "cache" / "verified").iterdir()
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (Verifier(tmp_path / "cache").verify(data, f), done.set()))
+    with open(marker, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        thread.start()
+        assert not done.wait(0.5), "verify read the verdict while another holder had it locked"
+    thread.join(10)
+    assert done.is_set()

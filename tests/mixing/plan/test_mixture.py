@@ -9,7 +9,14 @@ import polars as pl
 import pytest
 
 from mixing.format.shards import ShardSet
-from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error, plan_mixture_error, shards_mixture_error
+from mixing.plan.mixture import (
+    GOAL_PHASE,
+    GOAL_WINDOW,
+    mixture_error,
+    plan_mixture_error,
+    shards_mixture_error,
+    window_errors,
+)
 
 
 def test_zero_when_realized_equals_planned_at_any_scale() -> None:
@@ -97,3 +104,17 @@ def test_the_shards_unit_is_their_fullest_sequence(demo_build: Path) -> None:
     fullest = max(int(segs[offs[i] : offs[i + 1], 3].sum()) for i in range(len(shards)))
     per_step = (shards.manifest.global_batch or 0) * shards.manifest.seq_len
     assert me.unit_window == pytest.approx(fullest / (10 * per_step), rel=1e-4)  # quotas round per step
+
+
+def test_window_errors_are_each_windows_share_error_and_their_max_is_the_metric() -> None:
+    rng = np.random.default_rng(3)
+    realized = rng.integers(0, 1000, size=(23, 4))
+    planned = rng.integers(1, 1000, size=(23, 4))
+    err = window_errors(realized, planned, 10)
+    assert err.shape == (14, 4)
+    for i in range(14):
+        r, p = realized[i : i + 10].sum(0), planned[i : i + 10].sum(0)
+        np.testing.assert_allclose(err[i], np.abs(r / r.sum() - p / p.sum()))
+    me = mixture_error(realized, planned, np.zeros(23, dtype=np.int64), list("abcd"), ["all"])
+    assert me.window == err.max()
+    assert me.worst_window == (int(np.argmax(err.max(axis=1))), "abcd"[int(np.argmax(err.max(axis=0)))])
