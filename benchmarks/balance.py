@@ -22,18 +22,9 @@ as the trainer receives them, against the planned mixture) per regime: over all 
 inside the phase's whole blocks of 10 steps (``body``: leaves out the last ``steps mod 10`` steps), and over
 the whole run. Cost of a document: l² + 49152·l.
 
-Then three-phase curricula at one sequence per rank (S = 32768 and 131072, global batch 16, dp 16): a warmup
-of short documents (``max_doc_tokens`` 4096, 10 %), the main mixture (75 %), an anneal with fewer books (15 %);
-``same`` (one mixture), ``noramp`` and ``ramps`` (3-step linear ramp into main, 3-step cosine ramp into the
-anneal). Rows: the build's steps (B3, regroup off), weir (default: each phase's template order matched to
-the phase before it, ``loaders.order``; no edges), weir with the heaviest-first layout of before issue 16,
-weir with edges over 2 and over all windows after each boundary that needs them (``--edge-windows``);
-``mixture_error`` of the trainer's stream against the plan's ramped per-step shares, per 10-step window (and
-how many windows miss 0.01), over the windows inside one phase only (``inside``: crossing no boundary), and
-per phase. ``--edge-goal`` moves the balance/mixture trade-off at the edges.
+The three-phase curricula (several phases, ramps, an anneal) are ``benchmarks/curriculum.py``.
 
     TIKTOKEN_CACHE_DIR=../shared/tokenizers/tiktoken_cache .venv/bin/python benchmarks/balance.py [--steps 64]
-    ... benchmarks/balance.py --only curriculum --kind ramps --seq-len 32768 --steps 200
 """
 
 from __future__ import annotations
@@ -67,9 +58,6 @@ from loaders.order import first_block, match_order
 from loaders.planner import EDGE_WINDOWS, LAYOUT
 from loaders.refinement import SLACK, boundary_error, refine_steps
 from mixing.format.cost import CostModel
-from mixing.plan.curriculum import ramp
-from mixing.plan.mixture import mixture_error as phase_error
-from mixing.plan.mixture import window_errors
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}
@@ -393,82 +381,6 @@ def regime(
         print(f"{cells} {mix[name]:10.4f} {body[name]:9.4f} {whole[name]:11.4f}")
 
 
-WARMUP = {"math": 0.3, "chat": 0.3, "multilingual": 0.1, "drama": 0.3}  # short documents, under a length cap
-ANNEAL = {"books": 0.2, "math": 0.35, "chat": 0.15, "multilingual": 0.15, "drama": 0.15}
-Phase = tuple[str, int, dict[str, float], int, str, int | None]  # name, steps, mixture, ramp, shape, cap
-
-
-def curriculum(steps: int, kind: str) -> list[Phase]:
-    """A run of about ``steps`` steps in three phases (whole blocks of 10): warmup (10 %, documents ≤ 4096
-    tokens), main (75 %), anneal (15 %). ``kind``: ``same`` (one mixture, no cap, no ramps), ``noramp``
-    (three mixtures of unequal cost), ``ramps`` (the same with a 3-step linear ramp into main and a
-    3-step cosine ramp into the anneal: the real curriculum)."""
-    warm, anneal = max(10, round(steps * 0.1 / 10) * 10), max(10, round(steps * 0.15 / 10) * 10)
-    main = steps - warm - anneal
-    if kind == "same":
-        return [("warmup", warm, MIXTURE, 0, "step", None), ("main", main, MIXTURE, 0, "step", None),
-                ("anneal", anneal, MIXTURE, 0, "step", None)]  # fmt: skip
-    r = 3 if kind == "ramps" else 0
-    return [("warmup", warm, WARMUP, 0, "step", 4096), ("main", main, MIXTURE, r, "linear", None),
-            ("anneal", anneal, ANNEAL, r, "cosine", None)]  # fmt: skip
-
-
-def planned_shares(phases: list[Phase]) -> tuple[np.ndarray, list[int | None], np.ndarray]:
-    """Per step: the planned share of each source (ramps as ``mixing.plan.curriculum.planner``), the length cap
-    and the phase index."""
-    rows, caps, idx, prev = [], [], [], None
-    for k, (_, n, mix, ramp_steps, shape, cap) in enumerate(phases):
-        target = np.array([mix.get(s, 0.0) for s in MIXTURE])
-        block = np.tile(target, (n, 1))
-        if prev is not None and ramp_steps:
-            a = ramp(shape, ramp_steps)[:, None]
-            block[:ramp_steps] = (1 - a) * prev + a * target
-        rows.append(block)
-        caps += [cap] * n
-        idx += [k] * n
-        prev = target
-    return np.concatenate(rows), caps, np.array(idx, dtype=np.int64)
-
-
-def curriculum_regime(
-    lens: dict, kind: str, seq_len: int, batch: int, dp: int, steps: int, window: int, period: int, slack: float,
-    seed: int, edge_windows: tuple[int, ...] = (2, 1000),
-) -> None:  # fmt: skip
-    """A multi-phase run at one sequence per rank: the build's steps (B3, regroup off), weir (no edges), weir
-    with the heaviest-first layout (``layout=0``) and weir with edges over each of ``edge_windows`` windows;
-    ``mixture_error`` of the trainer's stream per 10-step window (and how many windows exceed 0.01) and per
-    phase, against the plan's ramped per-step shares."""
-    phases = curriculum(steps, kind)
-    shares, caps, phase = planned_shares(phases)
-    n = len(shares)
-    packed = bfd(draw(lens, seq_len, batch, n, seed, shares, caps), seq_len, batch)
-    starts = [int(np.flatnonzero(phase == k)[0]) for k in range(len(phases))]
-    planned = shares * seq_len * batch
-    streams = {
-        "B3 (off)": [st.seqs for st in packed],
-        "weir": regrouped_steps(packed, batch, window, period, slack, starts),  # edges off (the default)
-        "weir, heaviest 1st": regrouped_steps(packed, batch, window, period, slack, starts, layout=0),
-    }
-    for e in edge_windows:  # the trade-off: edges over more windows after each boundary
-        streams[f"weir, edges {e}"] = regrouped_steps(packed, batch, window, period, slack, starts, e)
-    desc = ", ".join(f"{p[0]} {p[1]}" + (f" ramp {p[3]} {p[4]}" if p[3] else "") for p in phases)
-    print(f"\nS={seq_len} global_batch={batch} dp={dp} curriculum {kind}: {desc}")
-    head = f"{'':20} {'dp_imb mean':>11} {'dp_imb p95':>10} {'mix_err/10':>10} {'over 0.01':>9}"
-    print(f"{head} {'inside/10':>9} {'over 0.01':>9} {'mix_err/phase':>13}")
-    for name, st in streams.items():
-        per_step = [np.array([cost(s) for s in x]) for x in st]
-        imb = [dp_imbalance(c, assign_ranks(c, dp), dp) for c in per_step]
-        realized = np.array([sum((source_tokens(s) for s in x), np.zeros(len(MIXTURE))) for x in st])
-        me = phase_error(realized, planned, phase, list(MIXTURE), [p[0] for p in phases])
-        err = window_errors(realized, planned).max(axis=1)  # the worst source of each 10-step window
-        inside = err[phase[: n - 9] == phase[9:]]  # the windows that cross no phase boundary
-        print(
-            f"{name:20} {np.mean(imb):11.3f} {np.percentile(imb, 95):10.3f} {me.window:10.4f} "
-            f"{int((err > 0.01).sum()):>4}/{n - 9:<4} {inside.max():9.4f} "
-            f"{int((inside > 0.01).sum()):>4}/{len(inside):<4} {me.phase:13.4f}"
-        )
-
-
 def lpt(costs: np.ndarray, dp: int) -> np.ndarray:
     """Plain LPT under equal counts (B3), no local search."""
     per, loads, counts = len(costs) // dp, np.zeros(dp), np.zeros(dp, int)
@@ -480,23 +392,9 @@ def lpt(costs: np.ndarray, dp: int) -> np.ndarray:
     return ranks
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=200, help="steps simulated per regime (one phase)")
-    ap.add_argument("--window", type=int, default=20, help="weir's regrouping window at one sequence per rank")
-    ap.add_argument("--period", type=int, default=10, help="weir's regrouping template period (0: none)")
-    ap.add_argument("--slack", type=float, default=SLACK, help="weir's refinement balance bound (0: no refinement)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=("phase", "curriculum"), help="run only the one-phase or the curriculum rows")
-    ap.add_argument("--edge-goal", type=float, help="loaders.refinement.EDGE_GOAL (the balance trade-off)")
-    ap.add_argument(
-        "--edge-windows", type=int, nargs="*", default=[2, 1000], help="edge rows: windows after a boundary"
-    )
-    ap.add_argument("--kind", choices=("same", "noramp", "ramps"), help="run only this curriculum")
-    ap.add_argument("--seq-len", type=int, choices=(32768, 131072), help="run the curricula only at this S")
-    args = ap.parse_args()
-    if args.edge_goal is not None:
-        refinement.EDGE_GOAL = args.edge_goal
+def real_lengths() -> dict[str, np.ndarray]:
+    """The sources' document lengths (:func:`lengths`), after printing the load average and one line per
+    source; exits when neither ``../shared/data`` nor the cached lengths are here."""
     cached = ROOT / "build" / "bench" / "lengths-o200k.npz"  # lengths() needs the data only to fill it
     if SHARED is None and not cached.exists():
         sys.exit("../shared/data is not here: this benchmark needs the real datasets")
@@ -504,18 +402,22 @@ def main() -> None:
     print("load average {:.2f} {:.2f} {:.2f} (balance figures do not depend on it)".format(*os.getloadavg()))
     for n, v in lens.items():
         print(f"{n:13} {len(v):6} docs, {int(v.sum()):>10,} tokens, median {int(np.median(v))}, max {int(v.max())}")
-    if args.only != "curriculum":
-        regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
-        regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period, args.slack)
-        regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period, args.slack)
-        regime(lens, 131072, 64, 16, 8, args.steps, 1, args.seed)  # 4 sequences per rank: unequal counts
-    kinds = ("same", "noramp", "ramps") if args.kind is None else (args.kind,)
-    for kind in kinds if args.only != "phase" else ():  # three phases, one sequence per rank
-        for s in (32768, 131072) if args.seq_len is None else (args.seq_len,):
-            curriculum_regime(
-                lens, kind, s, 16, 16, args.steps, args.window, args.period, args.slack, args.seed,
-                tuple(args.edge_windows),
-            )  # fmt: skip
+    return lens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200, help="steps simulated per regime (one phase)")
+    ap.add_argument("--window", type=int, default=20, help="weir's regrouping window at one sequence per rank")
+    ap.add_argument("--period", type=int, default=10, help="weir's regrouping template period (0: none)")
+    ap.add_argument("--slack", type=float, default=SLACK, help="weir's refinement balance bound (0: no refinement)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    lens = real_lengths()
+    regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
+    regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period, args.slack)
+    regime(lens, 131072, 16, 16, 8, args.steps, args.window, args.seed, args.period, args.slack)
+    regime(lens, 131072, 64, 16, 8, args.steps, 1, args.seed)  # 4 sequences per rank: unequal counts
 
 
 if __name__ == "__main__":
