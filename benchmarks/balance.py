@@ -9,12 +9,14 @@ longer than S into S-sized pieces, and packs:
 - B0: concatenate and chunk into S (documents cut at chunk edges), sequences dealt round-robin, contiguous CP;
 - B1: B0 with whole-sequence zigzag CP (Megatron's default);
 - B3: best-fit-decreasing packing (units that do not fit wait for the next step), LPT over DP ranks;
-- weir: the same BFD packing, ``loaders.balance.assign_ranks`` (LPT + swaps) after regrouping windows of
-  ``--window`` steps (``loaders.balance.regroup_window``, per-block cost template of ``--period`` steps,
-  0 = none), per-document zigzag CP. At one sequence per rank the other (window, period) settings follow
-  as ``w<W>p<P>`` rows: the trade-off between balance and mixture error. With several sequences per rank the
-  ``unequal`` row deals each step with ``loaders.balance.assign_unequal`` (``balance.micro_batches:
-  unequal``: counts per rank may differ), which leaves every step, and so the mixture, as built.
+- weir: the same BFD packing, training steps planned by the loader's own ``loaders.planner.StepPlanner``
+  (regrouping windows of ``--window`` steps with a per-block cost template of ``--period`` steps, 0 = none,
+  refined under ``--slack``; it reads the simulated steps' metadata, :class:`SimulatedShards`, as it reads a
+  build's), ``loaders.balance.assign_ranks`` (LPT + swaps), per-document zigzag CP. At one sequence per rank the
+  other (window, period) settings follow as ``w<W>p<P>`` rows: the trade-off between balance and mixture error.
+  With several sequences per rank the ``unequal`` row deals each step with ``loaders.balance.assign_unequal``
+  (``balance.micro_batches: unequal``: counts per rank may differ), which leaves every step, and so the mixture,
+  as built.
 
 Prints ``dp_imbalance`` mean/p95 over steps, ``cp_imbalance`` mean/max over sequences, and
 ``mixture_error`` (max over 10-step windows and sources, of real tokens per source in each step's sequences
@@ -51,13 +53,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loaders import refinement
-from loaders.balance import assign_ranks, assign_unequal, dp_imbalance, regroup_bounds, regroup_window
+from loaders.balance import assign_ranks, assign_unequal, dp_imbalance
 from loaders.context_parallel import attention_work, split
-from loaders.order import first_block, match_order
-from loaders.planner import EDGE_WINDOWS, LAYOUT
-from loaders.refinement import SLACK, boundary_error, refine_steps
+from loaders.planner import EDGE_WINDOWS, LAYOUT, StepPlanner
+from loaders.refinement import SLACK
 from mixing.format.cost import CostModel
+from mixing.format.manifest import PhaseSpan
+from mixing.format.shards import SequenceSpan
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 MIXTURE = {"books": 0.4, "math": 0.15, "chat": 0.2, "multilingual": 0.1, "drama": 0.15}
@@ -227,6 +229,42 @@ def mixture_error(steps: list[list[list[tuple[int, int]]]], window: int = 10, en
     return worst
 
 
+@dataclass(frozen=True)
+class SimulatedManifest:
+    """The manifest fields :class:`loaders.planner.StepPlanner` reads."""
+
+    global_batch: int
+    seq_len: int
+    phases: tuple[PhaseSpan, ...]
+    sources: tuple[str, ...] = tuple(MIXTURE)
+    max_tokens: int | None = None
+
+
+class SimulatedShards:
+    """What :class:`loaders.planner.StepPlanner` reads of a build (its metadata only: it never reads tokens),
+    taken from simulated steps instead of shard files: each sequence's step, cost and segments (source,
+    length). So the benchmark plans with the loader's own planner, not a copy of it."""
+
+    url = "simulated build"
+
+    def __init__(self, packed: list[Step], batch: int, starts: list[int] | None = None) -> None:
+        flat = [s for st in packed for s in st.seqs]
+        self.steps = np.repeat(np.arange(len(packed), dtype=np.int64), batch)
+        self.seq_cost = np.array([cost(s) for s in flat], dtype=np.float64)
+        self.seq_tokens = np.array([sum(n for _, n in s) for s in flat], dtype=np.int64)
+        self.seg_offsets = np.concatenate([[0], np.cumsum([len(s) for s in flat])]).astype(np.int64)
+        # segments as the shards store them: (source, doc_id, start, length); the planner reads source and length
+        self.segments = np.array([(k, 0, 0, n) for s in flat for k, n in s], dtype=np.int64).reshape(-1, 4)
+        bounds = itertools.pairwise([*(starts or [0]), len(packed)])
+        phases = tuple(PhaseSpan(phase=f"phase{k}", first_step=a, steps=b - a) for k, (a, b) in enumerate(bounds))
+        # S: the longest sequence (the planner reads it only to check a token budget)
+        self.manifest = SimulatedManifest(global_batch=batch, seq_len=int(self.seq_tokens.max()), phases=phases)
+
+    def span(self, lo: int, hi: int) -> SequenceSpan:
+        off = self.seg_offsets[lo : hi + 1]
+        return SequenceSpan(self.seq_cost[lo:hi], off - off[0], self.segments[off[0] : off[-1]])
+
+
 def regrouped_steps(
     packed: list[Step],
     batch: int,
@@ -237,72 +275,17 @@ def regrouped_steps(
     edge_windows: int = EDGE_WINDOWS,
     layout: int = LAYOUT,
 ) -> list[list[list[tuple[int, int]]]]:
-    """The training steps after regrouping windows of ``window`` steps as ``loaders.planner`` does, each
-    window refined (``loaders.refinement``, balance bound ``slack``; 0 = off) after the ones before it.
-    ``starts``: first step of each phase (default: the run is one phase); ``edge_windows`` as
-    ``loaders.planner.StepPlanner``'s (0: phase boundaries refined like the other windows); ``layout`` as
-    its (1: each phase's template in the order matched to the steps before it, ``loaders.order``; 0: heaviest
-    class first, as before issue 16)."""
-    out: list[list[list[tuple[int, int]]]] = []
-    build = np.array([sum((source_tokens(s) for s in st.seqs), np.zeros(len(MIXTURE))) for st in packed])
-    done: list[np.ndarray] = []  # tokens per source of each training step so far
-    phases = [*(starts or [0]), len(packed)]
-    units: list[tuple[int, int, int, int]] = []  # (first, end, tail, phase)
-    rank: list[int] = []  # index of each unit within its phase
-    for k, (p0, p1) in enumerate(itertools.pairwise(phases)):
-        cut = regroup_bounds(p0, p1, window, period)
-        tail = (p1 - p0) % period if period else 0
-        units += [(a, b, tail, k) for a, b in zip(cut, [*cut[1:], p1], strict=True)]
-        rank += list(range(len(cut)))
-    orders: dict[int, np.ndarray | None] = {}  # phase → its template order (None: heaviest first)
-
-    def regrouped(a: int, b: int, tail: int, k: int) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
-        flat = [s for st in packed[a:b] for s in st.seqs]
-        costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
-        new = np.repeat(np.arange(b - a), batch)
-        if b - a > 1 and window > 1:
-            new = regroup_window(costs, src, b - a, period=period, tail=tail, order=orders.get(k))
-        return flat, costs, src, new
-
-    def comps(unit: tuple[int, int, int, int]) -> np.ndarray:
-        _, _, src, new = regrouped(*unit)
-        return np.stack([src[new == g].sum(axis=0) for g in range(unit[1] - unit[0])])
-
-    for u in range(len(units)):  # as loaders.planner.StepPlanner._template_order
-        a, b, tail, k = units[u]
-        if layout and period and window > 1 and rank[u] == 0 and b - a >= period and len(phases) > 2:
-            flat = [s for st in packed[a:b] for s in st.seqs]
-            costs, src = np.array([cost(s) for s in flat]), np.stack([source_tokens(s) for s in flat])
-            before = comps(units[u - 1])[-period:] if u else np.zeros((0, len(MIXTURE)))
-            r = (b - a) % period or tail % period
-            classes = first_block(costs, src, b - a, period, tail)
-            orders[k] = match_order(classes, build[a : a + period], before, build[a - len(before) : a], r)
-
-    mixes = set()  # the boundaries that need edges (as loaders.planner.StepPlanner.boundary_mixes)
-    for u in range(len(units) - 1):
-        b = units[u][1]
-        if edge_windows and period and b in phases[1:-1]:
-            before, after = comps(units[u]), comps(units[u + 1])
-            k = min(period - 1, len(before), len(after))
-            err = boundary_error(before[len(before) - k :], after[:k], build[b - k : b + k], period)
-            if err > refinement.EDGE_BOUNDARY:
-                mixes.add(b)
-
-    for u, (a, b, tail, k) in enumerate(units):
-        flat, costs, src, new = regrouped(a, b, tail, k)
-        n = b - a
-        if slack and period and n > 1 and window > 1:
-            k = min(period - 1, a)
-            context = np.array(done[a - k : a]).reshape(k, len(MIXTURE))
-            ahead = min(period - 1, len(packed) - b) if b in mixes else 0  # the next phase's first steps
-            target = build[a - k : b + ahead]
-            # edges: a phase's last window before such a boundary, its first EDGE_WINDOWS after one
-            edge = bool(ahead) or (rank[u] < edge_windows and units[u - rank[u]][0] in mixes)
-            new = refine_steps(costs, src, new, context, target, period, slack, edge=edge)
-        for g in range(n):
-            out.append([flat[i] for i in np.flatnonzero(new == g)])
-            done.append(src[new == g].sum(axis=0))
-    return out
+    """The training steps as :class:`loaders.planner.StepPlanner` lays them out (regroup windows of
+    ``window`` steps, template ``period``, refinement bound ``slack``, 0 = off; ``edge_windows`` and
+    ``layout`` as its own), each a list of the build's sequences. ``starts``: first step of each phase
+    (default: the run is one phase)."""
+    flat = [s for st in packed for s in st.seqs]
+    shards = SimulatedShards(packed, batch, starts)
+    planner = StepPlanner(
+        shards,  # type: ignore[arg-type]  # the metadata a ShardSet gives the planner
+        window=window, period=period, slack=slack, edge_windows=edge_windows, layout=layout,
+    )  # fmt: skip
+    return [[flat[i] for i in planner.step_sequences(t)] for t in range(len(packed))]
 
 
 def regime(
