@@ -30,7 +30,7 @@ from typing import Any, get_args
 
 from loaders.context_parallel import SPLITS
 from loaders.fields import check_fields
-from loaders.planner import LAYOUT, LAYOUTS
+from loaders.planner import EDGE_WINDOWS, LAYOUT, LAYOUTS
 from loaders.world import World
 from mixing.format.manifest import BuildInfo, Manifest
 
@@ -60,6 +60,7 @@ class BalanceSettings:
     slack: float
     micro_batches: str
     layout: int
+    edges: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +77,11 @@ class Balance:
     ``"equal"`` or ``"unequal"`` sequences per DP rank and step (:func:`loaders.balance.assign_unequal`).
     ``layout`` (a build records none: :data:`loaders.planner.LAYOUT`): how a phase's regrouped template is
     ordered where phases meet (:mod:`loaders.order`); 0, the heaviest-first layout of earlier versions,
-    resumes a state saved before layouts were named.
+    resumes a state saved before layouts were named. ``edges`` (≥ 0; a build records none:
+    :data:`loaders.planner.EDGE_WINDOWS`, 0 = off): after a phase boundary whose templates do not line up,
+    this many regrouped windows (and the phase's last before it) may mix cost classes so that the 10-step
+    windows across it keep the plan, at the price of DP balance there (:mod:`loaders.refinement`; the
+    trade-off in docs/benchmarks.md).
     """
 
     seed: int | None = None
@@ -85,6 +90,7 @@ class Balance:
     slack: float | None = None
     micro_batches: str | None = None
     layout: int | None = None
+    edges: int | None = None
 
     def __post_init__(self) -> None:
         if self.window is not None and self.window < 1:
@@ -97,6 +103,8 @@ class Balance:
             raise ValueError(f"Balance: micro_batches must be one of {MICRO_BATCHES}, got {self.micro_batches!r}")
         if self.layout is not None and self.layout not in LAYOUTS:
             raise ValueError(f"Balance: layout must be one of {LAYOUTS}, got {self.layout}")
+        if self.edges is not None and self.edges < 0:
+            raise ValueError(f"Balance: edges must be ≥ 0 windows, got {self.edges}")
 
     def resolve(self, manifest: Manifest) -> BalanceSettings:
         """Every unset value from the build's ``manifest`` (its typed defaults included: seed 0, no regroup,
@@ -109,6 +117,7 @@ class Balance:
             slack=regroup.slack if self.slack is None else self.slack,
             micro_batches=manifest.micro_batches if self.micro_batches is None else self.micro_batches,
             layout=LAYOUT if self.layout is None else self.layout,
+            edges=EDGE_WINDOWS if self.edges is None else self.edges,
         )
 
 

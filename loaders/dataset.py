@@ -33,8 +33,8 @@ from loaders.fields import FIELDS, IGNORE_INDEX
 from loaders.index import open_index
 from loaders.integrity import VerifiedShardSet, verifier_for
 from loaders.items import ItemBuilder
-from loaders.planner import StepPlanner
 from loaders.state import LoaderState, StateError
+from loaders.stream import settings_planner
 from loaders.world import World
 from mixing.errors import WeirError
 
@@ -103,7 +103,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         m = self.shards.manifest
         self.settings = self.config.resolve(m)
         b = self.settings.balance
-        self.planner = StepPlanner(self.shards, b.window, b.seed, b.period, b.micro_batches, b.slack, layout=b.layout)
+        self.planner = settings_planner(self.shards, b)
         self.planner.check_world(world.dp_size)
         self.facts = RunFacts.from_manifest(m, self.planner.steps, int(self.shards.seq_tokens.sum()))
         self.build_id = hashlib.sha256(manifest_bytes).hexdigest()
@@ -223,6 +223,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             micro_batches=b.micro_batches,
             slack=self.planner.slack,  # 0 when this planner refines nothing
             layout=self.planner.layout,  # 0 where the layouts are alike
+            edges=self.planner.edge_windows,  # 0 where nothing is refined or no boundary
             context=context,
             step=self._step,
             consumed=self._consumed,

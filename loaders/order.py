@@ -20,7 +20,7 @@ minimized exactly over all orders by dynamic programming over the sets of classe
 included, so the order follows a ramp too. Steps of one class are whole, so what is left is a fraction of one
 step per heavy source (about 0.04–0.06 where a phase brings a source that only full-length pieces hold);
 within 0.01 there needs steps that mix cost classes, i.e. DP imbalance (``edge_windows`` in
-:class:`loaders.planner.StepPlanner`; the trade-off in ``benchmarks/balance.py``).
+:class:`loaders.planner.StepPlanner`, ``Balance(edges=N)``; the trade-off in ``benchmarks/curriculum.py``).
 
 Pure numpy, deterministic (ties to the lowest class), independent of the world size.
 """

@@ -16,11 +16,12 @@ keeps the windows across the boundary before it nearest the build's (:func:`load
 against the previous phase's last block as regrouped: a function of the build only, computed once per
 phase). The order moves whole steps: DP balance is the same.
 
-With ``edge_windows`` > 0 (default :data:`EDGE_WINDOWS`, 0: off), across a phase boundary whose phases'
-templates do not line up (:meth:`StepPlanner.boundary_mixes`), the phase's last window and the next phase's
-first ``edge_windows`` windows are refined as edges (:mod:`loaders.refinement`): their steps may mix cost
-classes so that the windows across the boundary keep the plan. What each window needs is a function of the
-build and the windows before it, as before, so a loader state still resumes exactly.
+With ``edge_windows`` > 0 (a trainer's ``Balance(edges=N)``; default :data:`EDGE_WINDOWS`, 0: off), across a
+phase boundary whose phases' templates do not line up (:meth:`StepPlanner.boundary_mixes`), the phase's last
+window and the next phase's first ``edge_windows`` windows are refined as edges (:mod:`loaders.refinement`):
+their steps may mix cost classes so that the windows across the boundary keep the plan. What each window
+needs is a function of the build and the windows before it, as before, so a loader state still resumes
+exactly.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ MICRO_BATCHES = ("equal", "unequal")
 LAYOUTS = (0, 1)
 LAYOUT = 1
 # windows after a boundary that needs edges that may mix cost classes: 0 (edges off) by default, since
-# on real lengths edges keep the curriculum only by giving up most of the balance (benchmarks/balance.py)
+# on real lengths edges keep the curriculum only by giving up most of the balance (benchmarks/curriculum.py)
 EDGE_WINDOWS = 0
 
 
@@ -71,7 +72,8 @@ class StepPlanner:
         if period < 0:
             raise ValueError(f"period must be ≥ 0 steps, got {period}")
         self.period = period
-        self.edge_windows = edge_windows  # see EDGE_WINDOWS; > 0 also turns on a phase's last edge window
+        if edge_windows < 0:
+            raise ValueError(f"edge_windows must be ≥ 0 windows, got {edge_windows}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout}")
         m = shards.manifest
@@ -108,6 +110,9 @@ class StepPlanner:
         self.phase_windows = np.stack([first_of[phase_of], np.r_[first_of[1:], len(bounds)][phase_of] - 1], axis=1)
         # refinement (loaders.refinement) chains windows: each one's layout depends on the steps before it
         self.slack = float(slack) if period > 0 and window > 1 else 0.0
+        # see EDGE_WINDOWS; > 0 also turns on a phase's last edge window. 0 where they change nothing (no
+        # refinement or no boundary): a loader state records it, and such states resume alike
+        self.edge_windows = edge_windows if self.slack and self.inner else 0
         self.n_sources = len(m.sources or ()) or 1
         self._arranged: OrderedDict[int, np.ndarray] = OrderedDict()  # window → its steps' sequences (bounded)
         self._comps: dict[int, np.ndarray] = {}  # window → tokens per source of each of its training steps

@@ -26,8 +26,8 @@ they may swap sequences of different cost and source, under the least balance bo
 :data:`EDGE_SLACKS` that brings their windows within :data:`EDGE_GOAL`. Balance is given up only there,
 but on real lengths a handover from mixed steps to the one-class template needs several blocks, so the
 windows after the edges miss again unless the edges cover the whole phase, and then the balance is about the
-build's: edges are opt-in (:class:`loaders.planner.StepPlanner`'s ``edge_windows``; figures in
-``benchmarks/balance.py``).
+build's: edges are opt-in (:class:`loaders.planner.StepPlanner`'s ``edge_windows``, a trainer's
+``Balance(edges=N)``; figures in ``benchmarks/curriculum.py``).
 
 Pure numpy, deterministic (ties broken by index).
 """

@@ -27,7 +27,7 @@ class StateError(WeirError, ValueError):
 class LoaderState:
     """``step``: first training step this rank has not finished; ``consumed``: its sequences of ``step``
     already delivered. ``dp_rank``/``dp_size``/``cp_size`` record where it was saved; ``seed``, ``window``,
-    ``period``, ``slack`` and ``layout`` fix the training steps (``slack`` is 0 when nothing is refined);
+    ``period``, ``slack``, ``layout`` and ``edges`` fix the training steps (``slack`` is 0 when nothing is refined);
     ``context`` is the refinement's input for the window holding ``step`` (tokens per source of the training
     steps just before it, :meth:`loaders.planner.StepPlanner.context_at`), so that a resume needs no
     earlier window."""
@@ -46,6 +46,7 @@ class LoaderState:
     slack: float = 0.0  # refinement's balance bound (0: none); states saved before it existed had none
     context: list[list[int]] | None = None
     layout: int = 0  # regrouped windows' layout (loaders.planner.LAYOUT); states saved before it had 0
+    edges: int = 0  # windows after a boundary that may mix cost classes (loaders.planner); before it: 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,7 +59,7 @@ class LoaderState:
         try:
             fields = cls.__dataclass_fields__
             # fields added after version 2 first shipped, with the value that reproduces what it did then
-            optional = {"period": 0, "micro_batches": "equal", "slack": 0.0, "context": None, "layout": 0}
+            optional = {"period": 0, "micro_batches": "equal", "slack": 0.0, "context": None, "layout": 0, "edges": 0}
             return cls(**{k: state[k] if k not in optional else state.get(k, optional[k]) for k in fields})
         except KeyError as e:
             raise StateError(f"loader state lacks field {e.args[0]!r}") from None
@@ -71,7 +72,7 @@ class LoaderState:
                 f"this state comes from another build (build_id {self.build_id[:12]}…, this build is "
                 f"{here.build_id[:12]}…); resume with the build the run started on"
             )
-        steps = ("seed", "window", "period", "slack", "layout")
+        steps = ("seed", "window", "period", "slack", "layout", "edges")
         if any(getattr(self, k) != getattr(here, k) for k in steps):
             saved = ", ".join(f"{k} {getattr(self, k)}" for k in steps)
             now = ", ".join(f"{k} {getattr(here, k)}" for k in steps)

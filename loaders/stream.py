@@ -12,18 +12,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from loaders.config import Balance
+from loaders.config import Balance, BalanceSettings
 from loaders.planner import StepPlanner
 from mixing.format.shards import ShardSet
 
-__all__ = ["stream_compositions", "stream_planner"]
+__all__ = ["settings_planner", "stream_compositions", "stream_planner"]
 
 
 def stream_planner(shards: ShardSet, balance: Balance = Balance()) -> StepPlanner:
     """The training steps a :class:`loaders.PackedDataset` over ``shards`` with this ``balance`` reads (each
     unset value the build's, :meth:`loaders.config.Balance.resolve`)."""
-    b = balance.resolve(shards.manifest)
-    return StepPlanner(shards, b.window, b.seed, b.period, b.micro_batches, b.slack, layout=b.layout)
+    return settings_planner(shards, balance.resolve(shards.manifest))
+
+
+def settings_planner(shards: ShardSet, b: BalanceSettings) -> StepPlanner:
+    """The planner of ``shards`` under resolved balance settings ``b`` (what a dataset reads with)."""
+    return StepPlanner(
+        shards, b.window, b.seed, b.period, b.micro_batches, b.slack, edge_windows=b.edges, layout=b.layout
+    )
 
 
 def stream_compositions(planner: StepPlanner) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 
 from loaders import Balance, FieldsError, LoaderConfig, PackedDataset, Payload, Reading, World
 from loaders.config import BalanceSettings
-from loaders.planner import LAYOUT
+from loaders.planner import EDGE_WINDOWS, LAYOUT
 from mixing.format.manifest import NO_REGROUP, write_manifest
 from mixing.format.shards import ShardSet
 
@@ -24,6 +24,7 @@ from mixing.format.shards import ShardSet
         (lambda: Balance(slack=float("nan")), "slack must be a finite number ≥ 0"),
         (lambda: Balance(micro_batches="ragged"), "micro_batches must be one of"),
         (lambda: Balance(layout=2), "layout must be one of"),
+        (lambda: Balance(edges=-1), "edges must be ≥ 0"),
         (lambda: Payload(chunk=0), "chunk must be ≥ 1"),
         (lambda: Payload(fields=("input_ids", "label")), "'label'"),
         (lambda: Payload(fields="input_ids"), "not the string"),
@@ -51,10 +52,10 @@ def test_unset_values_are_the_builds_and_set_ones_win(tiny_build: Path, tmp_path
     assert m.regroup is None and m.micro_batches == "equal"
     default = Balance().resolve(m)
     assert default == BalanceSettings(
-        m.seed, NO_REGROUP.window, NO_REGROUP.period, NO_REGROUP.slack, "equal", LAYOUT
-    )  # a build records no layout: the planner's default
-    mine = Balance(seed=3, window=2, period=0, slack=0.0, micro_batches="unequal", layout=0).resolve(m)
-    assert mine == BalanceSettings(3, 2, 0, 0.0, "unequal", 0)
+        m.seed, NO_REGROUP.window, NO_REGROUP.period, NO_REGROUP.slack, "equal", LAYOUT, EDGE_WINDOWS
+    )  # a build records no layout and no edges: the planner's defaults
+    mine = Balance(seed=3, window=2, period=0, slack=0.0, micro_batches="unequal", layout=0, edges=2).resolve(m)
+    assert mine == BalanceSettings(3, 2, 0, 0.0, "unequal", 0, 2)
 
     copy = tmp_path / "build"
     shutil.copytree(tiny_build / "shards", copy / "shards")
@@ -62,7 +63,7 @@ def test_unset_values_are_the_builds_and_set_ones_win(tiny_build: Path, tmp_path
     record.update(seed=41, micro_batches="unequal", regroup={"window": 2, "period": 2, "slack": 1.2})
     write_manifest(copy / "shards", record)
     ds = PackedDataset(copy, world=World(0, 2), balance=Balance(period=0))
-    assert ds.settings.balance == BalanceSettings(41, 2, 0, 1.2, "unequal", LAYOUT)
+    assert ds.settings.balance == BalanceSettings(41, 2, 0, 1.2, "unequal", LAYOUT, EDGE_WINDOWS)
     assert ds.state_dict()["seed"] == 41 and ds.planner.window == 2 and ds.planner.period == 0
 
 

@@ -140,25 +140,49 @@ def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
     assert stream_mixture_error(shards, quotas, window=1).window == 0.0  # no regrouping: the build's steps
 
 
+EDGES = Balance(seed=2, edges=2)  # the loader's default is off
+
+
+def seqs(ds: PackedDataset, n: int | None = None) -> list[tuple[int, int]]:
+    return [(int(i["step"]), int(i["sequence"])) for i in itertools.islice(ds, n)]
+
+
+def edge_dataset(shards: ShardSet, balance: Balance = EDGES, rank: int = 1) -> PackedDataset:
+    return PackedDataset(shards.dir, world=World(rank, 4), balance=balance, payload=Payload(fields=("input_ids",)))
+
+
+def test_the_loaders_edges_are_the_planners(shards: ShardSet) -> None:
+    ds = edge_dataset(shards)
+    assert ds.settings.balance.edges == 2 == ds.planner.edge_windows and ds.state_dict()["edges"] == 2
+    planner = StepPlanner(shards, window=10, period=10, slack=1.15, edge_windows=2)  # the build's regroup
+    assert [ds.planner.step_sequences(t).tolist() for t in range(50)] == [
+        planner.step_sequences(t).tolist() for t in range(50)
+    ]
+    plain = edge_dataset(shards, Balance(seed=2))
+    assert plain.planner.edge_windows == 0 and any(
+        (ds.planner.step_sequences(t) != plain.planner.step_sequences(t)).any() for t in range(50)
+    )  # edges change the training steps here
+    no_refinement = edge_dataset(shards, Balance(seed=2, edges=2, slack=0.0))
+    assert no_refinement.planner.edge_windows == 0  # edges are refined windows: nothing to do without
+
+
 @pytest.mark.parametrize("stop", [0, 5, 9, 10, 13, 38, 41, 49])
 def test_resume_at_any_step_across_the_edges(shards: ShardSet, stop: int) -> None:
-    def make() -> PackedDataset:  # with edges (StepPlanner's edge_windows; the loader's default is off)
-        ds = PackedDataset(
-            shards.dir, world=World(1, 4), balance=Balance(seed=2), payload=Payload(fields=("input_ids",))
-        )
-        b = ds.settings.balance
-        ds.planner = StepPlanner(ds.shards, b.window, b.seed, b.period, slack=ds.planner.slack, edge_windows=2)
-        return ds
-
-    def seqs(ds: PackedDataset, n: int | None = None) -> list[tuple[int, int]]:
-        return [(int(i["step"]), int(i["sequence"])) for i in itertools.islice(ds, n)]
-
-    reference = seqs(make())
-    first = make()
+    reference = seqs(edge_dataset(shards))
+    first = edge_dataset(shards)
     head = seqs(first, stop * 2)  # 2 items a step on each of 4 ranks
-    resumed = make()
+    resumed = edge_dataset(shards)
     resumed.load_state_dict(first.state_dict())
     assert head + seqs(resumed) == reference
+
+
+def test_a_state_with_edges_resumes_only_with_them(shards: ShardSet) -> None:
+    first = edge_dataset(shards)
+    seqs(first, 30)
+    with pytest.raises(ValueError, match=r"edges 2.*edges 0"):
+        edge_dataset(shards, Balance(seed=2)).load_state_dict(first.state_dict())
+    older = {k: v for k, v in edge_dataset(shards, Balance(seed=2)).state_dict().items() if k != "edges"}
+    edge_dataset(shards, Balance(seed=2)).load_state_dict(older)  # a state from before edges were named: none
 
 
 def test_inspect_reports_the_trainers_stream_beside_the_build(tmp_path: Path) -> None:
