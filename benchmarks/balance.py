@@ -388,14 +388,19 @@ def real_lengths() -> dict[str, np.ndarray]:
     return lens
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=200, help="steps simulated per regime (one phase)")
+def run_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a simulated run: its steps, weir's regrouping at one sequence per rank, the seed."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--steps", type=int, default=200, help="steps of each simulated run")
     ap.add_argument("--window", type=int, default=20, help="weir's regrouping window at one sequence per rank")
     ap.add_argument("--period", type=int, default=10, help="weir's regrouping template period (0: none)")
     ap.add_argument("--slack", type=float, default=SLACK, help="weir's refinement balance bound (0: no refinement)")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = run_arguments(__doc__.split("\n\n")[0]).parse_args()
     lens = real_lengths()
     regime(lens, 8192, 64, 8, 2, args.steps, 1, args.seed)  # 8 sequences per rank: LPT+swaps suffice
     regime(lens, 32768, 16, 16, 4, args.steps, args.window, args.seed, args.period, args.slack)

@@ -26,14 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # This folder holds a tokenize.py: keep it off sys.path so it never shadows the standard library's.
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-import argparse
 
 import numpy as np
 
-from benchmarks.balance import MIXTURE, bfd, cost, draw, real_lengths, regrouped_steps, source_tokens
+from benchmarks.balance import MIXTURE, bfd, cost, draw, real_lengths, regrouped_steps, run_arguments, source_tokens
 from loaders import refinement
 from loaders.balance import assign_ranks, dp_imbalance
-from loaders.refinement import SLACK
 from mixing.plan.curriculum import ramp
 from mixing.plan.mixture import mixture_error as phase_error
 from mixing.plan.mixture import window_errors
@@ -115,12 +113,7 @@ def curriculum_regime(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=200, help="steps of the run (whole blocks of 10 per phase)")
-    ap.add_argument("--window", type=int, default=20, help="weir's regrouping window")
-    ap.add_argument("--period", type=int, default=10, help="weir's regrouping template period")
-    ap.add_argument("--slack", type=float, default=SLACK, help="weir's refinement balance bound (0: no refinement)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = run_arguments(__doc__.split("\n\n")[0])
     ap.add_argument("--edge-goal", type=float, help="loaders.refinement.EDGE_GOAL (the balance trade-off)")
     ap.add_argument(
         "--edge-windows", type=int, nargs="*", default=[2, 1000], help="edge rows: windows after a boundary"
