@@ -11,7 +11,8 @@ boundary that needs them (the balance/mixture trade-off; ``--edge-goal`` moves i
 
 Prints ``dp_imbalance`` mean / p95 over steps and ``mixture_error`` of the trainer's stream against the plan's
 ramped per-step shares: the worst 10-step window (and how many of them miss 0.01), the worst window among those
-that cross no phase boundary (``inside``), and the worst phase.
+that cross no phase boundary (``inside``), and the worst phase; and the planner's time per step (one core, beside
+the printed load average: what the DataLoader's workers spend laying the steps out).
 
     TIKTOKEN_CACHE_DIR=../shared/tokenizers/tiktoken_cache .venv/bin/python benchmarks/curriculum.py \\
         [--kind ramps] [--seq-len 32768] [--edge-windows 1 2 4 1000]
@@ -27,11 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 
+import time
+
 import numpy as np
 
 from benchmarks.balance import MIXTURE, bfd, cost, draw, real_lengths, regrouped_steps, run_arguments, source_tokens
 from loaders import refinement
 from loaders.balance import assign_ranks, dp_imbalance
+from loaders.planner import EDGE_WINDOWS, LAYOUT
 from mixing.plan.curriculum import ramp
 from mixing.plan.mixture import mixture_error as phase_error
 from mixing.plan.mixture import window_errors
@@ -87,17 +91,22 @@ def curriculum_regime(
     packed = bfd(draw(lens, seq_len, batch, n, seed, shares, caps), seq_len, batch)
     starts = [int(np.flatnonzero(phase == k)[0]) for k in range(len(phases))]
     planned = shares * seq_len * batch
-    streams = {
-        "B3 (off)": [st.seqs for st in packed],
-        "weir": regrouped_steps(packed, batch, window, period, slack, starts),  # edges off (the default)
-        "weir, heaviest 1st": regrouped_steps(packed, batch, window, period, slack, starts, layout=0),
-    }
+    streams = {"B3 (off)": [st.seqs for st in packed]}
+    plan_ms: dict[str, float] = {"B3 (off)": 0.0}  # the planner's time per step laying the stream out
+
+    def planned_stream(name: str, edges: int = EDGE_WINDOWS, layout: int = LAYOUT) -> None:
+        t0 = time.perf_counter()
+        streams[name] = regrouped_steps(packed, batch, window, period, slack, starts, edges, layout)
+        plan_ms[name] = (time.perf_counter() - t0) * 1000 / n
+
+    planned_stream("weir")  # edges off (the default)
+    planned_stream("weir, heaviest 1st", layout=0)
     for e in edge_windows:  # the trade-off: edges over more windows after each boundary
-        streams[f"weir, edges {e}"] = regrouped_steps(packed, batch, window, period, slack, starts, e)
+        planned_stream(f"weir, edges {e}", edges=e)
     desc = ", ".join(f"{p[0]} {p[1]}" + (f" ramp {p[3]} {p[4]}" if p[3] else "") for p in phases)
     print(f"\nS={seq_len} global_batch={batch} dp={dp} curriculum {kind}: {desc}")
     head = f"{'':20} {'dp_imb mean':>11} {'dp_imb p95':>10} {'mix_err/10':>10} {'over 0.01':>9}"
-    print(f"{head} {'inside/10':>9} {'over 0.01':>9} {'mix_err/phase':>13}")
+    print(f"{head} {'inside/10':>9} {'over 0.01':>9} {'mix_err/phase':>13} {'plan ms/step':>12}")
     for name, st in streams.items():
         per_step = [np.array([cost(s) for s in x]) for x in st]
         imb = [dp_imbalance(c, assign_ranks(c, dp), dp) for c in per_step]
@@ -108,7 +117,7 @@ def curriculum_regime(
         print(
             f"{name:20} {np.mean(imb):11.3f} {np.percentile(imb, 95):10.3f} {me.window:10.4f} "
             f"{int((err > 0.01).sum()):>4}/{n - 9:<4} {inside.max():9.4f} "
-            f"{int((inside > 0.01).sum()):>4}/{len(inside):<4} {me.phase:13.4f}"
+            f"{int((inside > 0.01).sum()):>4}/{len(inside):<4} {me.phase:13.4f} {plan_ms[name]:12.0f}"
         )
 
 
