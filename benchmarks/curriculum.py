@@ -1,6 +1,6 @@
 """The trainer's mixture across a curriculum at one sequence per rank: weir's layouts beside the build's steps.
 
-Three phases at S = 32768 and 131072, global batch 16, dp 16, on the real lengths of ``benchmarks/balance.py``
+Three phases at S = 32768 and 131072, global batch 16, dp 16, on the real lengths of ``benchmarks/simulation.py``
 (the same sources, draw, BFD packing and cost model): a warmup of short documents (``max_doc_tokens`` 4096,
 10 %), the main mixture (75 %), an anneal with fewer books (15 %); kinds ``same`` (one mixture in every phase),
 ``noramp`` (three mixtures of unequal cost) and ``ramps`` (the same with a 3-step linear ramp into main and a
@@ -32,7 +32,17 @@ import time
 
 import numpy as np
 
-from benchmarks.balance import MIXTURE, bfd, cost, draw, real_lengths, regrouped_steps, run_arguments, source_tokens
+from benchmarks.simulation import (
+    MIXTURE,
+    SimulatedShards,
+    bfd,
+    cost,
+    draw,
+    real_lengths,
+    regrouped_steps,
+    run_arguments,
+    source_tokens,
+)
 from loaders import refinement
 from loaders.balance import assign_ranks, dp_imbalance
 from loaders.planner import EDGE_WINDOWS, LAYOUT
@@ -91,12 +101,13 @@ def curriculum_regime(
     packed = bfd(draw(lens, seq_len, batch, n, seed, shares, caps), seq_len, batch)
     starts = [int(np.flatnonzero(phase == k)[0]) for k in range(len(phases))]
     planned = shares * seq_len * batch
+    run = SimulatedShards(packed, batch, starts)
     streams = {"B3 (off)": [st.seqs for st in packed]}
     plan_ms: dict[str, float] = {"B3 (off)": 0.0}  # the planner's time per step laying the stream out
 
     def planned_stream(name: str, edges: int = EDGE_WINDOWS, layout: int = LAYOUT) -> None:
         t0 = time.perf_counter()
-        streams[name] = regrouped_steps(packed, batch, window, period, slack, starts, edges, layout)
+        streams[name] = regrouped_steps(run, window, period, slack, edges, layout)
         plan_ms[name] = (time.perf_counter() - t0) * 1000 / n
 
     planned_stream("weir")  # edges off (the default)

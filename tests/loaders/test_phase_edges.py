@@ -147,8 +147,8 @@ def seqs(ds: PackedDataset, n: int | None = None) -> list[tuple[int, int]]:
     return [(int(i["step"]), int(i["sequence"])) for i in itertools.islice(ds, n)]
 
 
-def edge_dataset(shards: ShardSet, balance: Balance = EDGES, rank: int = 1) -> PackedDataset:
-    return PackedDataset(shards.dir, world=World(rank, 4), balance=balance, payload=Payload(fields=("input_ids",)))
+def edge_dataset(shards: ShardSet, balance: Balance = EDGES) -> PackedDataset:
+    return PackedDataset(shards.dir, world=World(1, 4), balance=balance, payload=Payload(fields=("input_ids",)))
 
 
 def test_the_loaders_edges_are_the_planners(shards: ShardSet) -> None:
