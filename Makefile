@@ -10,16 +10,18 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first and pinned: anything else would pull a multi-GB CUDA build (see docs/design.md)
+	# torch first and pinned: anything else would pull a multi-GB CUDA build (see docs/design.md); the
+	# package itself asks only for a floor, so a training node keeps its own torch
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[all,dev]'
 	touch $@
 
 demo: setup
 	$(BIN)/weir demo-data
 	$(BIN)/weir build mixes/demo.yaml --out build/demo
 
-test: setup
+# what CI runs (.ci/run): the house rules first (seconds), then the suite
+test: lint
 	$(BIN)/pytest -q
 
 lint: setup

@@ -8,8 +8,8 @@ from typing import Any
 
 import dagster as dg
 
+from contract.store import Store, is_local
 from mixing import BuildLayout, Mix
-from mixing.format.store import Store, is_local
 
 __all__ = ["WeirStorage"]
 
@@ -18,7 +18,7 @@ class WeirStorage(dg.ConfigurableResource):  # type: ignore[type-arg]
     """Builds go to ``root/<mix name>``, or straight into ``root`` when ``per_mix`` is false.
 
     ``root`` is a local folder or an fsspec URL (``s3://bucket/prefix``; a root fsspec cannot reach is one
-    :class:`~mixing.format.store.StoreError`). A build in object storage keeps a local working folder for its
+    :class:`~contract.store.StoreError`). A build in object storage keeps a local working folder for its
     DuckDB database and small files under ``work_dir`` (default ``$WEIR_WORK_DIR``, else
     ``~/.cache/weir/work``), one sub-folder per build URL, so every step of a run on this machine finds it.
 

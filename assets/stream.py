@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 
 from loaders.stream import stream_compositions, stream_planner
-from mixing.format.layout import BuildLayout
+from mixing.output.layout import BuildLayout
 from mixing.plan.mixture import compositions_mixture_error, largest_sequence
 from mixing.report import StreamMixtureReport
 

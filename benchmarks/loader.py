@@ -43,11 +43,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from contract.shards import ShardSet
 from loaders import PackedDataset, Payload, Reading, World
 from loaders.balance import assign_ranks, regroup_window
 from loaders.refinement import refine_steps
-from mixing.format.shard_writer import write_shards
-from mixing.format.shards import ShardSet
+from mixing.output.shard_writer import write_shards
 
 
 def timed(fn, repeat: int, min_s: float = 0.5) -> float:

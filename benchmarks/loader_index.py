@@ -3,7 +3,7 @@
 Writes (once, kept under --dir) a synthetic build of ``--sequences`` sequences: real ``meta.npz`` files (the
 metadata every loader reads: steps, ~``--segments`` segments per sequence, costs) and *sparse* token files
 (``truncate``: nothing reads tokens beyond the first items, and those are zeros), with a valid manifest
-(``mixing.format.manifest.write_manifest``). The token files' sha256 are placeholders, so every reader here runs
+(``contract.manifest.write_manifest``). The token files' sha256 are placeholders, so every reader here runs
 with ``verify=False`` (the figures leave out hashing, which happens once per node).
 
 Then, for each code tree (``--before``: a git revision exported to a temporary folder, e.g. the commit
@@ -49,8 +49,8 @@ def make_build(out: Path, n: int, seq_len: int, segments: int, per_shard: int, b
     """A synthetic build of ``n`` sequences (``batch`` per step), about ``segments`` segments each, in shards
     of ``per_shard`` sequences: real metadata, sparse token files, placeholder token sha256."""
     sys.path.insert(0, str(ROOT))
-    from mixing.format.cost import CostModel
-    from mixing.format.manifest import write_manifest
+    from contract.cost import CostModel
+    from contract.manifest import write_manifest
 
     cost_model = CostModel()  # attention only
     shards_dir = out / "shards"
@@ -240,7 +240,7 @@ def main() -> None:
     name = f"index-{args.sequences}-{args.seq_len}-{args.segments}"
     t0 = time.perf_counter()
     build = make_build(args.dir / name, args.sequences, args.seq_len, args.segments, args.per_shard, args.global_batch)
-    from mixing.format.shards import ShardSet
+    from contract.shards import ShardSet
 
     m = ShardSet(build / "shards").manifest
     meta_bytes = sum(s.files.meta.bytes for s in m.shards)

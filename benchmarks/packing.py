@@ -43,17 +43,18 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from contract.cost import CostModel
 from mixing import stages
-from mixing.format.cost import CostModel
-from mixing.format.layout import BuildLayout
 from mixing.ingest.tokenizer import load_tokenizer
-from mixing.pack import reference as _packing_v1
+from mixing.mixfile.mix import parse_mix
+from mixing.output.layout import BuildLayout
 from mixing.pack.packed import write_packed
-from mixing.pack.packing import Packing, pack_plan, stream_plan
+from mixing.pack.packing import pack_plan, stream_plan
 from mixing.pack.pool import default_engine
+from mixing.pack.result import Packing
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureError, mixture_error, plan_mixture_error
 from mixing.report import inspect_build
-from mixing.spec.mixfile import parse_mix
+from tests.mixing.pack import reference as _packing_v1
 
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 

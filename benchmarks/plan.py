@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from mixing.spec.mixfile import Mix
+    from mixing.mixfile.mix import Mix
 
 SEQ, BATCH = 4096, 256
 CHUNK = 10_000_000  # documents generated at a time
@@ -98,7 +98,7 @@ def synthetic_documents(con: duckdb.DuckDBPyConnection, n: int, seed: int = 0) -
 
 
 def bench_mix(tokens: int) -> Mix:
-    from mixing.spec.mixfile import parse_mix
+    from mixing.mixfile.mix import parse_mix
 
     # web is 60% of documents and of the mixture: budget ~90% of its tokens over the run.
     run_tokens = int(tokens * 0.9)

@@ -192,7 +192,7 @@ def drive(config: str, mix_path: Path, work: Path) -> dict[str, Any]:
     """Run the stages of ``config`` (:data:`CONFIGS`) for the mix at ``mix_path`` in build folder ``work``."""
     from mixing import load_mix
     from mixing.engine import LOCAL, Engine, RayEngine
-    from mixing.format.layout import BuildLayout
+    from mixing.output.layout import BuildLayout
     from mixing.stages import stages_until
     from tests.ray_cluster import LocalRayCluster
 

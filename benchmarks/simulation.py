@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from contract.cost import CostModel
+from contract.manifest import PhaseSpan
+from contract.shards import SequenceSpan
 from loaders.planner import EDGE_WINDOWS, LAYOUT, StepPlanner
 from loaders.refinement import SLACK
-from mixing.format.cost import CostModel
-from mixing.format.manifest import PhaseSpan
-from mixing.format.shards import SequenceSpan
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)

@@ -88,7 +88,7 @@ def _batched(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], None]:
 def _tokenizer(kind: str, work: Path):  # type: ignore[no-untyped-def]
     """(pipeline tokenizer, raw encode_batch callable) for one kind."""
     from mixing.ingest.tokenizer import load_tokenizer, prepare_tokenizer
-    from mixing.spec.mixfile import TokenizerSpec
+    from mixing.mixfile.mix import TokenizerSpec
 
     if kind == "tiktoken_o200k":
         import tiktoken
@@ -120,7 +120,7 @@ def worker(kind: str, work: Path, reps: int) -> dict[str, object]:
     import polars as pl
 
     from mixing.ingest.documents import tokenize_source
-    from mixing.spec.mixfile import SourceSpec
+    from mixing.mixfile.mix import SourceSpec
 
     texts = json.loads((work / "texts.json").read_text())
     paths = sorted(str(p) for p in (work / "jsonl").glob("*.jsonl"))
@@ -176,7 +176,7 @@ def memory_worker(kind: str, work: Path, folder: str) -> dict[str, float]:
     import polars as pl
 
     from mixing.ingest.documents import tokenize_source
-    from mixing.spec.mixfile import SourceSpec
+    from mixing.mixfile.mix import SourceSpec
 
     tok, _raws = _tokenizer(kind, work)
     paths = sorted(str(p) for p in (work / folder).glob("*.jsonl"))

@@ -1,7 +1,7 @@
 """The training side of weir: read packed builds as a torch ``IterableDataset``. Never imports Dagster.
 
-Layers, each module importing only those drawn under it (and :mod:`mixing.format`, the build contract, and
-:mod:`mixing.errors`, under them all)::
+Layers, each module importing only those drawn under it (and the build contract, :mod:`contract`, under
+them all; never the factory, :mod:`mixing`)::
 
     loader · steps · varlen        PackedLoader, StepLoader, by_step: what a trainer iterates
     dataset                        PackedDataset: opens the build, plans its steps, builds items, keeps the position

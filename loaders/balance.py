@@ -31,7 +31,7 @@ Pure numpy, deterministic; only :func:`assign_ranks` depends on the world size. 
    may differ, which balances a step of several long-context sequences per rank without moving sequences
    between steps, so the mixture of every step stays the build's.
 
-Costs are the build's, as stored in its shards (:mod:`mixing.format.cost`: Σ over a sequence's documents).
+Costs are the build's, as stored in its shards (:mod:`contract.cost`: Σ over a sequence's documents).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from contract.errors import WeirError
 from loaders.config import Balance, LoaderConfig, Payload, Reading
 from loaders.facts import RunFacts
 from loaders.feed import feed_for
@@ -36,7 +37,6 @@ from loaders.items import ItemBuilder
 from loaders.state import LoaderState, StateError
 from loaders.stream import settings_planner
 from loaders.world import World
-from mixing.errors import WeirError
 
 __all__ = ["FIELDS", "IGNORE_INDEX", "SHARED_CONTEXTS", "ExhaustedError", "PackedDataset"]
 

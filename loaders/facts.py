@@ -2,17 +2,17 @@
 
 ``PackedDataset(...).facts`` holds them: ``steps`` (optimizer steps of the whole run, for the LR planner),
 ``seq_len``, ``global_batch``, ``vocab_size``, ``eos_id``, ``pad_id``, the cost model, the phases and the
-mix's ``seed``. Every value comes from the build's typed manifest (:class:`mixing.format.manifest.Manifest`,
+mix's ``seed``. Every value comes from the build's typed manifest (:class:`contract.manifest.Manifest`,
 whose defaults fill what an older or hand-written manifest lacks), the token count and the steps from its
-shards' index. ``CostModel`` is the build's (:class:`mixing.format.cost.CostModel`).
+shards' index. ``CostModel`` is the build's (:class:`contract.cost.CostModel`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mixing.format.cost import CostModel
-from mixing.format.manifest import Manifest
+from contract.cost import CostModel
+from contract.manifest import Manifest
 
 __all__ = ["CostModel", "PhaseFacts", "RunFacts"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
 
 __all__ = ["FIELDS", "IGNORE_INDEX", "FieldsError", "check_fields"]
 

@@ -3,7 +3,7 @@
 A loader needs every sequence's step, real tokens and document boundaries (the planner plans steps from
 them, the chunk builder cuts items with them). Read from the shards' ``meta.npz`` files, they would be
 copied into every process (about 90 bytes per segment: tens of GB per worker at 10^10 segments); the
-index (:mod:`mixing.format.index`) holds them once as plain ``.npy`` files that the page cache shares.
+index (:mod:`contract.index`) holds them once as plain ``.npy`` files that the page cache shares.
 
 The index of a build lives in ``<cache_dir>/index/<sha256 of the manifest>/``: the manifest's bytes fix
 every meta file's sha256, so one index serves every copy of the build. The first process on the node to
@@ -26,10 +26,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from contract.errors import first_line
+from contract.index import ARRAYS, INDEX, INDEX_VERSION, write_index
+from contract.manifest import ShardFile
+from contract.shards import ShardError
 from loaders.integrity import CorruptShardError, VerifiedShardSet
-from mixing.format.index import ARRAYS, INDEX, INDEX_VERSION, write_index
-from mixing.format.manifest import ShardFile, _first_line
-from mixing.format.shards import ShardError
 
 __all__ = ["index_folder", "open_index"]
 
@@ -77,7 +78,7 @@ def _problem(folder: Path, digest: str, shards: VerifiedShardSet) -> str | None:
         if record["index_version"] != INDEX_VERSION or record["manifest_sha256"] != digest or set(files) != set(ARRAYS):
             return f"{folder / INDEX}: of another index version or build"
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{folder / INDEX}: unreadable ({_first_line(e)})"
+        return f"{folder / INDEX}: unreadable ({first_line(e)})"
     verifier = shards.verifier
     if verifier is not None and not record.get("meta_verified"):
         return ""  # made by a process that trusted the shards' metadata unverified: make it again, verified

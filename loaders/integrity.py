@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from mixing.format.manifest import ShardFile
-from mixing.format.shards import SequenceView, ShardError, ShardSet, sha256_file
+from contract.manifest import ShardFile
+from contract.shards import SequenceView, ShardError, ShardSet, sha256_file
 
 __all__ = ["AHEAD", "CorruptShardError", "VerifiedShardSet", "Verifier", "verifier_for"]
 
@@ -57,7 +57,7 @@ def _identity(path: Path, f: ShardFile) -> tuple[str, int, int, int, str]:
 
 
 class Verifier:
-    """Hashes shard files against their manifest entries (:class:`~mixing.format.manifest.ShardFile`), in the
+    """Hashes shard files against their manifest entries (:class:`~contract.manifest.ShardFile`), in the
     background on ``threads`` threads, remembering good verdicts in this process and, when ``cache_dir`` is
     given and writable, on this node. Fork-safe: a child process drops the parent's pending jobs (their
     threads stay in the parent) and keeps only its finished good verdicts."""
@@ -168,7 +168,7 @@ class Verifier:
 
 
 class VerifiedShardSet(ShardSet):
-    """A local :class:`~mixing.format.shards.ShardSet` that yields no data of a file that fails its manifest entry
+    """A local :class:`~contract.shards.ShardSet` that yields no data of a file that fails its manifest entry
     (see the module docstring); ``verifier=None`` turns the checks off."""
 
     streamed = False  # shards fetched one at a time (loaders.remote), not one whole local build

@@ -15,8 +15,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from contract.errors import WeirError
 from loaders.dataset import SHARED_CONTEXTS, PackedDataset
-from mixing.errors import WeirError
 
 __all__ = ["PackedLoader"]
 

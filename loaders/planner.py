@@ -32,10 +32,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from contract.shards import ShardSet
 from loaders.balance import assign_ranks, assign_unequal, regroup_bounds, regroup_window
 from loaders.order import first_block, match_order
 from loaders.refinement import EDGE_BOUNDARY, SLACK, boundary_error, refine_steps
-from mixing.format.shards import ShardSet
 
 __all__ = ["EDGE_WINDOWS", "LAYOUT", "LAYOUTS", "MICRO_BATCHES", "StepPlanner"]
 
@@ -51,7 +51,7 @@ EDGE_WINDOWS = 0
 
 
 class StepPlanner:
-    """Plans steps of a :class:`~mixing.format.shards.ShardSet` lazily, one window at a time (cached)."""
+    """Plans steps of a :class:`~contract.shards.ShardSet` lazily, one window at a time (cached)."""
 
     def __init__(
         self,

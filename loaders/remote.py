@@ -20,16 +20,16 @@ from typing import Any
 import fsspec
 import numpy as np
 
+from contract.atomic import atomic_path
+from contract.manifest import ShardFile
+from contract.shards import ShardError, ShardSet, sha256_file
 from loaders.integrity import CorruptShardError, VerifiedShardSet, Verifier
-from mixing.format.layout import atomic_path
-from mixing.format.manifest import ShardFile
-from mixing.format.shards import ShardError, ShardSet, sha256_file
 
 __all__ = ["RemoteShardSet", "open_remote"]
 
 
 class RemoteShardSet(VerifiedShardSet):
-    """A :class:`~mixing.format.shards.ShardSet` whose shard files live at ``remote`` on ``fs`` and are cached in
+    """A :class:`~contract.shards.ShardSet` whose shard files live at ``remote`` on ``fs`` and are cached in
     ``local`` (which holds ``manifest.json``), at most ``cache_bytes`` of shard files at a time. Fetched
     files are always checked; ``verifier`` (None: off) checks those found already in the cache."""
 

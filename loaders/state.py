@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
 
 __all__ = ["STATE_VERSION", "LoaderState", "StateError"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from contract.shards import ShardSet
 from loaders.config import Balance, BalanceSettings
 from loaders.planner import StepPlanner
-from mixing.format.shards import ShardSet
 
 __all__ = ["settings_planner", "stream_compositions", "stream_planner"]
 

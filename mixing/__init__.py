@@ -1,10 +1,9 @@
-"""The pure core of weir: mix files, indexing, tokenizing, statistics, planning and packing.
+"""The factory of weir: mix files, indexing, tokenizing, statistics, planning, packing and the build's output.
 
-Never imports Dagster or torch.
+Never imports Dagster or torch; writes a build through the build contract (:mod:`contract`).
 """
 
-from mixing.errors import WeirError
-from mixing.format.layout import BuildLayout
-from mixing.spec.mixfile import Mix, MixError, load_mix
+from mixing.mixfile.mix import Mix, MixError, load_mix
+from mixing.output.layout import BuildLayout
 
-__all__ = ["BuildLayout", "Mix", "MixError", "WeirError", "load_mix"]
+__all__ = ["BuildLayout", "Mix", "MixError", "load_mix"]

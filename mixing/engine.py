@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
 
 __all__ = ["LOCAL", "Engine", "EngineError", "LocalEngine", "RayEngine"]
 

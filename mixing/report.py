@@ -18,10 +18,11 @@ import duckdb
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from mixing.errors import WeirError
-from mixing.format.layout import BuildLayout, write_json_atomic
-from mixing.format.manifest import MANIFEST, PhaseSpan, Regroup, ShardError, _first_line, parse_manifest
-from mixing.format.shards import ShardSet
+from contract.atomic import write_json_atomic
+from contract.errors import WeirError, first_line
+from contract.manifest import MANIFEST, PhaseSpan, Regroup, ShardError, parse_manifest
+from contract.shards import ShardSet
+from mixing.output.layout import BuildLayout
 from mixing.plan.mixture import MixtureError, MixtureReport, shards_mixture_error
 
 __all__ = [
@@ -152,13 +153,13 @@ def _query(layout: BuildLayout, read: Callable[[duckdb.DuckDBPyConnection], Any]
         with duckdb.connect(str(layout.duckdb), read_only=True) as con:
             return read(con)
     except duckdb.Error as e:
-        raise BuildError(f"{layout.duckdb}: cannot read it ({_first_line(e)}); rebuild") from None
+        raise BuildError(f"{layout.duckdb}: cannot read it ({first_line(e)}); rebuild") from None
 
 
 def inspect_build(root: Path | BuildLayout) -> BuildReport:
     """The figures of the finished build in ``root`` (see :class:`BuildReport`), every shard file hashed.
 
-    Raises :class:`~mixing.format.shards.ShardError` or :class:`BuildError`, one line naming the file, when the
+    Raises :class:`~contract.shards.ShardError` or :class:`BuildError`, one line naming the file, when the
     manifest, a shard file or the DuckDB file cannot be read or does not fit; when a shard file also differs
     from its checksum, the error names that difference (the cause) rather than what it broke.
     """

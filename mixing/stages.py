@@ -4,7 +4,7 @@ and :data:`STAGES`, the one table of their names, partitioning and dependencies.
 Each function writes its small files under ``layout.root`` (atomically, file by file), has the engine's
 workers write the large ones (token chunks, shards) straight to the build root, publishes what it made to
 the build root (``layout.url``; nothing to copy when that is ``layout.root`` itself) and ends with the
-stage's commit record there (:mod:`mixing.format.commit`), which it removed before writing anything. It
+stage's commit record there (:mod:`mixing.output.commit`), which it removed before writing anything. It
 returns a small summary for metadata.
 
 :data:`STAGES` is what everything that runs or shows stages iterates: the Dagster asset factory (asset
@@ -21,24 +21,25 @@ from typing import Any
 
 import polars as pl
 
+from contract.atomic import atomic_path
+from contract.manifest import MANIFEST, Manifest
+from contract.store import Store, sha256_file
 from mixing.engine import LOCAL, Engine, LocalEngine
-from mixing.format.commit import commit, uncommit
-from mixing.format.layout import BuildLayout, atomic_path
-from mixing.format.manifest import MANIFEST, Manifest
-from mixing.format.store import Store, sha256_file
 from mixing.ingest.documents import TokenizeReport, tokenize_source
 from mixing.ingest.documents import tokenize_ahead as tokenize_source_ahead
 from mixing.ingest.sources import SourceIndexError, index_source, read_records
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
 from mixing.ingest.tokenizer import prepare_tokenizer as _prepare
+from mixing.mixfile import envvars
+from mixing.mixfile.mix import Mix
+from mixing.output.commit import commit, uncommit
+from mixing.output.layout import BuildLayout
 from mixing.pack.packed import write_packed
 from mixing.pack.packing import stream_plan
 from mixing.plan.audit import PlanAudit, audit_plan
 from mixing.plan.curriculum_plan import Plan, make_plan
 from mixing.plan.database import duckdb_config
 from mixing.plan.stats import LengthStats, compute_length_stats
-from mixing.spec import envvars
-from mixing.spec.mixfile import Mix
 
 __all__ = [
     "STAGES",
@@ -84,7 +85,7 @@ def _publish(
 def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOptions = None) -> pl.DataFrame:
     """List and fingerprint the files of ``source``; write ``sources/<source>/index.parquet``.
 
-    Paths (and every other text) are in their shown form: ``{env_NAME}`` values hidden (:mod:`mixing.spec.envvars`).
+    Paths (and every other text) are in their shown form: ``{env_NAME}`` values hidden (:mod:`mixing.mixfile.envvars`).
     """
     _begin(layout, "source_index", source)
     try:

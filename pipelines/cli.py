@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from mixing import MixError, WeirError, load_mix
-from mixing.spec.envvars import redact
+from contract.errors import WeirError
+from mixing import MixError, load_mix
+from mixing.mixfile.envvars import redact
 from pipelines import PROJECT_ROOT
 
 if TYPE_CHECKING:
-    from mixing.format.layout import BuildLayout
+    from mixing.output.layout import BuildLayout
     from mixing.report import BuildReport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
@@ -94,8 +95,8 @@ def build(
     """
     import dagster as dg
 
-    from mixing.format.layout import BuildLayout
-    from mixing.format.store import is_local, redact_url
+    from contract.store import is_local, redact_url
+    from mixing.output.layout import BuildLayout
     from mixing.report import inspect_build, saved_report
     from pipelines.build import progress_display
     from pipelines.instance import dagster_home, project_instance
@@ -166,8 +167,8 @@ def inspect(
     object storage is read with the plan in the working folder of the machine that built it ($WEIR_WORK_DIR).
     """
     from assets.storage import work_folder
-    from mixing.format.layout import BuildLayout
-    from mixing.format.store import is_local
+    from contract.store import is_local
+    from mixing.output.layout import BuildLayout
     from mixing.report import inspect_build
     from pipelines.resources import storage_resource
     from pipelines.summary import missed_goals, print_summary
@@ -217,7 +218,7 @@ def _with_stream(report: BuildReport, root: Path | BuildLayout) -> BuildReport:
 
 
 def _regroups(root: Path | BuildLayout) -> bool:
-    from mixing.format.layout import BuildLayout
+    from mixing.output.layout import BuildLayout
 
     return BuildLayout.of(root).shard_set().manifest.regrouping.window > 1
 
@@ -229,8 +230,8 @@ def export_megatron(
     unit: Annotated[str, typer.Option(help="segment (one Megatron sequence per document) or sequence")] = "segment",
 ) -> None:
     """Write the build's shards as a Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx."""
-    from mixing.format.megatron import export_megatron as _export
-    from mixing.format.shards import ShardError, ShardSet
+    from contract.shards import ShardError, ShardSet
+    from mixing.output.megatron import export_megatron as _export
 
     root = build_dir / "shards" if (build_dir / "shards").is_dir() else build_dir
     if unit not in ("segment", "sequence"):
@@ -266,7 +267,7 @@ def plan_cmd(
     finished build, else into .NAME.cache, which the next build reuses), showing progress. Exit 1 when the
     plan is infeasible (the error names phase, source and tokens).
     """
-    from mixing.format.layout import BuildLayout
+    from mixing.output.layout import BuildLayout
     from mixing.plan.curriculum_plan import preview_plan
     from pipelines.freshness import stats_folders
     from pipelines.plan_summary import plan_report, print_plan
@@ -352,9 +353,14 @@ def ui(
     Its instance is the one weir build records into ($DAGSTER_HOME, else the project's .dagster_home),
     so command-line builds show there with their checks and plots.
     """
+    import importlib.util
+
     from pipelines.instance import dagster_home
     from pipelines.ui import dagster_dev
 
+    if importlib.util.find_spec("dagster_webserver") is None:
+        err.print("weir ui needs the ui extra (dagster-webserver is not installed): pip install 'weir[ui]'")
+        raise typer.Exit(2)
     home = dagster_home(home)
     out.print(f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops it")
     raise typer.Exit(dagster_dev(port, home, out, err))

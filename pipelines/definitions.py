@@ -17,7 +17,8 @@ import dagster as dg
 
 from assets import mix_assets
 from assets.invalid_mix import invalid_mix_assets, invalid_mix_group
-from mixing import Mix, MixError, WeirError, load_mix
+from contract.errors import WeirError
+from mixing import Mix, MixError, load_mix
 from pipelines import PROJECT_ROOT
 from pipelines.automation import automated, automation_sensor
 from pipelines.executors import executor_from_env

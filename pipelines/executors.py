@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
 
 __all__ = ["EXECUTORS", "ExecutorChoiceError", "executor_from_env"]
 

@@ -18,11 +18,11 @@ import duckdb
 import polars as pl
 
 from mixing import Mix
-from mixing.format.layout import BuildLayout
 from mixing.ingest.chunks import chunk_keys
 from mixing.ingest.sources import SourceIndexError, index_source
 from mixing.ingest.tokenizer import TokenizerError, load_tokenizer
-from mixing.spec import envvars
+from mixing.mixfile import envvars
+from mixing.output.layout import BuildLayout
 from mixing.stages import stages_until
 from pipelines.build import step_line
 from pipelines.transaction import output_lock, reuse_previous, work_cache

@@ -32,8 +32,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from mixing import WeirError
-from mixing.format.store import Store
+from contract.errors import WeirError
+from contract.store import Store
 
 __all__ = ["DEFAULT_TTL", "LEASE_NAME", "TTL_ENV", "BuildBusy", "Lease", "LeaseLost", "root_lease"]
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import dagster as dg
 
 from assets import WeirEngine, WeirStorage
-from mixing import Mix, WeirError
+from contract.errors import WeirError
+from mixing import Mix
 
 __all__ = ["S3_ENV", "engine_resource", "mix_storage_options", "storage_resource"]
 

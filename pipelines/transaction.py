@@ -8,7 +8,7 @@ place), so that an incremental rebuild re-tokenizes only chunks whose files chan
 folder still replaces the output only when the whole build succeeded.
 
 A build into object storage (``dest`` an fsspec URL, :func:`build_remote`) has no folder to swap: each stage
-publishes under its keys and commits last (:mod:`mixing.format.commit`), the shards' manifest is removed
+publishes under its keys and commits last (:mod:`mixing.output.commit`), the shards' manifest is removed
 before the first shard is written and written after the last, and the driver's local working folder
 (:func:`assets.storage.work_folder`) is locked instead of the output.
 
@@ -34,10 +34,10 @@ import dagster as dg
 
 from assets import WeirEngine
 from assets.storage import work_folder
+from contract.atomic import file_mode
+from contract.store import Store, is_local
 from mixing import Mix
-from mixing.format.commit import COMMITS
-from mixing.format.layout import file_mode
-from mixing.format.store import Store, is_local
+from mixing.output.commit import COMMITS
 from pipelines.build import build_mix
 from pipelines.lease import BuildBusy, root_lease
 from pipelines.resources import storage_resource
@@ -126,7 +126,7 @@ def build_remote(
     """Build ``mix`` into the object-store root ``url`` (S3 settings from the environment, as the ``storage``
     resource binds them); a failure or a kill leaves no stage committed that is incomplete.
 
-    Refuses a root fsspec cannot reach (:class:`~mixing.format.store.StoreError`, before anything is written).
+    Refuses a root fsspec cannot reach (:class:`~contract.store.StoreError`, before anything is written).
     One build at a time per root: the lock on the driver's local working folder, and the root's lease
     (:mod:`pipelines.lease`) against drivers on other machines (:class:`BuildBusy` names the holder). Chunks already in
     the root are reused by key; what a killed build left is never trusted (no commit record, no chunk report,

@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.manifest import MANIFEST
+from contract.shards import ShardSet
+from contract.store import Store
 from mixing import load_mix
 from mixing.engine import LOCAL
-from mixing.format.commit import Commit, committed, verify
-from mixing.format.layout import BuildLayout
-from mixing.format.manifest import MANIFEST
-from mixing.format.shards import ShardSet
-from mixing.format.store import Store
+from mixing.output.commit import Commit, committed, verify
+from mixing.output.layout import BuildLayout
 from mixing.stages import STAGES
 from tests.conftest import ROOT, S3, S3_BUCKET, s3_endpoint
 from tests.ray_cluster import LocalRayCluster

@@ -1,4 +1,4 @@
-"""A source's chunks in a build root (``<source>/chunks/<key>/``, any :class:`~mixing.format.store.Store`):
+"""A source's chunks in a build root (``<source>/chunks/<key>/``, any :class:`~contract.store.Store`):
 which keys are there, tokenizing the missing ones on an engine, and checking them against their reports.
 
 Each chunk is written by exactly one work item (:func:`tokenize_missing`): on the local engine with a local
@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from contract.store import Store, sha256_file
 from mixing.engine import Engine, LocalEngine
-from mixing.format.store import Store, sha256_file
 from mixing.ingest.chunks import CHUNK_FILES, REPORT, ChunkDamaged, Group, tokenize_chunks
 from mixing.ingest.tokenizer import TextTokenizer
-from mixing.spec.mixfile import SourceSpec
+from mixing.mixfile.mix import SourceSpec
 
 __all__ = [
     "ChunkDone",

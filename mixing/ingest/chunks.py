@@ -32,12 +32,12 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
-from mixing.format.store import sha256_file
+from contract.store import sha256_file
 from mixing.ingest.formats import READER_VERSION
 from mixing.ingest.records import Record, has_surrogate
 from mixing.ingest.sources import read_ahead, skipped_record
 from mixing.ingest.tokenizer import TextTokenizer
-from mixing.spec.mixfile import SourceSpec
+from mixing.mixfile.mix import SourceSpec
 
 __all__ = [
     "CHUNK_BYTES",

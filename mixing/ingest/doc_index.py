@@ -19,8 +19,8 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from mixing.format.layout import atomic_path
-from mixing.format.store import Store
+from contract.atomic import atomic_path
+from contract.store import Store
 from mixing.ingest.chunk_store import check_chunk
 from mixing.ingest.chunks import CHUNK_SCHEMA, INDEX_ROWS, ChunkDamaged
 

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from contract.errors import WeirError
+from contract.store import Store
 from mixing.engine import LOCAL, Engine, LocalEngine
-from mixing.errors import WeirError
-from mixing.format.store import Store
 from mixing.ingest.chunk_store import (
     ChunkJob,
     ChunkTokens,
@@ -48,7 +48,7 @@ from mixing.ingest.chunk_store import (
 from mixing.ingest.chunks import Group, chunk_groups
 from mixing.ingest.doc_index import ChunksDamaged, write_index
 from mixing.ingest.tokenizer import TextTokenizer
-from mixing.spec.mixfile import SourceSpec
+from mixing.mixfile.mix import SourceSpec
 
 __all__ = [
     "AheadWork",

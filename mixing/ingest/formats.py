@@ -29,8 +29,8 @@ from typing import IO, Any
 import fsspec
 
 from mixing.ingest.records import Malformed, Record, bad, has_surrogate, needed_fields, render
-from mixing.spec import envvars
-from mixing.spec.mixfile import SourceSpec
+from mixing.mixfile import envvars
+from mixing.mixfile.mix import SourceSpec
 
 __all__ = ["LANGUAGES", "READER_VERSION", "TAR_SUFFIXES", "is_code_file", "read_file"]
 

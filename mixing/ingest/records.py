@@ -1,6 +1,6 @@
 """Records: one document's text (or the reason it is malformed) and how a record's fields make that text.
 
-A source names its text in one of three ways (see :class:`mixing.spec.mixfile.SourceSpec`): a ``field``, a
+A source names its text in one of three ways (see :class:`mixing.mixfile.mix.SourceSpec`): a ``field``, a
 Python-format ``template`` over several fields (nested values by ``{a[b]}``), or a ``messages`` field
 holding a chat (a list of ``{role, content}``) rendered by a named ``chat_template``. Rendering is pure
 and deterministic; a problem is reported as a :class:`Malformed` whose ``reason`` is one of
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mixing.spec.mixfile import SourceSpec
+from mixing.mixfile.mix import SourceSpec
 
 __all__ = [
     "CHAT_TEMPLATES",

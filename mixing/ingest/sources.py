@@ -15,10 +15,10 @@ from typing import Any
 import fsspec
 import polars as pl
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
 from mixing.ingest.formats import is_code_file, read_file
 from mixing.ingest.records import Record, bad
-from mixing.spec.mixfile import Mix, SourceSpec
+from mixing.mixfile.mix import Mix, SourceSpec
 
 __all__ = ["Record", "SourceIndexError", "index_source", "read_ahead", "read_records", "skipped_record"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mixing.format.layout import atomic_path
+from contract.atomic import atomic_path
 
 __all__ = ["write_demo_data"]
 

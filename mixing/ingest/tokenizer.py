@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mixing.errors import WeirError
-from mixing.format.layout import atomic_path, write_json_atomic
-from mixing.spec.mixfile import TokenizerSpec
+from contract.atomic import atomic_path, write_json_atomic
+from contract.errors import WeirError
+from mixing.mixfile.mix import TokenizerSpec
 
 __all__ = ["TextTokenizer", "TokenizerError", "load_tokenizer", "prepare_tokenizer", "train_bpe"]
 

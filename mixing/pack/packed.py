@@ -18,16 +18,16 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from contract.cost import CostModel
+from contract.manifest import BuildInfo, Manifest, PackingNote, PhaseSpan, Regroup, ShardEntry, SourceCounts
+from contract.store import Store
 from mixing.engine import LOCAL, Engine
-from mixing.format.cost import CostModel
-from mixing.format.layout import BuildLayout
-from mixing.format.manifest import BuildInfo, Manifest, PackingNote, PhaseSpan, Regroup, ShardEntry, SourceCounts
-from mixing.format.shard_writer import open_shards, seal_shards, token_dtype, write_shard
-from mixing.format.store import Store
 from mixing.ingest.chunk_store import ChunkTokens
+from mixing.mixfile.mix import Mix
+from mixing.output.layout import BuildLayout
+from mixing.output.shard_writer import open_shards, seal_shards, token_dtype, write_shard
 from mixing.pack.locations import Locations
-from mixing.pack.packing import PackedStep, PackStream
-from mixing.spec.mixfile import Mix
+from mixing.pack.result import PackedStep, PackStream
 
 __all__ = ["ShardContext", "ShardJob", "write_packed", "write_shard_job"]
 

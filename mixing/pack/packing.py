@@ -30,8 +30,8 @@ is therefore bounded by the block size and the largest steps, not the plan. ``pa
 stream into one :class:`Packing` (32 bytes per segment) for callers that want it whole; the build
 (:mod:`mixing.pack.packed`) writes shards from the stream instead. The inner loop
 (:mod:`mixing.pack.pool`) is compiled with numba where it is installed (about 20× the pure-Python
-reference :mod:`mixing.pack.reference` on ``benchmarks/packing.py``; see docs/scale-packing.md) and gives
-the same packing, unit for unit, either way.
+reference packer, ``tests/mixing/pack/reference.py``, on ``benchmarks/packing.py``; see docs/scale-packing.md) and gives
+the same packing, unit for unit, either way. Its results are :mod:`mixing.pack.result`'s types.
 
 Deterministic for the same plan, whatever the engine and however the units are read (ties broken by
 length, due tokens, source, step, draw order, then bin index).
@@ -41,80 +41,18 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import numpy as np
 
-from mixing.format.cost import CostModel
+from contract.cost import CostModel
 from mixing.pack.pool import default_engine, make_pool
+from mixing.pack.result import PackedStep, Packing, PackStream
 
-__all__ = ["PackStream", "PackedStep", "Packing", "pack_plan", "pack_units", "stream_plan"]
+__all__ = ["pack_plan", "pack_units", "stream_plan"]
 
 _CHUNK_UNITS = 1 << 18  # units read from DuckDB per block of steps (12 MB as int64 rows; two in flight)
-
-
-@dataclass(frozen=True)
-class Packing:
-    """Sequences in step order.
-
-    ``seq_step`` int64 [n_seq]; ``seg_offsets`` int64 [n_seq+1] into ``segments``; ``segments`` int64
-    [n_seg, 4] = (source index, doc_id, start, length) in placement order inside each sequence.
-    ``dropped`` int64 [n_drop, 4] in the same layout. ``sources`` names the source indices.
-    ``cost``: the cost model the packer's ties used (:class:`~mixing.format.cost.CostModel`).
-    """
-
-    sources: tuple[str, ...]
-    seq_len: int
-    seq_step: np.ndarray
-    seg_offsets: np.ndarray
-    segments: np.ndarray
-    dropped: np.ndarray
-    cost: CostModel = CostModel()
-
-    @property
-    def seg_cost(self) -> np.ndarray:
-        """float64 [n_seg]: the cost of each segment."""
-        return self.cost.of(self.segments[:, 3])  # type: ignore[no-any-return]
-
-    @property
-    def seq_cost(self) -> np.ndarray:
-        """float64 [n_seq]: Σ segment cost per sequence."""
-        return self.cost.sequences(self.seg_offsets, self.segments[:, 3])
-
-    @property
-    def seq_tokens(self) -> np.ndarray:
-        """int64 [n_seq]: real (non-padding) tokens per sequence."""
-        cum = np.concatenate([[0], np.cumsum(self.segments[:, 3])])
-        return cum[self.seg_offsets[1:]] - cum[self.seg_offsets[:-1]]
-
-
-@dataclass(frozen=True)
-class PackedStep:
-    """One step's ``global_batch`` sequences: ``counts`` int64 [global_batch] segments per sequence,
-    ``segments`` int64 [Σ counts, 4] (source index, doc_id, start, length) sequence by sequence;
-    ``dropped`` int64 [k, 4]: the units the phase left unplaced, on its last step (else empty)."""
-
-    step: int
-    counts: np.ndarray
-    segments: np.ndarray
-    dropped: np.ndarray
-
-
-@dataclass(frozen=True)
-class PackStream:
-    """A packing as it is made, step by step: ``steps`` yields a :class:`PackedStep` for every step of the
-    plan, in order, once (a generator: iterate it once). ``sequences``: how many sequences its steps hold in
-    all; ``units``: how many units the plan has (each ends up in a sequence or dropped)."""
-
-    sources: tuple[str, ...]
-    seq_len: int
-    global_batch: int
-    cost: CostModel
-    sequences: int
-    units: int
-    steps: Iterator[PackedStep]
 
 
 def pack_plan(

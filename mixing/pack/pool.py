@@ -6,8 +6,8 @@ Two engines with one interface and the same results, unit for unit (the tests ho
   FIFO of units (in plan order) and a Fenwick tree of counts over lengths, so "the longest unit of source
   s shorter than x" costs O(log S) and taking it O(1); the bins as arrays kept sorted by
   (free, cost, bin). About 0.3 µs per unit in one thread, without the GIL.
-- ``"python"`` (:class:`PythonPool`): the reference implementation's own ``_Pool`` and ``_Bins``
-  (:mod:`mixing.pack.reference`), about 10 µs per unit: the fallback where numba is not installed.
+- ``"python"`` (:class:`~mixing.pack.python_pool.PythonPool`, :mod:`mixing.pack.python_pool`), about 10 µs
+  per unit: the fallback where numba is not installed.
 
 A third engine, ``"interpreted"``, runs the compiled engine's kernels in the Python interpreter (about as
 slow as ``"python"``): the tests check the kernels with it where numba is not installed.
@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mixing.format.cost import CostModel, cost_formula
-from mixing.pack import reference as v1
+from contract.cost import CostModel, cost_formula
+from mixing.pack.python_pool import PythonPool
 
 njit: Any
 try:  # a dependency, but packing still works without it: the pure-Python engine packs the same sequences, ~15× slower
@@ -76,32 +76,6 @@ def make_pool(engine: str, n_src: int, seq_len: int, cost: CostModel) -> Pool:
     if engine == "interpreted":
         return CompiledPool(n_src, seq_len, cost, interpreted=True)
     raise ValueError(f"unknown packing engine {engine!r}; one of {ENGINES} (or 'interpreted', for tests)")
-
-
-class PythonPool:
-    """The reference implementation's pool and bins behind the :class:`Pool` interface."""
-
-    def __init__(self, n_src: int, seq_len: int, cost: CostModel) -> None:
-        self.pool = v1._Pool(n_src)
-        self.seq_len, self.cost = seq_len, cost
-
-    def add(self, units: np.ndarray) -> None:
-        self.pool.add([tuple(u) for u in units[:, [0, 4, 5, 1, 2, 3]].tolist()])  # type: ignore[misc]
-
-    def __len__(self) -> int:
-        return sum(len(us) for us in self.pool.units)
-
-    def fill(self, want: np.ndarray, segs: np.ndarray, counts: np.ndarray) -> tuple[int, np.ndarray]:
-        bins = v1._Bins(len(counts), self.seq_len, self.cost)
-        placed = self.pool.fill(bins, want.tolist())
-        counts[:] = [len(b) for b in bins.items]
-        rows = [(u[3], u[4], u[5], u[0]) for b in bins.items for u in b]
-        segs[: len(rows)] = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
-        return len(rows), placed
-
-    def drain(self) -> np.ndarray:
-        left = sorted(self.pool.drain(), key=lambda u: (u[3], u[1], u[2]))
-        return np.asarray([(u[3], u[4], u[5], u[0]) for u in left], dtype=np.int64).reshape(-1, 4)
 
 
 class CompiledPool:
@@ -241,7 +215,7 @@ def _fill_kernel(
     head: Any, tail: Any, fen: Any, cnt: Any, top_len: Any, slots: Any, nxt: Any, live: Any, free: Any,
     meta: Any, n: int, top: int,
 ) -> int:  # fmt: skip
-    """``mixing.pack.reference._Pool.fill`` and ``_choose`` on arrays, decision for decision."""
+    """``mixing.pack.python_pool.UnitPool.fill`` and ``choose`` on arrays, decision for decision."""
     k = due.shape[0]
     n_bins = counts.shape[0]
     b_free = np.full(n_bins, seq_len, np.int64)  # bins sorted by (free, cost, bin)
@@ -332,7 +306,7 @@ def _fill_kernel(
     return m
 
 
-# the one cost formula (mixing.format.cost), compiled below with the kernels; numba's cache of the kernels does
+# the one cost formula (contract.cost), compiled below with the kernels; numba's cache of the kernels does
 # not notice a change to that file: clear mixing/pack/__pycache__ after changing the formula
 _cost = cost_formula
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixing.spec.mixfile import Mix
+from mixing.mixfile.mix import Mix
 
 __all__ = ["PhaseSpan", "StepShares", "length_segments", "phase_spans", "ramp", "step_shares"]
 

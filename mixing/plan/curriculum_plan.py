@@ -28,12 +28,12 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
+from mixing.mixfile.mix import Mix
 from mixing.plan.curriculum import PhaseSpan, length_segments, phase_spans, step_shares
 from mixing.plan.draws import SegmentQuota, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, shortfalls
 from mixing.plan.order import SortedOrder
-from mixing.spec.mixfile import Mix
 
 __all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
 

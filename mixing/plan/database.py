@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
 
 __all__ = ["DEFAULT_MEMORY", "MEMORY_ENV", "THREADS_ENV", "duckdb_config"]
 
@@ -24,7 +24,7 @@ _SIZE = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)", re.IGNORECA
 
 def duckdb_config(env: Mapping[str, str] = os.environ) -> dict[str, str | int]:
     """DuckDB connection settings (``memory_limit``, and ``threads`` when set) from ``env``; a value DuckDB would
-    refuse is a :class:`~mixing.errors.WeirError` naming the variable."""
+    refuse is a :class:`~contract.errors.WeirError` naming the variable."""
     memory = env.get(MEMORY_ENV, "").strip() or DEFAULT_MEMORY
     if not _SIZE.fullmatch(memory):
         raise WeirError(f"{MEMORY_ENV}={memory!r}: expected a size such as 2GB or 512MB")

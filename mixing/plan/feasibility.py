@@ -13,8 +13,8 @@ import math
 import duckdb
 import polars as pl
 
+from mixing.mixfile.mix import Mix
 from mixing.plan.curriculum import PhaseSpan, length_segments
-from mixing.spec.mixfile import Mix
 
 __all__ = ["available", "epochs_needed", "plan_warnings", "shortfalls"]
 

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 from pydantic import BaseModel, ConfigDict
 
-from mixing.format.shards import ShardSet
+from contract.shards import ShardSet
 
 __all__ = [
     "GOAL_PHASE",

@@ -8,8 +8,8 @@ from pathlib import Path
 import dagster as dg
 
 from assets import WeirEngine, WeirStorage, mix_assets
+from contract.shards import ShardSet
 from mixing import load_mix
-from mixing.format.shards import ShardSet
 from mixing.stages import STAGES
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from assets.mix_assets import _stream_check
 from assets.stream import stream_report
-from mixing.format.layout import BuildLayout
+from mixing.output.layout import BuildLayout
 from mixing.report import inspect_build
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 

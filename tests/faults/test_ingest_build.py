@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 
 from mixing import load_mix
-from mixing.format.layout import BuildLayout
 from mixing.ingest.documents import DocumentsError
+from mixing.output.layout import BuildLayout
 from pipelines.build import build_mix
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from mixing.ingest.documents import tokenize_source
 from mixing.ingest.tokenizer import load_tokenizer
-from mixing.spec.mixfile import SourceSpec, TokenizerSpec
+from mixing.mixfile.mix import SourceSpec, TokenizerSpec
 from tests.pipelines.test_incremental import build, same_outputs
 
 FILES = ("tokens.bin", "docs.parquet", "quarantine.jsonl", "report.json")

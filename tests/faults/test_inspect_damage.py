@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mixing.format.layout import BuildLayout
-from mixing.format.shards import ShardError, ShardSet
+from contract.shards import ShardError, ShardSet
+from mixing.output.layout import BuildLayout
 from mixing.report import inspect_build
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 from tests.mixing.pack.test_packing import _build
@@ -71,7 +71,7 @@ def edit(change: Callable[[dict], None], reseal: bool = False) -> Callable[[Path
     to write it)."""
 
     def damage(root: Path) -> None:
-        from mixing.format.manifest import seal
+        from contract.manifest import seal
 
         p = root / "shards" / MANIFEST
         m = json.loads(p.read_text())
@@ -87,7 +87,7 @@ def short_step_array(root: Path) -> None:
 
     import numpy as np
 
-    from mixing.format.manifest import write_manifest
+    from contract.manifest import write_manifest
 
     p = root / "shards" / META
     with np.load(p) as z:

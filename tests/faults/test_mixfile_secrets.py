@@ -17,8 +17,9 @@ import polars as pl
 import pytest
 from dagster._serdes import serialize_value
 
-from mixing import MixError, WeirError, load_mix
-from mixing.spec.mixfile import parse_mix
+from contract.errors import WeirError
+from mixing import MixError, load_mix
+from mixing.mixfile.mix import parse_mix
 from pipelines.build import build_mix
 from tests.conftest import TINY_MIX, write_tiny_sources
 

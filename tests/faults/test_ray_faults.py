@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mixing.format.manifest import MANIFEST
-from mixing.format.store import Store
+from contract.manifest import MANIFEST
+from contract.store import Store
 from pipelines.lease import LEASE_NAME
 from tests.ray_builds import RayBuilds, assert_same_build, commit_state, kill_worker, ray_builds, settle, wait_for
 from tests.ray_cluster import LocalRayCluster

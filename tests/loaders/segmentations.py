@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from mixing.format.shard_writer import write_shards
+from mixing.output.shard_writer import write_shards
 
 __all__ = ["random_build", "segmentations"]
 

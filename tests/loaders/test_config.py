@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.manifest import NO_REGROUP, write_manifest
+from contract.shards import ShardSet
 from loaders import Balance, FieldsError, LoaderConfig, PackedDataset, Payload, Reading, World
 from loaders.config import BalanceSettings
 from loaders.planner import EDGE_WINDOWS, LAYOUT
-from mixing.format.manifest import NO_REGROUP, write_manifest
-from mixing.format.shards import ShardSet
 
 
 @pytest.mark.parametrize(

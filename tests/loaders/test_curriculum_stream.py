@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.shards import ShardSet
 from loaders import Balance, PackedDataset, PackedLoader, Payload, World
 from loaders.balance import dp_imbalance
 from loaders.planner import StepPlanner
 from loaders.stream import stream_compositions
-from mixing.format.shard_writer import write_shards
-from mixing.format.shards import ShardSet
+from mixing.output.shard_writer import write_shards
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error
 
 S, BATCH, HEAVY = 64, 8, 4

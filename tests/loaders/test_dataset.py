@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from contract.manifest import write_manifest
+from contract.shards import ShardSet
 from loaders import IGNORE_INDEX, Balance, PackedDataset, PackedLoader, Payload, StateError, World
-from mixing.format.manifest import write_manifest
-from mixing.format.shards import ShardSet
 
 
 def items(ds, n: int | None = None) -> list[dict]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.manifest import parse_manifest
+from contract.shards import ShardSet
 from loaders import Balance, PackedDataset, RunFacts, World
 from loaders.facts import CostModel, PhaseFacts
-from mixing.format.manifest import parse_manifest
-from mixing.format.shards import ShardSet
 
 
 def test_facts_are_the_builds_and_match_what_the_loader_yields(tiny_build: Path) -> None:

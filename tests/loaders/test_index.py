@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from contract.index import ARRAYS, INDEX
+from contract.store import sha256_file
 from loaders import Balance, PackedDataset, PackedLoader, Payload, Reading, World
 from loaders.feed import SegmentTable
 from loaders.index import index_folder
-from mixing.format.index import ARRAYS, INDEX
-from mixing.format.store import sha256_file
 from tests.loaders.segmentations import random_build
 
 LEAN = ("input_ids", "cu_seqlens")

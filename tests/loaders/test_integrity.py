@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import torch
 
+from contract.index import ARRAYS
+from contract.manifest import ShardFile
 from loaders import PackedDataset, PackedLoader, Payload, Reading, World
 from loaders.integrity import CorruptShardError, Verifier
-from mixing.format.index import ARRAYS
-from mixing.format.manifest import ShardFile
 
 DAMAGED = 2  # the shard whose file is damaged: two sound shards come before it
 

@@ -15,13 +15,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.manifest import write_manifest
+from contract.shards import ShardSet
 from loaders import Balance, PackedDataset, World, varlen
 from loaders.balance import assign_ranks, assign_unequal, dp_imbalance
 from loaders.state import StateError
 from mixing import MixError
-from mixing.format.manifest import write_manifest
-from mixing.format.shards import ShardSet
-from mixing.spec.mixfile import parse_mix
+from mixing.mixfile.mix import parse_mix
 
 
 @settings(max_examples=80, deadline=None)

@@ -16,12 +16,12 @@ import numpy as np
 import polars as pl
 import pytest
 
+from contract.shards import ShardSet
 from loaders import Balance, PackedDataset, Payload, World
 from loaders.balance import dp_imbalance
 from loaders.planner import StepPlanner
 from loaders.stream import stream_compositions, stream_planner
-from mixing.format.shard_writer import write_shards
-from mixing.format.shards import ShardSet
+from mixing.output.shard_writer import write_shards
 from mixing.plan.mixture import (
     GOAL_PHASE,
     GOAL_WINDOW,

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.manifest import write_manifest
 from loaders import Balance, PackedDataset, PackedLoader, StateError, World
 from loaders.balance import regroup_window
 from loaders.refinement import refine_steps
-from mixing.format.manifest import write_manifest
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 
 

@@ -14,8 +14,8 @@ from collections import defaultdict
 import numpy as np
 import torch.distributed as dist
 
+from contract.shards import ShardSet
 from loaders import Balance, PackedDataset, World
-from mixing.format.shards import ShardSet
 
 
 def main(build: str, out: str) -> None:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from contract.shards import ShardSet
 from mixing import load_mix
-from mixing.format.shards import ShardSet
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]

@@ -11,9 +11,9 @@ import dagster as dg
 import pytest
 
 from assets import WeirEngine, WeirStorage
+from contract.errors import WeirError
+from contract.store import StoreError
 from mixing import load_mix
-from mixing.errors import WeirError
-from mixing.format.store import StoreError
 from pipelines.definitions import load_definitions
 from pipelines.resources import engine_resource
 from tests.conftest import moto_endpoint

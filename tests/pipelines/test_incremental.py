@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from mixing import load_mix
-from mixing.format.layout import BuildLayout
+from mixing.output.layout import BuildLayout
 from pipelines.build import build_mix
 from pipelines.transaction import reuse_previous
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mixing.format.store import Store
+from contract.store import Store
 from pipelines.lease import LEASE_NAME, BuildBusy, LeaseLost, root_lease
 from tests.conftest import S3, S3_BUCKET, s3_endpoint
 
@@ -75,7 +75,7 @@ def test_a_waiting_driver_starts_when_the_holder_releases(store: Store) -> None:
 
 def test_a_killed_drivers_lease_is_refused_until_its_ttl_then_taken_over(store: Store, s3: S3) -> None:
     code = (
-        "import sys, time; from mixing.format.store import Store; from pipelines.lease import root_lease; "
+        "import sys, time; from contract.store import Store; from pipelines.lease import root_lease; "
         f"s = Store.open({store.url!r}, {s3.options!r}); "
         f"cm = root_lease(s, wait=False, say=print, ttl={TTL}); cm.__enter__(); "
         "print('held', flush=True); time.sleep(60)"

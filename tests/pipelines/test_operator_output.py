@@ -15,8 +15,8 @@ import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
+from contract.shards import ShardSet
 from mixing import load_mix
-from mixing.format.shards import ShardSet
 from mixing.report import REPORT, inspect_build, saved_report
 from mixing.stages import STAGES
 from pipelines import ui

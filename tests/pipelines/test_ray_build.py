@@ -19,8 +19,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from contract.store import Store
 from loaders import PackedDataset, Reading, World
-from mixing.format.store import Store
 from tests.ray_builds import RayBuilds, assert_same_build, build_reference, ray_builds
 from tests.ray_cluster import LocalRayCluster
 

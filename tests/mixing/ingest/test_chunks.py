@@ -12,7 +12,7 @@ import mixing.ingest.chunks as chunks_module
 from mixing.ingest.chunks import CHUNK_BYTES, chunk_groups, chunk_keys
 from mixing.ingest.documents import open_documents, tokenize_source
 from mixing.ingest.tokenizer import load_tokenizer
-from mixing.spec.mixfile import SourceSpec, TokenizerSpec
+from mixing.mixfile.mix import SourceSpec, TokenizerSpec
 from tests.mixing.ingest.test_documents import write
 
 

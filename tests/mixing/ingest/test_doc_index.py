@@ -14,12 +14,12 @@ import pytest
 
 import mixing.ingest.chunks as chunks_module
 import mixing.ingest.doc_index as doc_index_module
-from mixing.format.store import Store
+from contract.store import Store
 from mixing.ingest.chunks import chunk_keys
 from mixing.ingest.doc_index import INDEX_SCHEMA, ChunksDamaged, write_index
 from mixing.ingest.documents import open_documents, tokenize_source
 from mixing.ingest.tokenizer import load_tokenizer
-from mixing.spec.mixfile import SourceSpec, TokenizerSpec
+from mixing.mixfile.mix import SourceSpec, TokenizerSpec
 from tests.mixing.ingest.test_documents import write
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from mixing.ingest.documents import tokenize_source
 from mixing.ingest.tokenizer import load_tokenizer
-from mixing.spec.mixfile import SourceSpec, TokenizerSpec
+from mixing.mixfile.mix import SourceSpec, TokenizerSpec
 
 
 def write(root: Path, n: int = 40) -> pl.DataFrame:
@@ -40,8 +40,8 @@ def test_work_to_start_ahead_is_the_missing_chunks_largest_first(
     import mixing.ingest.chunks as chunks_module
 
     monkeypatch.setattr(chunks_module, "_GROUP", 16)  # several chunks of these 400 small files
+    from contract.store import Store
     from mixing.engine import LOCAL
-    from mixing.format.store import Store
     from mixing.ingest.documents import tokenize_ahead
 
     idx = write(tmp_path, n=400).with_columns(size=pl.int_range(pl.len()) * 1000)

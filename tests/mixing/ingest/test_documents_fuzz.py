@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from mixing.ingest.documents import open_documents, tokenize_source
 from mixing.ingest.records import REASONS
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer, train_bpe
-from mixing.spec.mixfile import SourceSpec, TokenizerSpec
+from mixing.mixfile.mix import SourceSpec, TokenizerSpec
 
 # pyarrow reports a malformed row whose text is not UTF-8 as an "ignored" exception (the reader then
 # falls back to Python's csv); that is expected here, not a test problem.

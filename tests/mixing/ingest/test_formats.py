@@ -14,7 +14,7 @@ import zstandard
 
 from mixing.ingest.formats import read_file
 from mixing.ingest.records import REASONS
-from mixing.spec.mixfile import SourceSpec
+from mixing.mixfile.mix import SourceSpec
 from tests.conftest import shared_path
 
 
@@ -158,7 +158,7 @@ def test_shared_text() -> None:
 
 
 def test_spec_rejects_template_and_messages_together() -> None:
-    from mixing.spec.mixfile import MixError, parse_mix
+    from mixing.mixfile.mix import MixError, parse_mix
 
     mix = """
 name: m

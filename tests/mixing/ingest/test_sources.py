@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mixing.ingest.sources import SourceIndexError, index_source
-from mixing.spec.mixfile import parse_mix
+from mixing.mixfile.mix import parse_mix
 
 MIX = """
 name: m

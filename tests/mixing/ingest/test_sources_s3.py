@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mixing.format.layout import BuildLayout
 from mixing.ingest.sources import index_source, read_records
-from mixing.spec.mixfile import parse_mix
+from mixing.mixfile.mix import parse_mix
+from mixing.output.layout import BuildLayout
 from tests.conftest import moto_endpoint
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
 from mixing.ingest.tokenizer import load_tokenizer, prepare_tokenizer
-from mixing.spec.mixfile import TokenizerSpec
+from mixing.mixfile.mix import TokenizerSpec
 from tests.conftest import shared_path
 
 TEXTS = ["Hello, world!", "def f(x):\n    return x * 2\n", "Ünïcödé ✓ 数学", "a <|endoftext|> in text"]

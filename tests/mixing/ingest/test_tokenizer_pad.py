@@ -14,7 +14,7 @@ import pytest
 
 from loaders import IGNORE_INDEX, PackedDataset, World
 from mixing.ingest.tokenizer import EOS, prepare_tokenizer, train_bpe
-from mixing.spec.mixfile import TokenizerSpec
+from mixing.mixfile.mix import TokenizerSpec
 from tests.conftest import ROOT, TINY_MIX, shared_path, write_tiny_sources
 
 DEEPSEEK_EOS, DEEPSEEK_PAD = "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"

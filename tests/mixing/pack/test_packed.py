@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mixing.format.shards import ShardSet
+from contract.shards import ShardSet
 from mixing.ingest import chunks
 from mixing.ingest.documents import open_documents
+from mixing.mixfile.mix import load_mix
 from mixing.pack import packed
 from mixing.pack.packing import pack_plan
-from mixing.spec.mixfile import load_mix
 from tests.mixing.pack.test_packing import _build
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.cost import CostModel
+from contract.shards import ShardSet
 from mixing import stages
-from mixing.format.cost import CostModel
-from mixing.format.layout import BuildLayout
-from mixing.format.shards import ShardSet
 from mixing.ingest.documents import open_documents
+from mixing.mixfile.mix import load_mix
+from mixing.output.layout import BuildLayout
 from mixing.pack.packing import pack_units
-from mixing.spec.mixfile import load_mix
 
 S = 512
 

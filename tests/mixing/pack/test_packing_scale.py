@@ -18,10 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixing.format.cost import CostModel
-from mixing.pack import reference as v1
-from mixing.pack.packing import Packing, pack_plan, pack_units, stream_plan
+from contract.cost import CostModel
+from mixing.pack.packing import pack_plan, pack_units, stream_plan
+from mixing.pack.result import Packing
 from mixing.plan.mixture import mixture_error
+from tests.mixing.pack import reference as v1
 
 ENGINES = [
     "python",

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mixing import MixError
+from mixing.mixfile.mix import parse_mix
 from mixing.plan.curriculum import phase_spans, ramp, step_shares
 from mixing.plan.curriculum_plan import step_quotas
-from mixing.spec.mixfile import parse_mix
 
 HEAD = """\
 name: c

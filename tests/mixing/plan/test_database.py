@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from mixing.errors import WeirError
+from contract.errors import WeirError
 from mixing.plan.database import DEFAULT_MEMORY, MEMORY_ENV, THREADS_ENV, duckdb_config
 from mixing.plan.stats import compute_length_stats
 from tests.mixing.plan.test_plan import tables
@@ -46,8 +46,8 @@ def test_length_tables_under_a_small_memory_limit_are_the_same(tmp_path: Path) -
 
 
 def test_a_build_stage_uses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mixing.format.layout import BuildLayout
-    from mixing.spec.mixfile import parse_mix
+    from mixing.mixfile.mix import parse_mix
+    from mixing.output.layout import BuildLayout
     from mixing.stages import length_stats
 
     mix = parse_mix(

@@ -11,9 +11,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from mixing.mixfile.mix import parse_mix
 from mixing.plan.curriculum_plan import PlanError, make_plan
 from mixing.plan.feasibility import plan_warnings
-from mixing.spec.mixfile import parse_mix
 from tests.mixing.plan.test_plan import tables, write_documents
 
 INFEASIBLE = """\

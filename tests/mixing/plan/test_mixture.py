@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from mixing.format.shards import ShardSet
+from contract.shards import ShardSet
 from mixing.plan.mixture import (
     GOAL_PHASE,
     GOAL_WINDOW,

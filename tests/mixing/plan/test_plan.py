@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mixing.mixfile.mix import Mix, parse_mix
 from mixing.plan.audit import audit_plan
 from mixing.plan.curriculum import phase_spans
 from mixing.plan.curriculum_plan import make_plan, preview_plan
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW
-from mixing.spec.mixfile import Mix, parse_mix
 
 
 def write_documents(db: Path, lengths: dict[str, np.ndarray]) -> None:

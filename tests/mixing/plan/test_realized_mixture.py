@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixing.format.cost import CostModel
+from contract.cost import CostModel
 from mixing.pack.packing import pack_units
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error
 from mixing.report import build_mixture_error, inspect_build

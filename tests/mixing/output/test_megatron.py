@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mixing.format.megatron import export_megatron
-from mixing.format.shard_writer import token_dtype, write_shards
-from mixing.format.shards import ShardSet
+from contract.shards import ShardSet
+from mixing.output.megatron import export_megatron
+from mixing.output.shard_writer import token_dtype, write_shards
 from tests.mixing.pack.test_packing import _build
 
 
@@ -71,7 +71,7 @@ def test_megatron_core_reads_the_export(tiny_mix_path: Path, tmp_path: Path) -> 
     """Megatron-Core's own reader, when importable (it is not a dependency of weir).
 
     Run it with: pip install --no-deps --target /tmp/mcore-site megatron-core==0.16.1, then
-    PYTHONPATH=/tmp/mcore-site .venv/bin/python -m pytest tests/mixing/format/test_megatron.py
+    PYTHONPATH=/tmp/mcore-site .venv/bin/python -m pytest tests/contract/test_megatron.py
     """
     pytest.importorskip("megatron.core.datasets.indexed_dataset", reason="megatron-core is not installed")
     from megatron.core.datasets.indexed_dataset import IndexedDataset

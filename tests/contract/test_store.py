@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixing.format.store import Store, StoreError, redact_url
-from tests.mixing.format.conftest import BUCKET, S3
+from contract.store import Store, StoreError, redact_url
+from tests.contract.conftest import BUCKET, S3
 
 SECRET = "SUPERSECRET"
 EXAMPLES = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

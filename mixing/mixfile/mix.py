@@ -28,9 +28,9 @@ from pydantic import (
     model_validator,
 )
 
-from mixing.errors import WeirError
-from mixing.spec import envvars
-from mixing.spec.parts import (
+from contract.errors import WeirError
+from mixing.mixfile import envvars
+from mixing.mixfile.parts import (
     MAX_STEPS,
     NAME_PATTERN,
     Balance,
@@ -201,7 +201,7 @@ class Mix(FrozenModel):
         """The source's glob with ``{mix_dir}``, ``{stdlib}`` and ``{env_NAME}`` expanded: for fsspec only.
 
         Never show it: :meth:`shown_uri` is the same with the variables' values hidden (see
-        :mod:`mixing.spec.envvars`). Raises :class:`MixError` when a variable the URI names is not set.
+        :mod:`mixing.mixfile.envvars`). Raises :class:`MixError` when a variable the URI names is not set.
         """
         env = {}
         for var in _uri_variables(name, self.sources[name].uri):

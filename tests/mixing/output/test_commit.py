@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixing.format.commit import COMMITS, Commit, commit, committed, read_commit, uncommit, verify
-from mixing.format.store import Store
-from tests.mixing.format.conftest import BUCKET, S3
+from contract.store import Store
+from mixing.output.commit import COMMITS, Commit, commit, committed, read_commit, uncommit, verify
+from tests.contract.conftest import BUCKET, S3
 
 # JSON turns tuples into lists and int keys into strings (which sort otherwise: "10" < "2")
 SUMMARY = {"sequences": 12, "tokens": 3.5, "shape": (2, 3), "per_step": {1: 4, 10: 2, 2: 1}, "note": "é ✓"}

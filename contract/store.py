@@ -2,10 +2,10 @@
 
 Writes are whole-file and checksummed: every write returns the file's size and sha256, computed while
 writing (no second read). Local files are written under a temporary name beside the target and renamed
-(``layout.atomic_path``). On object stores (s3, gcs, azure) an object appears whole when its upload
+(:func:`contract.atomic.atomic_path`). On object stores (s3, gcs, azure) an object appears whole when its upload
 completes, so it is written straight to its key, and a write that fails aborts its upload (the key keeps what it
 had): there is no rename there, and what makes a set of objects trustworthy is the record written after them (a
-stage's commit record, :mod:`mixing.format.commit`; the shards' manifest). Other fsspec filesystems (memory://
+stage's commit record, :mod:`mixing.output.commit`; the shards' manifest). Other fsspec filesystems (memory://
 included: its files are visible from their open) get a temporary name and a move, as local files do. Remote
 listings are not cached: other processes write into the same root.
 
@@ -28,8 +28,8 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from mixing.errors import WeirError
-from mixing.format.layout import atomic_path
+from contract.atomic import atomic_path
+from contract.errors import WeirError
 
 __all__ = ["HashingWriter", "Store", "StoreError", "is_local", "redact_url", "sha256_file"]
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mixing import MixError
-from mixing.spec.mixfile import parse_mix
-from mixing.spec.parts import MAX_STEPS, MAX_TOKENS_PER_STEP
+from mixing.mixfile.mix import parse_mix
+from mixing.mixfile.parts import MAX_STEPS, MAX_TOKENS_PER_STEP
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE = yaml.safe_load((ROOT / "mixes" / "demo.yaml").read_text())

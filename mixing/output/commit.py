@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from mixing.format.store import Store
+from contract.store import Store
 
 __all__ = ["COMMITS", "Commit", "commit", "committed", "read_commit", "uncommit", "verify"]
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from mixing.format.cost import CostModel
-from mixing.spec.parts import Cost
+from contract.cost import CostModel
+from mixing.mixfile.parts import Cost
 
 
 def test_of_works_on_scalars_and_int_arrays() -> None:

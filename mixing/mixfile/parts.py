@@ -1,7 +1,7 @@
 """The parts of a mix file: tokenizer, sequence, sources, curriculum phases and the cost model.
 
-Frozen pydantic models; unknown fields are errors. :mod:`mixing.spec.mixfile` assembles them into a
-:class:`~mixing.spec.mixfile.Mix` and maps every validation error to the file's line and field path.
+Frozen pydantic models; unknown fields are errors. :mod:`mixing.mixfile.mix` assembles them into a
+:class:`~mixing.mixfile.mix.Mix` and maps every validation error to the file's line and field path.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
-from mixing.format.cost import CostModel
-from mixing.format.manifest import Regroup as _Recorded
+from contract.cost import CostModel
+from contract.manifest import Regroup as _Recorded
 
 __all__ = [
     "MAX_STEPS",
@@ -318,7 +318,7 @@ class Phase(FrozenModel):
 
 
 class Cost(FrozenModel):
-    """The mix file's ``balance.cost``: the build's cost model (:class:`mixing.format.cost.CostModel`, a
+    """The mix file's ``balance.cost``: the build's cost model (:class:`contract.cost.CostModel`, a
     document of ``l`` tokens costs ``attention·l² + linear·l``), here with the mix file's defaults."""
 
     attention: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0

@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.shards import FORMAT_VERSION, ShardError, ShardSet
 from mixing import stages
-from mixing.format.layout import BuildLayout
-from mixing.format.shard_writer import token_dtype, write_shards
-from mixing.format.shards import FORMAT_VERSION, ShardError, ShardSet
 from mixing.ingest.tokenizer import load_tokenizer
+from mixing.mixfile.mix import load_mix
+from mixing.output.layout import BuildLayout
+from mixing.output.shard_writer import token_dtype, write_shards
 from mixing.pack.packed import write_packed
 from mixing.pack.packing import stream_plan
 from mixing.report import inspect_build
-from mixing.spec.mixfile import load_mix
 from tests.conftest import ROOT, moto_endpoint
 from tests.mixing.pack.test_packing import _build
 
@@ -82,8 +82,8 @@ KILLED_WRITER = textwrap.dedent(
     import mixing.pack.packed
     mixing.pack.packed._SHARD_TOKENS = 64 * 2  # two sequences per shard: many shards
     from mixing import stages
-    from mixing.format.layout import BuildLayout
-    from mixing.spec.mixfile import load_mix
+    from mixing.output.layout import BuildLayout
+    from mixing.mixfile.mix import load_mix
 
     def on_shard(k):
         print(f"shard {k}", flush=True)
@@ -214,7 +214,7 @@ def test_format_1_builds_still_read(tmp_path: Path) -> None:
 def test_the_manifest_carries_its_own_checksum(tmp_path: Path) -> None:
     import json
 
-    from mixing.format.manifest import CHECKSUM_FIELD, manifest_digest, write_manifest
+    from contract.manifest import CHECKSUM_FIELD, manifest_digest, write_manifest
 
     tokens, step, offs, segs = _toy()
     m = write_shards(tmp_path, tokens, step, offs, segs, 2, {"cost": {"attention": 1.0, "linear": 0.0}, "pad_id": 3})
@@ -243,7 +243,7 @@ def test_the_manifest_carries_its_own_checksum(tmp_path: Path) -> None:
 def test_the_index_holds_the_shards_metadata_as_mappable_arrays(tmp_path: Path, per_shard: int) -> None:
     import mmap
 
-    from mixing.format.index import item_cu_seqlens, map_index, write_index
+    from contract.index import item_cu_seqlens, map_index, write_index
 
     tokens, step, offs, segs = _toy(n=7)
     segs[::3, 3] -= 1  # some sequences end in padding

@@ -1,4 +1,4 @@
-"""Writing a shard folder (the format :mod:`mixing.format.shards` describes): shards first, the manifest last.
+"""Writing a shard folder (the format :mod:`contract.shards` describes): shards first, the manifest last.
 
 Every file is written under a temporary name and renamed (local: ``os.replace``; object stores: the object
 appears whole on upload). The old manifest is removed before the first shard is written, so a folder whose
@@ -15,8 +15,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mixing.format.cost import CostModel
-from mixing.format.manifest import (
+from contract.cost import CostModel
+from contract.manifest import (
     FORMAT_VERSION,
     MANIFEST,
     BuildInfo,
@@ -27,7 +27,7 @@ from mixing.format.manifest import (
     validated,
     write_manifest,
 )
-from mixing.format.store import Store
+from contract.store import Store
 
 __all__ = ["TokenSource", "open_shards", "seal_shards", "token_dtype", "write_shard", "write_shards"]
 
@@ -135,7 +135,7 @@ def write_shards(
 
     ``tokens`` is an array [n, S] or a function (lo, hi) → array [hi-lo, S] (so callers can gather one
     shard at a time); ``n = len(step)``. ``info``: what the caller records about the build
-    (:class:`~mixing.format.manifest.BuildInfo`, or a dict of its fields, validated before anything is
+    (:class:`~contract.manifest.BuildInfo`, or a dict of its fields, validated before anything is
     written); each segment's and sequence's cost comes from its ``cost`` model. This adds the format fields
     and the shard list, writes the manifest last, removes shard files of older builds, and returns the
     manifest. ``on_shard(k)`` runs after shard ``k``. (:func:`write_shard` and :func:`seal_shards` are the

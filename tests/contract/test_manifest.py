@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.cost import CostModel
+from contract.manifest import MANIFEST, NO_REGROUP, ShardError, seal
+from contract.shards import ShardSet, sha256_file
 from loaders import Balance, PackedDataset, Reading, World
-from mixing.format.cost import CostModel
-from mixing.format.manifest import MANIFEST, NO_REGROUP, ShardError, seal
-from mixing.format.shards import ShardSet, sha256_file
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources
 from tests.mixing.pack.test_packing import _build
 

@@ -7,11 +7,11 @@ A shard folder (a local path or any fsspec URL, e.g. ``s3://bucket/prefix``) hol
 - ``shard-{k:05d}.meta.npz``: ``step`` int64 [n]; ``seg_offsets`` int64 [n+1] into the segment arrays;
   ``segments`` int64 [m, 4] = (source index, doc_id, start, length) in order inside each sequence;
   ``seg_cost`` float64 [m] and ``seq_cost`` float64 [n]: each segment's and sequence's cost under the
-  manifest's cost model (:mod:`mixing.format.cost`); ``seq_tokens`` int64 [n].
+  manifest's cost model (:mod:`contract.cost`); ``seq_tokens`` int64 [n].
   ``cu_seqlens`` of sequence j = [0, cumsum(segments[seg_offsets[j]:seg_offsets[j+1], 3])].
-- ``manifest.json``, written **last**: the typed :class:`~mixing.format.manifest.Manifest`, i.e.
+- ``manifest.json``, written **last**: the typed :class:`~contract.manifest.Manifest`, i.e.
   ``format_version``, ``seq_len``, ``dtype``, ``sequences``, ``sequences_per_step``, the caller's
-  :class:`~mixing.format.manifest.BuildInfo` (mix and tokenizer fingerprints, steps, sources, cost, ...),
+  :class:`~contract.manifest.BuildInfo` (mix and tokenizer fingerprints, steps, sources, cost, ...),
   ``shards``: per shard ``first_sequence``, ``sequences`` and its files with ``bytes`` and ``sha256``, and
   ``manifest_sha256``, the checksum of the manifest itself.
 
@@ -20,7 +20,7 @@ appears whole on upload, then is moved). The old manifest is removed before the 
 so a folder whose build was interrupted has no manifest and no reader trusts it; rerunning completes it.
 
 Every reader validates what it opens and raises one :class:`ShardError` line naming the file: the manifest
-through :func:`mixing.format.manifest.parse_manifest`, each shard file when first used (unreadable, truncated or
+through :func:`contract.manifest.parse_manifest`, each shard file when first used (unreadable, truncated or
 missing; arrays of the wrong shape, dtype or range). ``verify`` compares every file with its checksum.
 """
 
@@ -36,15 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from mixing.format.index import map_index
-from mixing.format.manifest import (
+from contract.errors import first_line
+from contract.index import map_index
+from contract.manifest import (
     FORMAT_VERSION,
     MANIFEST,
     ShardError,
-    _first_line,
     parse_manifest,
 )
-from mixing.format.store import Store, sha256_file
+from contract.store import Store, sha256_file
 
 __all__ = [
     "FORMAT_VERSION",
@@ -91,10 +91,10 @@ class ShardSet:
 
     Local shards are memory-mapped lazily; remote ones are fetched whole on first use.
     ``dir`` is the folder as a ``Path`` (for URLs, ``url`` is the authority). Opening validates the
-    manifest (:func:`mixing.format.manifest.parse_manifest`); ``sealed`` is False for a manifest written before
+    manifest (:func:`contract.manifest.parse_manifest`); ``sealed`` is False for a manifest written before
     manifests carried their own checksum (format < 3). Each shard is validated when first used.
     The whole-build metadata (``steps``, ``segments``, ...) is read from every shard and concatenated in this
-    process, unless :meth:`use_index` maps a build index (:mod:`mixing.format.index`) instead.
+    process, unless :meth:`use_index` maps a build index (:mod:`contract.index`) instead.
     """
 
     def __init__(self, shards_dir: Path | str, storage_options: dict[str, Any] | None = None) -> None:
@@ -106,7 +106,7 @@ class ShardSet:
         except FileNotFoundError:
             raise ShardError(f"{self.url}: no {MANIFEST}; the build is missing or did not finish") from None
         except OSError as e:
-            raise ShardError(f"{self.url}/{MANIFEST}: cannot read it ({_first_line(e)})") from None
+            raise ShardError(f"{self.url}/{MANIFEST}: cannot read it ({first_line(e)})") from None
         self.manifest, self.sealed = parse_manifest(self.manifest_bytes, f"{self.url}/{MANIFEST}")
         self._starts = np.array([s.first_sequence for s in self.manifest.shards], dtype=np.int64)
         self._open: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
@@ -115,13 +115,13 @@ class ShardSet:
 
     def use_index(self, folder: Path) -> None:
         """Serve :attr:`steps`, :attr:`seq_cost`, :attr:`seq_tokens`, :attr:`segments` and :meth:`sequence`'s
-        metadata from the index in ``folder`` (:mod:`mixing.format.index`), memory-mapped: no shard's ``meta.npz``
+        metadata from the index in ``folder`` (:mod:`contract.index`), memory-mapped: no shard's ``meta.npz``
         is read any more, nothing per sequence is copied into this process. The caller vouches for the files
         (checksums); their shapes are checked here (``ShardError`` naming the folder)."""
         try:
             self._index = map_index(folder, len(self))
         except ValueError as e:
-            raise ShardError(f"{folder}: index unusable ({_first_line(e)})") from None
+            raise ShardError(f"{folder}: index unusable ({first_line(e)})") from None
         self._index_dir = folder
         for name in ("steps", "seq_cost", "seq_tokens", "segments"):
             self.__dict__.pop(name, None)
@@ -129,7 +129,7 @@ class ShardSet:
 
     @property
     def index(self) -> dict[str, np.ndarray] | None:
-        """The memory-mapped index arrays (:mod:`mixing.format.index`) when :meth:`use_index` was called, else None."""
+        """The memory-mapped index arrays (:mod:`contract.index`) when :meth:`use_index` was called, else None."""
         if self._index is None and self._index_dir is not None:  # unpickled in a spawned worker: map again
             self._index = map_index(self._index_dir, len(self))
         return self._index
@@ -290,7 +290,7 @@ class ShardSet:
         bad = {}
         for f, got in zip(files, digests, strict=True):
             if isinstance(got, OSError):
-                bad[f.name] = f"cannot read it ({_first_line(got)})"
+                bad[f.name] = f"cannot read it ({first_line(got)})"
             elif got is None:
                 bad[f.name] = f"missing ({MANIFEST} lists it)"
             elif got[0] != f.bytes:
@@ -343,5 +343,5 @@ def _meta_problem(meta: dict[str, np.ndarray], n: int, version: int, seq_len: in
 
 def _numpy_says(e: Exception) -> str:
     """numpy's complaint about a damaged file, without its advice to unpickle a file it does not recognize."""
-    text = _first_line(e)
+    text = first_line(e)
     return "its first bytes are not those of a NumPy file" if "pickle" in text else text

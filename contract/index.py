@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from mixing.format.store import sha256_file
+from contract.store import sha256_file
 
 if TYPE_CHECKING:
-    from mixing.format.shards import ShardSet
+    from contract.shards import ShardSet
 
 __all__ = ["ARRAYS", "INDEX", "INDEX_VERSION", "item_cu_seqlens", "map_index", "write_index"]
 

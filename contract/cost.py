@@ -34,7 +34,7 @@ class CostModel:
     """A document of ``l`` tokens costs ``attention · l² + linear · l`` (arbitrary units, ≥ 0 each).
 
     Defaults: a manifest that records no ``cost`` means ``CostModel(1.0, 0.0)`` (attention only); the mix
-    file's own default (:class:`mixing.spec.parts.Cost`) adds a linear term.
+    file's own default (:class:`mixing.mixfile.parts.Cost`) adds a linear term.
     """
 
     attention: _Weight = 1.0

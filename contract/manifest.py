@@ -28,9 +28,9 @@ from typing import Annotated, Any, BinaryIO, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticUseDefault
 
-from mixing.errors import WeirError
-from mixing.format.cost import CostModel
-from mixing.format.store import Store
+from contract.cost import CostModel
+from contract.errors import WeirError, first_line
+from contract.store import Store
 
 __all__ = [
     "BUILD_FIELDS",
@@ -140,7 +140,7 @@ class SourceCounts(_Frozen):
 class Regroup(_Frozen):
     """The mix file's ``balance.regroup`` as the build recorded it: the loader's default ``window``,
     ``period`` and ``slack`` (:mod:`loaders.planner`). Its field defaults are the mix file's defaults too
-    (:class:`mixing.spec.parts.Regroup` takes them from here)."""
+    (:class:`mixing.mixfile.parts.Regroup` takes them from here)."""
 
     window: _Pos = 20
     period: _NonNeg = 10
@@ -324,14 +324,14 @@ def parse_manifest(data: bytes, where: str) -> tuple[Manifest, bool]:
     try:
         manifest = json.loads(data)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
-        raise ShardError(f"{where}: not valid JSON ({_first_line(e)}); the file is damaged, rebuild") from None
+        raise ShardError(f"{where}: not valid JSON ({first_line(e)}); the file is damaged, rebuild") from None
     if not isinstance(manifest, dict):
         raise ShardError(f"{where}: not a JSON object but {type(manifest).__name__}; the file is damaged, rebuild")
     stored = manifest.get(CHECKSUM_FIELD)
     if stored is not None and stored != manifest_digest(manifest):
         raise ShardError(
             f"{where}: content does not match its {CHECKSUM_FIELD}; the manifest was edited or damaged "
-            "after the build wrote it (rebuild, or write changes with mixing.format.manifest.write_manifest)"
+            "after the build wrote it (rebuild, or write changes with contract.manifest.write_manifest)"
         )
     version = manifest.get("format_version")
     if type(version) is not int or version not in READABLE:
@@ -346,8 +346,3 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mixing.format.layout import atomic_path
-from mixing.format.shards import ShardSet
+from contract.atomic import atomic_path
+from contract.shards import ShardSet
 
 __all__ = ["DTYPE_CODES", "INDEX_HEADER", "export_megatron"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mixing import MixError, load_mix
-from mixing.spec.mixfile import parse_mix
+from mixing.mixfile.mix import parse_mix
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mixing.format.store import Store
+from contract.store import Store
 from tests.conftest import S3, S3_BUCKET, s3_endpoint
 
 BUCKET = S3_BUCKET
