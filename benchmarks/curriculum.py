@@ -6,7 +6,7 @@ Three phases at S = 32768 and 131072, global batch 16, dp 16, on the real length
 ``noramp`` (three mixtures of unequal cost) and ``ramps`` (the same with a 3-step linear ramp into main and a
 3-step cosine ramp into the anneal: the real curriculum). Rows: the build's steps (B3, regroup off), weir's
 default (each phase's template order matched to the phase before it, ``loaders.order``; no edges), the
-heaviest-first layout of before issue 16, and weir with edges over each of ``--edge-windows`` windows after a
+heaviest-first layout (``layout=0``), and weir with edges over each of ``--edge-windows`` windows after a
 boundary that needs them (the balance/mixture trade-off; ``--edge-goal`` moves it too).
 
 Prints ``dp_imbalance`` mean / p95 over steps and ``mixture_error`` of the trainer's stream against the plan's

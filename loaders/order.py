@@ -1,4 +1,4 @@
-"""Template order: which cost class takes which position of a phase's per-block template (issue 16).
+"""Template order: which cost class takes which position of a phase's per-block template.
 
 :func:`loaders.balance.regroup_window` lays a phase's regrouped steps out by one template per block of
 ``period`` steps: each position holds one cost class, and any ``period`` consecutive steps of the phase hold

@@ -11,7 +11,7 @@ world: training steps stay the same across an elastic resume. Within a step, seq
 (``micro_batches="unequal"``); the seed permutes which rank takes which bin and the order of a
 rank's sequences. Deterministic for the same build, seed, window, period and world.
 
-With ``layout`` 1 (:data:`LAYOUT`, issue 16) each phase's template takes the order of its positions that
+With ``layout`` 1 (:data:`LAYOUT`) each phase's template takes the order of its positions that
 keeps the windows across the boundary before it nearest the build's (:func:`loaders.order.match_order`,
 against the previous phase's last block as regrouped: a function of the build only, computed once per
 phase). The order moves whole steps: DP balance is the same.
@@ -40,7 +40,7 @@ from loaders.refinement import EDGE_BOUNDARY, SLACK, boundary_error, refine_step
 __all__ = ["EDGE_WINDOWS", "LAYOUT", "LAYOUTS", "MICRO_BATCHES", "StepPlanner"]
 
 MICRO_BATCHES = ("equal", "unequal")
-# how regrouped windows are laid out: 1 (issue 16) each phase's template in the order matched to the steps
+# how regrouped windows are laid out: 1 each phase's template in the order matched to the steps
 # before it (loaders.order); 0 heaviest class first (the layout of loader states that do not name one, which
 # resume only on it)
 LAYOUTS = (0, 1)
@@ -223,7 +223,7 @@ class StepPlanner:
         the steps before it as the previous phase lays them out (its own order, unrefined: a function of the
         build, no chain; the run's first phase keeps each prefix of a block nearest the build's, so that the
         next can match it); None (heaviest first) with layout 0 (also a run of one phase: no boundary, its
-        layout stays the one before issue 16) or when the phase's first window has no whole block."""
+        layout stays the heaviest-first one, layout 0) or when the phase's first window has no whole block."""
         a, b = int(self.window_starts[first]), int(self.window_starts[first + 1])
         if not self.layout or b - a < self.period:
             return None

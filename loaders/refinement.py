@@ -13,7 +13,7 @@ that lowers the mixture error of the windows ending inside it, and never lets a 
 cost) rise above ``max(its own, slack)``. So each window depends on the one before it: the planner
 computes windows in order and the loader's state carries the context (a few integers per source).
 
-Phase boundaries (issue 16): a window of ``period`` steps across a boundary holds the last steps of one
+Phase boundaries: a window of ``period`` steps across a boundary holds the last steps of one
 phase's template and the first of the next's. When the phases' mixtures or cost classes differ (a warmup of
 short documents, an anneal with fewer books), those partial templates miss the plan: by 0.1–0.27 with the
 heaviest classes first in both, by about 0.05 once the next phase's order is matched to the previous one's

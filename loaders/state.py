@@ -16,7 +16,14 @@ from contract.errors import WeirError
 
 __all__ = ["STATE_VERSION", "LoaderState", "StateError"]
 
-STATE_VERSION = 2
+# Raised whenever LoaderState's fields change (tests/loaders/test_state.py pins them), with what an older
+# state means in :data:`_OLDER`.
+STATE_VERSION = 3
+# Versions still read, each with the fields it may lack and the value that reproduces what it did: version 2
+# gained period, micro_batches, slack, context, layout and edges one by one while it shipped.
+_OLDER: dict[int, dict[str, Any]] = {
+    2: {"period": 0, "micro_batches": "equal", "slack": 0.0, "context": None, "layout": 0, "edges": 0},
+}
 
 
 class StateError(WeirError, ValueError):
@@ -49,20 +56,27 @@ class LoaderState:
     edges: int = 0  # windows after a boundary that may mix cost classes (loaders.planner); before it: 0
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values, ``version`` among them (:data:`STATE_VERSION`)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            found = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise StateError(f"loader state version {found!r}; this loader reads version {STATE_VERSION}")
+        """The state :meth:`to_dict` gave, of this version or an older one still read (its absent fields take
+        the values that reproduce what that loader did; it resumes as this version). Anything else is one
+        :class:`StateError` line."""
+        version = state.get("version") if isinstance(state, dict) else type(state).__name__
+        if version != STATE_VERSION and version not in _OLDER:
+            known = ", ".join(str(v) for v in sorted({*_OLDER, STATE_VERSION}))
+            raise StateError(f"loader state version {version!r}; this loader reads versions {known}")
+        defaults = _OLDER.get(version, {})
+        unknown = sorted(set(state) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise StateError(f"loader state version {version} has fields this loader does not know: {unknown}")
         try:
-            fields = cls.__dataclass_fields__
-            # fields added after version 2 first shipped, with the value that reproduces what it did then
-            optional = {"period": 0, "micro_batches": "equal", "slack": 0.0, "context": None, "layout": 0, "edges": 0}
-            return cls(**{k: state[k] if k not in optional else state.get(k, optional[k]) for k in fields})
+            values = {k: state[k] if k in state else defaults[k] for k in cls.__dataclass_fields__}
         except KeyError as e:
-            raise StateError(f"loader state lacks field {e.args[0]!r}") from None
+            raise StateError(f"loader state version {version} lacks field {e.args[0]!r}") from None
+        return cls(**{**values, "version": STATE_VERSION})
 
     def check(self, here: LoaderState) -> None:
         """Raise :class:`StateError` unless this state can resume on the loader whose own state is ``here``

@@ -118,7 +118,7 @@ class SourceSpec(FrozenModel):
     field: str = "text"
     template: str | None = None
     max_epochs: Annotated[float, Field(gt=0)] = math.inf
-    # Ingest options (issue 3): see mixing/ingest/formats.py and mixing/ingest/records.py for their contracts.
+    # Ingest options: see mixing/ingest/formats.py and mixing/ingest/records.py for their contracts.
     messages: str | None = None
     chat_template: Literal["chatml", "plain", "llama3"] = "chatml"
     separator: str | None = None

@@ -1,4 +1,4 @@
-"""The Dagster ``mixture_error`` check of ``packed_shards`` (issue 16): on a build whose mix file regroups steps it
+"""The Dagster ``mixture_error`` check of ``packed_shards``: on a build whose mix file regroups steps it
 judges the trainer's stream (:func:`assets.stream.stream_report`) beside the build's own steps, names both in
 its one line, and passes or not on the worse of the two."""
 

@@ -1,4 +1,4 @@
-"""Ingest faults through a real build (issue 15, items 4, 5, 6, 13): poison records, a byte-order mark and
+"""Ingest faults through a real build: poison records, a byte-order mark and
 paths the index skips are named in the quarantine and the documents' metadata; the build goes on."""
 
 from __future__ import annotations

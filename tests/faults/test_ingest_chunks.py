@@ -1,5 +1,5 @@
 """A damaged cached chunk never spreads: a rebuild verifies every reused chunk, re-tokenizes a damaged one,
-names it, and its outputs equal a clean build's (issue 15, item 2)."""
+names it, and its outputs equal a clean build's."""
 
 from __future__ import annotations
 

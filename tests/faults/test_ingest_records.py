@@ -1,4 +1,4 @@
-"""Well-formed records are not lost to their bytes (issue 15, items 5, 7, 12, 13): a UTF-8 byte-order mark,
+"""Well-formed records are not lost to their bytes: a UTF-8 byte-order mark,
 a declared encoding, templates that can only name fields, and a one-line count of records lacking a field."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trainer's stream across phase boundaries under the default layout (issue 16, ``loaders.order``): every
+"""The trainer's stream across phase boundaries under the default layout (``loaders.order``): every
 10-step window of the training steps stays within the goal of the build's per-step mixture where phases
 change their mixture, each build sequence is read exactly once per pass, and resumes (exact, elastic, with
 DataLoader workers) continue the same stream."""
@@ -72,7 +72,7 @@ def stream_error(shards: ShardSet, layout: int) -> tuple[float, float]:
 def test_every_window_across_the_boundaries_within_the_goal(shards: ShardSet) -> None:
     window, phase = stream_error(shards, layout=1)
     assert window <= GOAL_WINDOW and phase <= GOAL_PHASE, (window, phase)
-    # the heaviest-first layout (before issue 16) puts a phase's full-length steps first in every block:
+    # the heaviest-first layout (layout 0) puts a phase's full-length steps first in every block:
     # windows across a boundary then see the light sources' old and new mixtures in the wrong proportion
     before, _ = stream_error(shards, layout=0)
     assert before > 2 * GOAL_WINDOW, before
@@ -154,7 +154,7 @@ def test_a_state_of_the_layout_before_resumes_only_on_it(shards: ShardSet) -> No
 
 
 def test_balance_layout_0_resumes_a_state_saved_before_layouts(shards: ShardSet) -> None:
-    before = Balance(seed=3, layout=0)  # the heaviest-first layout, as loaders before issue 16 read this build
+    before = Balance(seed=3, layout=0)  # the heaviest-first layout, as loaders before layout 1 read this build
     ds = PackedDataset(shards.dir, world=World(0, 4), balance=before, payload=ONE)
     assert ds.settings.balance.layout == 0 == ds.planner.layout
     reference = seqs(PackedDataset(shards.dir, world=World(0, 4), balance=before, payload=ONE))

@@ -1,4 +1,4 @@
-"""loaders.order: a phase's template order matched to the steps before it (issue 16)."""
+"""loaders.order: a phase's template order matched to the steps before it."""
 
 from __future__ import annotations
 

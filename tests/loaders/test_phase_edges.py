@@ -1,4 +1,4 @@
-"""The mixture the trainer receives across phase boundaries (issue 16): with edges (``edge_windows``),
+"""The mixture the trainer receives across phase boundaries: with edges (``edge_windows``),
 regrouped and refined windows keep every 10-step window of the *training* steps on the build's per-step
 mixture, phases included, with each build sequence read exactly once and resumes exact; the stream's
 composition is computed without reading tokens, and ``weir inspect`` reports it."""

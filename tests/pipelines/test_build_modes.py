@@ -68,11 +68,14 @@ def test_every_file_and_folder_follows_the_umask_also_when_reusing_a_build(tiny_
 def test_another_user_reads_the_whole_build(tiny_mix_path: Path, shared_dir: Path) -> None:
     out = shared_dir / "out"
     weir_build(tiny_mix_path, out, 0o022)
-    # Python itself lives under /root (not readable by nobody): import first, then drop to nobody, then read
+    # Python, the checkout and its .venv may live where nobody cannot enter (/root, a 0700 home): the reader
+    # reads the build once as root, so that every module it imports (lazily ones too) is loaded, then drops to
+    # nobody and reads every file, and the whole build, again
     reader = (
         "import encodings.cp437, json, os, pathlib, sys\n"
         "from mixing.report import inspect_build\n"
         "root = pathlib.Path(sys.argv[1])\n"
+        "assert inspect_build(root).corrupt_files == []\n"
         f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
         "n = sum(len(p.read_bytes()) >= 0 for p in sorted(root.rglob('*')) if p.is_file())\n"
         "report = inspect_build(root)\n"

@@ -171,7 +171,7 @@ def test_automation_can_be_turned_off_by_configuration(tiny_mix_path: Path) -> N
     assert automation_sensor(mix, on=False).default_status == dg.DefaultSensorStatus.STOPPED
 
 
-# --- issue 15: one broken mix file takes down no other mix -------------------------------------------------
+# --- one broken mix file takes down no other mix -------------------------------------------------
 
 
 def _one_good_one_broken(tmp_path: Path, tiny_mix_path: Path) -> Path:

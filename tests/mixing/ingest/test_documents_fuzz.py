@@ -147,7 +147,7 @@ def test_separator_counts_identity_and_nothing_valid_lost(tmp_path_factory, file
     _check(r, root / "out", [t for k, _r, t in expected if k == "ok"], [k for k, _r, _t in expected if k != "ok"])
 
 
-# Poison records (issue 15, item 4): arbitrary JSON values, strings with lone surrogates and control
+# Poison records: arbitrary JSON values, strings with lone surrogates and control
 # characters, arbitrary bytes, JSON nested far deeper than Python's recursion limit, a leading BOM. One
 # record's content never fails the build; every non-blank line is one record, kept or quarantined.
 poison_chars = st.one_of(

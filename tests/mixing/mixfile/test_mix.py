@@ -114,7 +114,7 @@ def test_a_token_budget_needs_unequal_micro_batches_and_room_for_a_sequence() ->
         parse_mix(GOOD + "balance: {micro_batches: unequal, max_tokens: 100}\n", "m.yaml")
 
 
-# --- issue 15: no mix file gets past validation into a crash, and every problem is one line -------------------
+# --- no mix file gets past validation into a crash, and every problem is one line -------------------
 
 
 @pytest.mark.parametrize(
