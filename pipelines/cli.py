@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from mixing.output.layout import BuildLayout
     from mixing.report import BuildReport
 
+__all__ = ["app"]
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 
 

@@ -1,0 +1,1 @@
+"""Reading sources into documents: files and formats, records and templates, tokenizers, the chunk cache."""
