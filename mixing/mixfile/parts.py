@@ -151,7 +151,7 @@ class SourceSpec(FrozenModel):
             return v
         try:
             ok = probe.encode(v) == probe.encode("ascii") and b"\n".decode(v) == "\n"
-        except (UnicodeError, ValueError):
+        except (UnicodeError, ValueError, LookupError):  # LookupError: a codec that is not a text encoding (rot13)
             ok = False
         if not ok:  # records are cut at newline bytes before decoding
             raise ValueError(
