@@ -236,14 +236,20 @@ class StepPlanner:
 
     def _context(self, w: int) -> np.ndarray | None:
         """Tokens per source (int64 [k, sources]) of the ``k = min(period − 1, start)`` training steps before
-        window ``w``, or None while a window they lie in is not arranged yet."""
+        window ``w``, or None while a window they lie in is not arranged yet. Steps before a window a loader
+        state seeded come from that seed (a resume arranges no window before it, and a window shorter than
+        ``period − 1`` steps reaches back past it)."""
         if w in self._seeds:
             return self._seeds[w]
         need, v = min(self.period - 1, int(self.window_starts[w])), w - 1
         parts: list[np.ndarray] = []
         while need > 0:
-            if v not in self._comps:
-                return None
+            if v not in self._comps:  # a resume's seed of the window after v holds the steps before that window
+                seed = self._seeds.get(v + 1)
+                if seed is None:
+                    return None
+                parts.insert(0, seed[len(seed) - need :])
+                break
             take = min(need, len(self._comps[v]))
             parts.insert(0, self._comps[v][len(self._comps[v]) - take :])
             need, v = need - take, v - 1
