@@ -25,8 +25,10 @@ def main() -> None:
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] not in _BUILD_EXTRA:
             raise
-        sys.exit(
+        print(
             f"weir: the weir command needs the build extra ({e.name} is not installed): pip install 'weir[build]' "
-            "(a training node needs none of it: it imports loaders)"
+            "(a training node needs none of it: it imports loaders)",
+            file=sys.stderr,
         )
+        sys.exit(2)
     app()
