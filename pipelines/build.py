@@ -39,7 +39,7 @@ def build_mix(
     it at once in one process deadlock.)
 
     Materializations are recorded in ``instance`` (default: a throwaway one; pass the UI's to see the build
-    there). Raises ``dagster.DagsterExecutionStepExecutionError`` (wrapping the stage's own error) on failure.
+    there). A stage that fails raises its own error (a ``PlanError``, a ``ShardError``, ...), which the CLI reports.
     Dagster's own console log is silenced; the stages' warnings (logger ``weir``: damaged chunks tokenized
     again, records lacking a template field, chat markers the tokenizer lacks) go to ``say`` as
     ``warning: ...`` lines.

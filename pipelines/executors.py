@@ -40,7 +40,7 @@ def executor_from_env(env: Mapping[str, str] = os.environ) -> dg.ExecutorDefinit
         limit = env.get("WEIR_MAX_CONCURRENT", "")
         if not limit:
             return dg.multiprocess_executor
-        if not limit.isdigit():
+        if not (limit.isascii() and limit.isdigit()):
             raise ExecutorChoiceError(f"WEIR_MAX_CONCURRENT={limit!r}: expected a whole number of processes")
         return dg.multiprocess_executor.configured({"max_concurrent": int(limit)}, name="multiprocess")
     if kind == "in_process":

@@ -114,6 +114,23 @@ def demo_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny build (bytes tokenizer, S=64, 4 sequences per step, 8 steps in two phases), built once per session
+    by the real CLI, for every folder's tests."""
+    base = tmp_path_factory.mktemp("tiny")
+    write_tiny_sources(base / "data")
+    (base / "tiny.yaml").write_text(TINY_MIX.format(root=base / "data"))
+    out = base / "build"
+    subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "build", str(base / "tiny.yaml"), "--out", str(out)],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
+    return out
+
+
 MOTO_SERVER = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
 
 

@@ -1,6 +1,7 @@
 """Declarative automation finishes a build the job started, as the daemon would: evaluate the automation
 conditions, run what they request, repeat. Every later stage runs exactly once per source index, each after
-its inputs, and the mix ends up built."""
+its inputs, and the mix ends up built. Its sensor runs unless configuration (``WEIR_AUTOMATION=off``) turns it
+off."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import shutil
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from assets import WeirEngine, WeirStorage
+from mixing import load_mix
 from mixing.stages import STAGES
+from pipelines.automation import automation_sensor
 from pipelines.definitions import load_definitions
 
 
@@ -62,3 +66,16 @@ def test_indexing_every_source_builds_the_rest_once_in_order(tmp_path: Path, tin
         t.name for t in STAGES if t.name != "source_index"
     ]  # dependency order
     assert (tmp_path / "build" / "tiny" / "shards" / "manifest.json").exists()
+
+
+def test_automation_can_be_turned_off_by_configuration(
+    tiny_mix_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mix = load_mix(tiny_mix_path)
+    assert automation_sensor(mix).default_status == dg.DefaultSensorStatus.RUNNING
+    assert automation_sensor(mix, on=False).default_status == dg.DefaultSensorStatus.STOPPED
+    (tmp_path / "mixes").mkdir()
+    shutil.copy(tiny_mix_path, tmp_path / "mixes" / "tiny.yaml")
+    monkeypatch.setenv("WEIR_AUTOMATION", "off")
+    repo = load_definitions(tmp_path / "mixes", tmp_path / "build").get_repository_def()
+    assert repo.get_sensor_def("automation_tiny").default_status == dg.DefaultSensorStatus.STOPPED

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import shutil
-from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from assets import WeirEngine, WeirStorage, mix_assets
 from mixing import load_mix
 from mixing.stages import STAGES
-from pipelines.automation import automation_sensor
 from pipelines.definitions import defs, load_definitions
-from pipelines.executors import ExecutorChoiceError, executor_from_env
-from pipelines.resources import S3_ENV, storage_resource
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +75,8 @@ def test_materialize_whole_graph_on_tiny_mix(tiny_mix_path: Path, tmp_path: Path
     assert (tmp_path / "build" / "tiny" / "shards" / "manifest.json").exists()
 
 
-# --- operating from the UI: definitions load, schedule, sensor, executor, resources ---------------------------
+# --- operating from the UI: the definitions load whole (each part: test_schedules.py, test_sensors.py,
+# test_executors.py, test_resources.py, test_automation.py) ------------------------------------------------
 
 
 def test_definitions_are_loadable_as_the_ui_loads_them() -> None:
@@ -99,76 +95,6 @@ def test_every_stage_after_the_index_is_automated() -> None:
     graph = defs.resolve_asset_graph()
     automated = {k.path[-1] for k in graph.get_all_asset_keys() if graph.get(k).automation_condition is not None}
     assert automated == {s.name for s in STAGES} - {"source_index"}
-
-
-def _tiny_defs(tmp_path: Path, tiny_mix_path: Path) -> dg.Definitions:
-    mixes = tmp_path / "mixes"
-    mixes.mkdir(exist_ok=True)
-    shutil.copy(tiny_mix_path, mixes / "tiny.yaml")
-    return load_definitions(mixes, tmp_path / "build")
-
-
-def test_nightly_schedule_asks_one_run_per_source(tmp_path: Path, tiny_mix_path: Path) -> None:
-    repo = _tiny_defs(tmp_path, tiny_mix_path).get_repository_def()
-    schedule = repo.get_schedule_def("nightly_tiny")
-    when = datetime(2026, 1, 2, 3, 0, tzinfo=UTC)
-    data = schedule.evaluate_tick(dg.build_schedule_context(scheduled_execution_time=when, repository_def=repo))
-    requests = data.run_requests or []
-    assert sorted(r.partition_key or "" for r in requests) == ["notes", "qa"]
-    assert len({r.run_key for r in requests}) == 2
-    assert all(schedule.job_name == "build_tiny" for _ in requests)
-
-
-def test_source_sensor_triggers_exactly_once_per_change(tmp_path: Path, tiny_mix_path: Path) -> None:
-    repo = _tiny_defs(tmp_path, tiny_mix_path).get_repository_def()
-    sensor = repo.get_sensor_def("sources_tiny")
-
-    def tick(cursor: str | None) -> tuple[list[dg.RunRequest], str | None]:
-        data = sensor.evaluate_tick(dg.build_sensor_context(cursor=cursor, repository_def=repo))
-        return list(data.run_requests or []), data.cursor
-
-    first, cursor = tick(None)
-    assert first == [] and cursor  # turning the sensor on records a baseline, rebuilds nothing
-    assert tick(cursor)[0] == []
-    notes = tmp_path / "data" / "notes"
-    (notes / "n99.txt").write_text("A note that arrived later.\n")
-    requests, cursor2 = tick(cursor)
-    assert [(r.partition_key, r.tags["weir/source"]) for r in requests] == [("notes", "notes")]
-    assert cursor2 != cursor
-    assert tick(cursor2)[0] == []  # the same change never triggers twice
-    qa = tmp_path / "data" / "qa.jsonl"
-    qa.write_text(qa.read_text() + '{"q": "new?", "a": "yes"}\n')  # a modified file is a change too
-    requests, cursor3 = tick(cursor2)
-    assert [r.partition_key for r in requests] == ["qa"]
-    (notes / "n99.txt").unlink()
-    assert [r.partition_key for r in tick(cursor3)[0]] == ["notes"]  # and so is a removed one
-
-
-def test_executor_is_chosen_by_configuration() -> None:
-    assert executor_from_env({}).name == "multiprocess"
-    assert executor_from_env({"WEIR_EXECUTOR": "in_process"}).name == "in_process"
-    assert executor_from_env({"WEIR_MAX_CONCURRENT": "3"}).name == "multiprocess"
-    with pytest.raises(ExecutorChoiceError, match="expected one of"):
-        executor_from_env({"WEIR_EXECUTOR": "slurm"})
-    with pytest.raises(ExecutorChoiceError, match="whole number"):
-        executor_from_env({"WEIR_MAX_CONCURRENT": "many"})
-
-
-def test_storage_binds_s3_settings_from_the_environment_only_when_set(tmp_path: Path) -> None:
-    plain = storage_resource(tmp_path, env={})
-    assert plain.root == str(tmp_path)
-    declared = set(S3_ENV)
-    assert declared <= set(WeirStorage.model_fields), "every bound variable names a field of WeirStorage"
-    env = {var: "x" for var in S3_ENV.values()}
-    bound = storage_resource(tmp_path, env=env)
-    for field in declared:  # an EnvVar, so the UI shows the variable's name and never the secret
-        assert isinstance(getattr(bound, field), dg.EnvVar) or getattr(bound, field) == "x"
-
-
-def test_automation_can_be_turned_off_by_configuration(tiny_mix_path: Path) -> None:
-    mix = load_mix(tiny_mix_path)
-    assert automation_sensor(mix).default_status == dg.DefaultSensorStatus.RUNNING
-    assert automation_sensor(mix, on=False).default_status == dg.DefaultSensorStatus.STOPPED
 
 
 # --- one broken mix file takes down no other mix -------------------------------------------------

@@ -1,4 +1,7 @@
-"""``weir build`` as a transaction: a killed build is cleaned up by the next one, two builds never share an output."""
+"""``pipelines/transaction.py``: ``weir build`` as a transaction. A killed build is cleaned up by the next one, two
+builds never share an output (the lock names its holder, or is waited for, and is gone afterwards), and a build
+is seeded with the previous work: chunks and one tokenizer, never a killed writer's temporary files, with the
+modes the umask gives. (A failed build's kept work: ``test_operator_retry.py``.)"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +19,7 @@ import pytest
 
 from mixing import load_mix
 from mixing.report import inspect_build
-from pipelines.transaction import build_output, reuse_previous
+from pipelines.transaction import BuildBusy, build_output, kept_work, output_lock, reuse_previous, work_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]
@@ -168,3 +172,74 @@ def test_reuse_skips_what_killed_writers_left_and_gives_files_the_umask_mode(tmp
     assert all(p.read_text() == rel and p.stat().st_mode & 0o777 == 0o644 for rel, p in got.items())
     assert got["sources/notes/chunks/k1/tokens.bin"].stat().st_ino == (chunks / "k1" / "tokens.bin").stat().st_ino
     assert (chunks / "k2" / "tokens.bin").stat().st_mode & 0o777 == 0o600, "the previous output is not changed"
+
+
+def test_the_lock_names_its_holder_or_is_waited_for_and_is_gone_afterwards(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    lock = tmp_path / ".out.lock"
+    said: list[str] = []
+    with output_lock(dest, False, said.append):
+        assert lock.read_text() == f"{os.getpid()}\n"
+        with pytest.raises(BuildBusy) as busy, output_lock(dest, False, said.append):
+            pass
+        assert str(busy.value) == (
+            f"{dest}: another weir build (pid {os.getpid()}) is building into this folder; "
+            f"wait for it, or pass --wait to start when it is done (lock {lock})"
+        )
+
+        waiting, entered = threading.Event(), threading.Event()
+
+        def second() -> None:  # its own open file: the flock excludes it as it would another process
+            with output_lock(dest, True, lambda line: (said.append(line), waiting.set())):
+                entered.set()
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        assert waiting.wait(60), "the second build says it waits"
+        assert not entered.is_set()
+    waiter.join(60)
+    assert entered.is_set(), "it enters once the first is done"
+    assert said == [f"waiting for the build of pid {os.getpid()} into {dest} to finish"]
+    assert not lock.exists() and list(tmp_path.iterdir()) == [], "nothing is left beside the output"
+
+
+def test_kept_work_is_the_cache_only_when_it_holds_tokenized_chunks(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    cache = work_cache(dest)
+    assert cache == tmp_path / ".out.cache"
+    assert kept_work(dest) is None
+    (cache / "sources" / "qa" / "chunks" / "k1").mkdir(parents=True)
+    (cache / "tokenizer").mkdir()
+    assert kept_work(dest) is None, "a chunk without its report is no tokenized chunk"
+    (cache / "sources" / "qa" / "chunks" / "k1" / "report.json").write_text("{}")
+    assert kept_work(dest) == cache
+
+
+def test_seeding_from_several_folders_keeps_what_is_there_and_one_tokenizer(tmp_path: Path) -> None:
+    def folder(name: str, files: dict[str, str]) -> Path:
+        for rel, text in files.items():
+            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / rel).write_text(text)
+        return tmp_path / name
+
+    newer = folder("cache", {"tokenizer/tokenizer.json": "newer", "sources/qa/chunks/k1/tokens.bin": "newer k1"})
+    older = folder(
+        "out",
+        {
+            "tokenizer/tokenizer.json": "older",
+            "tokenizer/merges.txt": "older merges",  # a file of the other tokenizer: never mixed in
+            "sources/qa/chunks/k1/tokens.bin": "older k1",
+            "sources/qa/chunks/k2/tokens.bin": "older k2",
+            "sources/qa/docs.parquet": "not reusable",
+            "shards/shard-00000.tokens.npy": "not reusable",
+        },
+    )
+    stage = tmp_path / "stage"
+    assert reuse_previous(newer, stage) == 2
+    assert reuse_previous(older, stage) == 1
+    got = {str(p.relative_to(stage)): p.read_text() for p in stage.rglob("*") if p.is_file()}
+    assert got == {
+        "tokenizer/tokenizer.json": "newer",
+        "sources/qa/chunks/k1/tokens.bin": "newer k1",
+        "sources/qa/chunks/k2/tokens.bin": "older k2",
+    }

@@ -1,0 +1,100 @@
+"""``pipelines/freshness.py``: whether a folder's documents are what a mix tokenizes now. Computing the stats and
+asking again finds no difference (a round trip); each way a folder can differ (sources, tokenizer, files added,
+gone or changed, chunks missing) is named in one line, and only that; a finished build is never changed, its
+stats going to the work cache instead, and a folder another build holds is refused. (``weir plan`` on top of
+it: ``test_cli_plan.py``, ``test_operator_retry.py``.)"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mixing import Mix, load_mix
+from mixing.output.layout import BuildLayout
+from pipelines.freshness import compute_stats, differences, has_documents, stats_folders
+from pipelines.transaction import BuildBusy, output_lock, work_cache
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+def edited(path: Path, old: str, new: str) -> Mix:
+    text = path.read_text()
+    assert old in text
+    other = path.with_name("edited.yaml")
+    other.write_text(text.replace(old, new))
+    return load_mix(other)
+
+
+def test_computed_stats_fit_their_mix_and_each_difference_is_named(tiny_mix_path: Path, tmp_path: Path) -> None:
+    mix, root = load_mix(tiny_mix_path), tmp_path / "b"
+    assert not has_documents(root) and stats_folders(mix, root) == {}
+    said: list[str] = []
+    assert compute_stats(mix, root, None, said.append) == root  # no finished build there: into root itself
+    assert said[0] == f"computing the length statistics of mix 'tiny' in {root}"
+    assert has_documents(root) and not BuildLayout(root).manifest.exists()
+    assert differences(mix, root) == [] and stats_folders(mix, root) == {root: []}
+
+    before = digests(root)
+    renamed = edited(tiny_mix_path, "notes", "prose")  # its files too: they are not compared, the source is gone
+    (found,) = differences(renamed, root)
+    assert found == f"sources: the mix has ['prose', 'qa'], {root} holds documents of ['notes', 'qa'] (not ['notes'])"
+    (found,) = differences(edited(tiny_mix_path, "{kind: bytes}", "{kind: bytes, bos: true}"), root)
+    assert found.startswith("tokenizer: bos is True in the mix, False in")
+    (found,) = differences(edited(tiny_mix_path, 'template: "Q: {q} A: {a}"', 'template: "{q}={a}"'), root)
+    assert found.startswith("rendering: source 'qa' makes other documents")
+
+    notes = tmp_path / "data" / "notes"
+    (notes / "n99.txt").write_text("a new note\n")
+    (notes / "n00.txt").unlink()
+    (notes / "n01.txt").write_text("rewritten\n")
+    (found,) = differences(mix, root)
+    assert found.startswith(
+        f"files: source 'notes' matches 12 files now, {root} tokenized 12: 1 new, 1 gone, 1 changed"
+    )
+    shutil.rmtree(notes)
+    (found,) = differences(mix, root)
+    assert found.startswith("files: source 'notes': no file matches")
+    assert digests(root) == before, "asking writes nothing"
+
+
+def test_a_missing_chunk_or_tokenizer_is_a_difference(tiny_mix_path: Path, tmp_path: Path) -> None:
+    mix, root = load_mix(tiny_mix_path), tmp_path / "b"
+    compute_stats(mix, root, None, lambda _s: None)
+    layout = BuildLayout(root)
+    (chunk,) = sorted((layout.source_dir("qa") / "chunks").iterdir())[:1]
+    (chunk / "report.json").unlink()
+    (found,) = differences(mix, root)  # the files are the same: what they would make now is not all there
+    assert found == "rendering: source 'qa' makes other documents now (format, field, template, ...)"
+    shutil.rmtree(layout.tokenizer_dir)
+    (found,) = differences(mix, root)
+    assert found == f"tokenizer: {root} has no prepared tokenizer"
+
+
+def test_beside_a_finished_build_the_stats_go_to_its_work_cache(tiny_build: Path, tmp_path: Path) -> None:
+    out = tmp_path / "build"
+    shutil.copytree(tiny_build, out)  # a copy: the session build stays whatever happens here
+    shutil.copy(tiny_build.parent / "tiny.yaml", tmp_path / "tiny.yaml")
+    mix = load_mix(tmp_path / "tiny.yaml")
+    before = digests(out)
+    assert stats_folders(mix, out) == {out: []}
+    edit = edited(tmp_path / "tiny.yaml", 'template: "Q: {q} A: {a}"', 'template: "{q}={a}"')
+    target = compute_stats(edit, out, None, lambda _s: None)
+    assert target == work_cache(out)
+    assert digests(out) == before, "a finished build is never changed"
+    found = stats_folders(edit, out)
+    assert list(found) == [out, target] and found[target] == [] and found[out]  # root first; only the cache fits
+
+
+def test_a_folder_another_build_holds_is_refused(tiny_mix_path: Path, tmp_path: Path) -> None:
+    root = tmp_path / "b"
+    with output_lock(root, False, lambda _s: None), pytest.raises(BuildBusy, match=f"pid {os.getpid()}"):
+        compute_stats(load_mix(tiny_mix_path), root, None, lambda _s: None)
+    assert not has_documents(root)
