@@ -1,1 +1,1 @@
-"""Packing a plan's documents into fixed-length sequences: the packer, its engines, its results, the shards it writes."""
+"""Packing a plan's documents into fixed-length sequences: the packer, its engines, its results, its shards."""
