@@ -209,8 +209,8 @@ def check_chunk(chunks: Store, key: str, *, tokens: bool, into: Path | None = No
             if digest != sums.get(name):
                 raise ChunkDamaged(f"{name} sha256 mismatch")
     except (OSError, ValueError) as e:  # FileNotFoundError and the object stores' own errors
-        name = getattr(e, "filename", None)
-        file = f" ({Path(name).name})" if name else ""
+        where = getattr(e, "filename", None)
+        file = f" ({Path(where).name})" if where else ""
         raise ChunkDamaged(f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}{file}") from None
     record = {"name": f"{key}/{REPORT}", "bytes": len(raw_report), "sha256": hashlib.sha256(raw_report).hexdigest()}
     return ChunkRead(rep, record, paths.get("docs.parquet"), paths.get("quarantine.jsonl"))
