@@ -12,7 +12,8 @@ through the real pipeline stages (``mixing.stages``) into a temporary folder, to
   shards, for B0 and for the plan itself;
 - packing throughput (documents/s, best of ``--repeat``) and peak memory (tracemalloc, bytes per unit) of
   weir's packer (``mixing.pack.packing.pack_plan``, compiled with numba where installed) beside the reference
-  implementation it replaced (``tests/mixing/pack/reference.py``'s ``pack_plan``), with the quality figures above for both,
+  implementation it replaced (``pack_plan`` of ``tests/mixing/pack/reference.py``), with the quality figures above
+  for both,
   computed the same way from each packing (and, for weir's, checked against ``inspect_build`` of its shards);
 - each stage's wall time, and the load average before and after.
 

@@ -234,9 +234,18 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the next unseen sequence of ``state``; raises :class:`~loaders.state.StateError` for
-        a state of another build or plan, or one saved inside a step under another DP layout."""
+        a state of another build or plan, one saved inside a step under another DP layout, or a position this
+        build does not have (a step past its end, more sequences delivered than the step gives this rank)."""
         s = LoaderState.from_dict(state)
         s.check(self._state())
+        steps = self.planner.steps
+        if s.step > steps:
+            raise StateError(f"loader state is at step {s.step}; this build has {steps} training steps")
+        if s.consumed and (s.step == steps or s.consumed >= self.count(s.step)):
+            n = 0 if s.step == steps else self.count(s.step)
+            raise StateError(
+                f"loader state has {s.consumed} sequences of step {s.step} delivered; this rank reads {n} there"
+            )
         try:
             self.planner.seed_context(s.step, s.context)
         except ValueError as e:

@@ -9,7 +9,10 @@ not in this rank's state); a different ``cp_size`` is fine.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import asdict, dataclass
+from numbers import Integral, Real
 from typing import Any
 
 from contract.errors import WeirError
@@ -28,6 +31,21 @@ _OLDER: dict[int, dict[str, Any]] = {
 
 class StateError(WeirError, ValueError):
     """A state that cannot be resumed here: another build, plan or world, or a malformed dict."""
+
+
+# the whole-number fields and their least value
+_WHOLE = {
+    "seed": -(1 << 63),
+    "window": 1,
+    "step": 0,
+    "consumed": 0,
+    "dp_rank": 0,
+    "dp_size": 1,
+    "cp_size": 1,
+    "version": 1,
+}
+_WHOLE |= {"period": 0, "layout": 0, "edges": 0}
+_BUILD_ID = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -54,6 +72,29 @@ class LoaderState:
     context: list[list[int]] | None = None
     layout: int = 0  # regrouped windows' layout (loaders.planner.LAYOUT); states saved before it had 0
     edges: int = 0  # windows after a boundary that may mix cost classes (loaders.planner); before it: 0
+
+    def __post_init__(self) -> None:
+        """Every field checked for its type and range (a state may be edited by hand, or come from elsewhere):
+        one :class:`StateError` line naming the field, never a silent replay or skip later."""
+        for k, low in _WHOLE.items():
+            v = getattr(self, k)
+            if not isinstance(v, Integral) or isinstance(v, bool) or v < low:
+                raise StateError(f"loader state field {k!r} is {v!r}; expected a whole number ≥ {low}")
+        if self.dp_rank >= self.dp_size:
+            raise StateError(f"loader state field 'dp_rank' is {self.dp_rank}; expected < dp_size {self.dp_size}")
+        if not isinstance(self.build_id, str) or not _BUILD_ID.fullmatch(self.build_id):
+            raise StateError(f"loader state field 'build_id' is {self.build_id!r}; expected 64 hex digits")
+        if self.micro_batches not in ("equal", "unequal"):
+            raise StateError(f"loader state field 'micro_batches' is {self.micro_batches!r}; expected equal or unequal")
+        if not isinstance(self.slack, Real) or isinstance(self.slack, bool) or not 0 <= self.slack < math.inf:
+            raise StateError(f"loader state field 'slack' is {self.slack!r}; expected a finite number ≥ 0")
+        c = self.context
+        if c is not None and not (
+            isinstance(c, list)
+            and all(isinstance(row, list) and len(row) == len(c[0]) for row in c)
+            and all(isinstance(x, Integral) and not isinstance(x, bool) and x >= 0 for row in c for x in row)
+        ):
+            raise StateError("loader state field 'context' is not a list of equal rows of token counts ≥ 0")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values, ``version`` among them (:data:`STATE_VERSION`)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -265,3 +266,23 @@ def test_reused_arrays_never_change_an_item_still_held(tiny_build: Path, cp: int
         want = ds.item(i)
         assert torch.equal(labels, want["labels"]) and torch.equal(pos, want["position_ids"][3:])
         assert torch.equal(indices, want["indices"])
+
+
+def test_a_position_the_build_does_not_have_is_refused_in_one_line(tiny_build: Path) -> None:
+    ds = PackedDataset(tiny_build, world=World(0, 2))
+    state = ds.state_dict()
+    steps, per_rank = ds.planner.steps, ds.per_rank
+    for bad, message in [
+        ({"step": steps + 1}, f"at step {steps + 1}; this build has {steps} training steps"),
+        ({"step": 3, "consumed": per_rank}, f"{per_rank} sequences of step 3 delivered; this rank reads {per_rank}"),
+        ({"step": steps, "consumed": 1}, f"1 sequences of step {steps} delivered; this rank reads 0"),
+    ]:
+        with pytest.raises(StateError, match=re.escape(message)) as e:
+            PackedDataset(tiny_build, world=World(0, 2)).load_state_dict(state | bad)
+        assert "\n" not in str(e.value)
+    last = PackedDataset(tiny_build, world=World(0, 2))
+    last.load_state_dict(state | {"step": 3, "consumed": per_rank - 1})
+    assert len(last) == (steps - 3) * per_rank - (per_rank - 1)
+    done = PackedDataset(tiny_build, world=World(0, 2))
+    done.load_state_dict(state | {"step": steps})
+    assert done.exhausted

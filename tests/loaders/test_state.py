@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
+import numpy as np
 import pytest
 
 from loaders.state import STATE_VERSION, LoaderState, StateError
@@ -66,3 +68,33 @@ def test_check_names_what_differs() -> None:
     with pytest.raises(StateError, match="step boundary"):
         state(consumed=1, dp_size=4).check(here)
     state(consumed=1, cp_size=2).check(here)  # inside a step, another cp_size is fine
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("consumed", -3, "'consumed' is -3; expected a whole number ≥ 0"),
+        ("step", -1, "'step' is -1"),
+        ("step", "7", "'step' is '7'"),
+        ("step", 7.0, "'step' is 7.0"),
+        ("step", None, "'step' is None"),
+        ("dp_size", 0, "'dp_size' is 0"),
+        ("dp_rank", 2, "'dp_rank' is 2; expected < dp_size 2"),
+        ("window", True, "'window' is True"),
+        ("build_id", "b" * 12, "'build_id' is 'bbbbbbbbbbbb'"),
+        ("micro_batches", "some", "'micro_batches' is 'some'"),
+        ("slack", float("nan"), "'slack' is nan"),
+        ("slack", -1.0, "'slack' is -1.0"),
+        ("context", [[1, 2], [3]], "'context' is not a list of equal rows"),
+        ("context", [[1, -2]], "'context' is not"),
+        ("context", "[[1]]", "'context' is not"),
+    ],
+)
+def test_a_hand_edited_field_is_refused_in_one_line(field: str, value: object, message: str) -> None:
+    with pytest.raises(StateError, match=re.escape(message)) as e:
+        LoaderState.from_dict(state().to_dict() | {field: value})
+    assert "\n" not in str(e.value)
+
+
+def test_numpy_integers_are_whole_numbers() -> None:
+    assert state(step=np.int64(3), consumed=np.int32(1)).step == 3
