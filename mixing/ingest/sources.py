@@ -16,7 +16,7 @@ import fsspec
 import polars as pl
 
 from contract.errors import WeirError
-from mixing.ingest.formats import is_code_file, read_file
+from mixing.ingest.formats import is_code_file, read_file, shown_path
 from mixing.ingest.records import Record, bad
 from mixing.mixfile.mix import Mix, SourceSpec
 
@@ -35,9 +35,11 @@ def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = N
     else why the matched path is not read (``"dangling symlink: ..."``, ``"symlink loop: ..."``, ``"is a
     directory: ..."``, ``"not a regular file: ..."``; a reason of :data:`mixing.ingest.records.REASONS` and its
     detail), so that every path the URI matched is accounted for (the documents stage quarantines skipped
-    ones). A symlink to a file is read (fingerprinted by its target). A ``code`` source's URI may name a
-    folder (every file below it with a known extension, and ``.tar`` archives); folders a ``**`` glob
-    walks through are not listed. ``storage_options`` go to fsspec (for ``s3://``: endpoint and
+    ones). A local name that is not UTF-8 is listed escaped (:func:`mixing.ingest.formats.shown_path`, e.g.
+    ``caf\\xe9.txt``) and read like any other; it is quarantined (``unreadable file``) only should another file
+    bear that escaped name. A symlink to a file is read (fingerprinted by its target). A ``code`` source's URI
+    may name a folder (every file below it with a known extension, and ``.tar`` archives); folders a ``**``
+    glob walks through are not listed. ``storage_options`` go to fsspec (for ``s3://``: endpoint and
     credentials from the Dagster resource, never from the mix file). Deterministic for unchanged
     storage. Raises :class:`SourceIndexError` when no file to read matches.
     """
@@ -63,9 +65,11 @@ def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = N
         if skipped is None and info.get("type") != "file":
             kind = info.get("type")
             skipped = "is a directory: it matches the glob" if kind == "directory" else f"not a regular file: {kind}"
+        full = shown_path(p) if local else f"{protocol}://{p}"  # a name that is not UTF-8 is shown escaped
+        if skipped is None and full != p and os.path.lexists(full):
+            skipped = "unreadable file: its name is not UTF-8, and its escaped form names another file"
         stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
         fp = hashlib.sha256((skipped or f"{info.get('size')}|{stamp}").encode()).hexdigest()[:16]
-        full = p if local else f"{protocol}://{p}"
         size = 0 if skipped else int(info.get("size") or 0)
         rows.append({"path": full, "size": size, "fingerprint": fp, "skipped": skipped})
     if not any(r["skipped"] is None for r in rows):

@@ -78,3 +78,38 @@ def test_a_template_field_no_record_has_is_one_line_naming_it(tiny_mix_path: Pat
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("source 'qa' has no documents: 40 of 41 records lack template field 'question'"), msg
+
+
+def test_names_not_utf8_and_every_line_end_through_a_build(tiny_mix_path: Path, tmp_path: Path) -> None:
+    data = tiny_mix_path.parent / "data"
+    with open(bytes(data) + b"/notes/caf\xe9.txt", "wb") as f:  # a Latin-1 name: U+DCE9 to Python
+        f.write(b"Note from a Latin-1 name.\n")
+    qa = data / "qa.jsonl"
+    qa.write_bytes(qa.read_bytes().replace(b"\n", b"\r"))  # CR-only line ends, line 6 still the bad one
+    with open(bytes(data) + b"/r\xe9sum\xe9.jsonl", "wb") as f:  # each line end, a bare \r between two records
+        f.write(b'{"q": "x", "a": "1"}\r{broken\r\n{"q": "y", "a": "2"}\n{"q": "z", "a": "3"}\r')
+    tiny_mix_path.write_text(tiny_mix_path.read_text().replace("/qa.jsonl", "/*.jsonl"))
+
+    said: list[str] = []
+    instance = dg.DagsterInstance.ephemeral()
+    build_mix(load_mix(tiny_mix_path), tmp_path / "out", say=said.append, instance=instance)
+    layout = BuildLayout(tmp_path / "out")
+    assert all(s.encode("utf-8") for s in said)
+
+    shown = {"notes": f"{data}/notes/caf\\xe9.txt", "qa": f"{data}/r\\xe9sum\\xe9.jsonl"}
+    for source, path in shown.items():
+        assert path in pl.read_parquet(layout.source_dir(source) / "index.parquet")["path"].to_list()
+    notes = pl.read_parquet(layout.source_dir("notes") / "docs.parquet")
+    assert shown["notes"] in notes["file"].to_list() and notes.height == 13
+    assert (_metadata(instance, "notes")["docs_seen"], _metadata(instance, "notes")["docs_quarantined"]) == (13, 0)
+
+    qa_meta = _metadata(instance, "qa")
+    assert (qa_meta["docs_seen"], qa_meta["docs_kept"], qa_meta["docs_quarantined"]) == (45, 43, 2)
+    assert {(q["file"], q["line"], q["reason"]) for q in _quarantine(layout, "qa")} == {
+        (str(qa), 6, "invalid JSON"),
+        (shown["qa"], 2, "invalid JSON"),
+    }
+    docs = pl.read_parquet(layout.source_dir("qa") / "docs.parquet")
+    assert docs.filter(pl.col("file") == shown["qa"])["line"].to_list() == [1, 3, 4]
+    assert docs.filter(pl.col("file") == str(qa))["line"].to_list() == [i for i in range(1, 42) if i != 6]
+    assert (layout.root / "shards").is_dir()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from mixing.ingest.formats import read_file
+from mixing.ingest.formats import _lines, read_file, shown_path
 from mixing.ingest.records import REASONS
 from mixing.mixfile.mix import SourceSpec
 from tests.conftest import shared_path
@@ -128,6 +130,112 @@ def test_unreadable_file_is_a_record_not_an_exception(tmp_path: Path) -> None:
 
 def test_every_reason_is_known() -> None:
     assert len(set(REASONS)) == len(REASONS)
+
+
+# ---- line ends: \n, \r\n and a bare \r each end a record, and line numbers count them alike ----
+
+LINE_ENDS = {  # the end after each of 5 lines; "mixed" has each kind, a bare \r between two records included
+    "lf": [b"\n"] * 5,
+    "crlf": [b"\r\n"] * 5,
+    "cr": [b"\r"] * 5,
+    "mixed": [b"\r", b"\n", b"\r\n", b"\r", b""],  # the last line without an end
+}
+
+
+@pytest.mark.parametrize("ends", LINE_ENDS)
+def test_jsonl_each_line_end_ends_a_record(tmp_path: Path, ends: str) -> None:
+    lines = [b'{"text": "one"}', b'{"text": "two"}', b"{not json", b"", b'{"text": "five"}']
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(b"".join(x + e for x, e in zip(lines, LINE_ENDS[ends], strict=True)))
+    recs = [(r.line, r.text, r.reason) for r in read_file(str(p), spec(format="jsonl"))]
+    assert recs == [(1, "one", None), (2, "two", None), (3, None, "invalid JSON"), (5, "five", None)]
+
+
+@pytest.mark.parametrize("ends", LINE_ENDS)
+def test_jsonl_record_too_large_ends_at_any_line_end(tmp_path: Path, ends: str) -> None:
+    # Lines are read 41 bytes at a time (max_record_bytes + 1): line 3, of 40 bytes, has its \r\n cut in two.
+    three = b'{"text": "' + b"t" * 28 + b'"}'
+    lines = [b'{"text": "one"}', b'{"text": "' + b"z" * 100 + b'"}', three, b"", b'{"text": "' + b"y" * 23]
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(b"".join(x + e for x, e in zip(lines, LINE_ENDS[ends], strict=True)))
+    recs = list(read_file(str(p), spec(format="jsonl", max_record_bytes=40)))
+    assert [(r.line, r.text, r.reason) for r in recs] == [
+        (1, "one", None),
+        (2, None, "record too large"),
+        (3, "t" * 28, None),
+        (5, None, "invalid JSON"),  # a last line cut short, without its end
+    ]
+    assert recs[1].error == f"record too large: {112 + len(LINE_ENDS[ends][1])} bytes > max_record_bytes=40"
+
+
+def test_lines_keep_their_ends_and_a_line_over_the_limit_is_its_start_and_size() -> None:
+    data = b'{"a": 1}\n' + b"x" * 50 + b"\n\n" + b'{"b": 2}'  # the last line without an end
+    for end in (b"\n", b"\r\n", b"\r"):
+        reader = io.BufferedReader(io.BytesIO(data.replace(b"\n", end)), 8)
+        assert list(_lines(reader, 20)) == [
+            (b'{"a": 1}' + end, 0),
+            (b"x" * 21, 50 + len(end)),
+            (end, 0),
+            (b'{"b": 2}', 0),
+        ]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])  # pyarrow, and Python's csv module
+@pytest.mark.parametrize("ends", ["lf", "crlf", "cr"])
+def test_csv_each_line_end_ends_a_row(tmp_path: Path, ends: str, encoding: str) -> None:
+    e = LINE_ENDS[ends][0]
+    p = tmp_path / "t.csv"
+    p.write_bytes(e.join([b"text,n", b"hello,1", b'"two' + e + b'lines",2', b"123,4", b""]))
+    recs = [(r.line, r.text, r.reason) for r in read_file(str(p), spec(format="csv", encoding=encoding))]
+    assert recs == [(1, "hello", None), (2, f"two{e.decode()}lines", None), (3, "123", None)]
+
+
+BLANK_LINES = {  # three blank-line separators and the last line's end, per kind of line end
+    "lf": [b"\n\n"] * 3 + [b"\n"],
+    "crlf": [b"\r\n\r\n"] * 3 + [b"\r\n"],
+    "cr": [b"\r\r"] * 3 + [b"\r"],
+    "mixed": [b"\r\n\r", b"\n\r", b"\r\r\n", b""],
+}
+
+
+@pytest.mark.parametrize("ends", BLANK_LINES)
+def test_text_separator_of_newlines_matches_any_line_end(tmp_path: Path, ends: str) -> None:
+    e = BLANK_LINES[ends]
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"one" + e[0] + b"two\r\nlines" + e[1] + b"three" + e[2] + b"four" + e[3])
+    recs = [(r.line, r.text, r.reason) for r in read_file(str(p), spec(separator="\n\n"))]
+    assert recs == [
+        (1, "one", None),
+        (2, "two\r\nlines", None),  # a piece keeps its own line ends
+        (3, "three", None),
+        (4, "four" + e[3].decode(), None),  # as with \n: the file's last line end stays in the last piece
+    ]
+    big = tmp_path / "big.txt"  # pieces across the reader's 1 MiB reads; the first read ends inside a separator
+    pieces = [b"p%d " % i + b"x" * (i * 99_991 % 700_000) for i in range(12)]
+    pieces[0] = b"x" * ((1 << 20) - 3)  # with \r\n\r\n: the read ends after its second \r
+    big.write_bytes(e[0].join(pieces))
+    assert [r.text for r in read_file(str(big), spec(separator="\n\n"))] == [x.decode() for x in pieces]
+
+
+def test_text_separator_holding_cr_is_literal(tmp_path: Path) -> None:
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"one\n\ntwo\r\n\r\nthree\n")
+    assert [r.text for r in read_file(str(p), spec(separator="\r\n\r\n"))] == ["one\n\ntwo", "three\n"]
+    assert [r.text for r in read_file(str(p), spec(separator="---"))] == ["one\n\ntwo\r\n\r\nthree\n"]
+
+
+def test_a_file_name_that_is_not_utf8_is_read_by_its_shown_name(tmp_path: Path) -> None:
+    name = os.fsdecode(bytes(tmp_path) + b"/caf\xe9 \\ x.jsonl")  # Latin-1 bytes and a backslash
+    with open(name, "wb") as f:
+        f.write(b'{"text": "kept"}\r{oops\r\n')
+    shown = shown_path(name)
+    assert shown == f"{tmp_path}/caf\\xe9 \\\\ x.jsonl" and shown.encode("utf-8")
+    recs = list(read_file(shown, spec(format="jsonl")))
+    assert [(r.file, r.line, r.text, r.reason) for r in recs] == [
+        (shown, 1, "kept", None),
+        (shown, 2, None, "invalid JSON"),
+    ]
+    assert shown_path(str(tmp_path / "plain é.txt")) == str(tmp_path / "plain é.txt")  # UTF-8 names are themselves
 
 
 # ---- real data from ../shared/data (skipped when absent) ----

@@ -1,14 +1,19 @@
-"""Source index: globs and code folders, fingerprints that change exactly when a file changes."""
+"""Source index: globs and code folders, fingerprints that change exactly when a file changes, names that are not
+UTF-8."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import polars as pl
 import pytest
 
-from mixing.ingest.sources import SourceIndexError, index_source
-from mixing.mixfile.mix import parse_mix
+from mixing.ingest.chunks import chunk_keys
+from mixing.ingest.sources import SourceIndexError, index_source, read_records
+from mixing.ingest.tokenizer import load_tokenizer
+from mixing.mixfile.mix import TokenizerSpec, parse_mix
 
 MIX = """
 name: m
@@ -49,3 +54,42 @@ def test_fingerprint_changes_only_for_the_changed_file(tmp_path: Path) -> None:
 def test_nothing_matches_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SourceIndexError, match="no file matches"):
         index_source(mix_for(f"{tmp_path}/*.jsonl", "jsonl"), "s")
+
+
+def _named(folder: Path, name: bytes, data: bytes) -> str:
+    """A file whose name has the bytes ``name`` (Python holds what is not UTF-8 as lone surrogates)."""
+    path = os.fsdecode(bytes(folder) + b"/" + name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def test_a_name_that_is_not_utf8_is_listed_escaped_and_read(tmp_path: Path) -> None:
+    _named(tmp_path, b"caf\xe9.txt", b"a Latin-1 name")  # U+DCE9 to Python: no UTF-8, JSON or parquet for it
+    _named(tmp_path, b"plain.txt", b"a plain name")
+    idx = index_source(mix_for(f"{tmp_path}/*.txt"), "s")
+    assert idx["path"].to_list() == [f"{tmp_path}/caf\\xe9.txt", f"{tmp_path}/plain.txt"]
+    assert idx["skipped"].to_list() == [None, None]
+    idx.write_parquet(tmp_path / "index.parquet")  # every path is UTF-8 text now
+    json.dumps(idx.to_dicts(), ensure_ascii=False).encode("utf-8")
+    spec = mix_for(f"{tmp_path}/*.txt").sources["s"]
+    assert [r.text for p in idx["path"] for r in read_records(p, spec)] == ["a Latin-1 name", "a plain name"]
+    tok = load_tokenizer(TokenizerSpec(kind="bytes"), Path("."))
+    assert len(chunk_keys(idx, tok, spec)) >= 1
+
+
+def test_a_folder_name_that_is_not_utf8_and_a_name_like_an_escape(tmp_path: Path) -> None:
+    os.mkdir(bytes(tmp_path) + b"/d\xff")
+    _named(tmp_path, b"d\xff/a.py", b"print('in a folder named with 0xff')\n")
+    _named(tmp_path, b"b\xe9.py", b"print('latin-1')\n")
+    _named(tmp_path, b"b\\xe9.py", b"print('a name with a backslash, as the escape of the other')\n")
+    idx = index_source(mix_for(tmp_path, "code"), "s")
+    rows = {(Path(p).relative_to(tmp_path).as_posix(), s) for p, s in idx.select("path", "skipped").iter_rows()}
+    clash = "unreadable file: its name is not UTF-8, and its escaped form names another file"
+    assert rows == {("b\\xe9.py", None), ("b\\xe9.py", clash), ("d\\xff/a.py", None)}
+    spec = mix_for(tmp_path, "code").sources["s"]
+    texts = {p: [r.text for r in read_records(p, spec)] for p in idx.filter(pl.col("skipped").is_null())["path"]}
+    assert texts == {
+        f"{tmp_path}/b\\xe9.py": ["print('a name with a backslash, as the escape of the other')\n"],
+        f"{tmp_path}/d\\xff/a.py": ["print('in a folder named with 0xff')\n"],
+    }
