@@ -148,7 +148,7 @@ def test_a_loader_with_workers_resumes_exactly(shards: ShardSet) -> None:
 def test_a_state_of_the_layout_before_resumes_only_on_it(shards: ShardSet) -> None:
     ds = PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE)
     seqs(ds, 50)
-    older = {k: v for k, v in ds.state_dict().items() if k != "layout"}  # saved before layouts were named
+    older = {k: v for k, v in ds.state_dict().items() if k != "layout"} | {"version": 2}  # before layouts were named
     with pytest.raises(ValueError, match="layout 0"):
         PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE).load_state_dict(older)
 
@@ -160,7 +160,7 @@ def test_balance_layout_0_resumes_a_state_saved_before_layouts(shards: ShardSet)
     reference = seqs(PackedDataset(shards.dir, world=World(0, 4), balance=before, payload=ONE))
     assert reference != seqs(PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE))
     head = seqs(ds, 50)
-    older = {k: v for k, v in ds.state_dict().items() if k != "layout"}  # saved before layouts were named
+    older = {k: v for k, v in ds.state_dict().items() if k != "layout"} | {"version": 2}  # before layouts were named
     resumed = PackedDataset(shards.dir, world=World(0, 4), balance=before, payload=ONE)
     resumed.load_state_dict(older)
     assert head + seqs(resumed) == reference
@@ -171,7 +171,7 @@ def test_a_run_of_one_phase_keeps_the_layout_before(tmp_path: Path) -> None:
     assert StepPlanner(shards, window=20, period=10).layout == 0  # no boundary: nothing to match
     ds = PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE)
     seqs(ds, 50)
-    older = {k: v for k, v in ds.state_dict().items() if k != "layout"}
+    older = {k: v for k, v in ds.state_dict().items() if k != "layout"} | {"version": 2}
     resumed = PackedDataset(shards.dir, world=World(0, 4), balance=Balance(seed=3), payload=ONE)
     resumed.load_state_dict(older)  # a state from before layouts were named resumes as it did
     assert (
