@@ -8,12 +8,14 @@ The cheap loop: weir plan MIX (seconds, from tokenized documents), edit the mix 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from contract.errors import WeirError
 from mixing import MixError, load_mix
@@ -21,6 +23,7 @@ from mixing.mixfile.envvars import redact
 from pipelines import PROJECT_ROOT
 
 if TYPE_CHECKING:
+    from mixing import Mix
     from mixing.output.layout import BuildLayout
     from mixing.report import BuildReport
 
@@ -49,14 +52,56 @@ def _load(mix_path: Path):  # type: ignore[no-untyped-def]
         raise typer.Exit(2) from None
 
 
+def _check_paths(m: Mix, list_sources: bool) -> list[str]:
+    """:func:`mixing.mixfile.paths.check_paths`: print each problem as an invalid mix file's error (after the
+    notes, with ``list_sources``) and exit 2 if any; else return the notes. Sources are listed (``list_sources``)
+    with the S3 options of the environment."""
+    from mixing.mixfile.paths import check_paths
+
+    found = check_paths(m, _s3_options(m) if list_sources else None, list_sources=list_sources)
+    if found.problems:
+        _print_notes(found.notes if list_sources else [])
+        for problem in found.problems:
+            err.print(f"[bold red]invalid mix file[/]: {escape(problem)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
+    return found.notes
+
+
+def _print_notes(notes: list[str]) -> None:
+    for note in notes:
+        err.print(f"[yellow]note[/]: {escape(note)}", highlight=False, soft_wrap=True)
+
+
+def _s3_options(m: Mix) -> dict[str, object] | None:
+    """fsspec options from the ``AWS_*`` variables when a source is remote (dagster imported only then), else None."""
+    try:
+        uris = [m.source_uri(name) for name in m.sources]
+    except MixError:  # a variable not set: check_paths names it
+        return None
+    if all("://" not in u or u.startswith("file://") for u in uris):
+        return None
+    if not any(k.startswith("AWS_") and v for k, v in os.environ.items()):
+        return None  # nothing to list with (and no dagster to import for it)
+    from pipelines.resources import mix_storage_options
+
+    return mix_storage_options(m)
+
+
 @app.command()
 def validate(mix: Path) -> None:
-    """Check a mix file; print a one-line summary, or the error with its line and field (exit 2)."""
+    """Check a mix file; print a one-line summary, or the error with its line and field (exit 2).
+
+    Beyond the schema, in seconds and without tokenizing: each source's URI matches a file (an s3:// one only
+    when AWS_* variables give an endpoint or credentials, else a note says it was not checked), an hf
+    tokenizer's file is readable, and no {mix_dir} or {env_NAME} is left in a path (a variable not set).
+    """
     m = _load(mix)
+    notes = _check_paths(m, list_sources=True)
     out.print(
         f"{mix}: ok — mix {m.name!r}, {len(m.sources)} sources, {len(m.curriculum)} phases, "
         f"{m.total_steps} steps of {m.sequence.global_batch}×{m.sequence.length} tokens"
     )
+    _print_notes(notes)
 
 
 @app.command()
@@ -107,6 +152,7 @@ def build(
     from pipelines.transaction import BuildBusy, build_output, kept_work
 
     m = _load(mix)
+    _check_paths(m, list_sources=False)  # the build lists the sources first thing
     remote = out_dir is not None and not is_local(out_dir)
     dest: Path | str = out_dir if out_dir and remote else Path(out_dir or Path("build") / m.name).resolve()
     out.print(f"building mix {m.name!r} into {redact_url(str(dest))}" + (f" on {engine}" if engine != "local" else ""))
@@ -276,6 +322,7 @@ def plan_cmd(
     from pipelines.resources import mix_storage_options
 
     m = _load(mix)
+    _check_paths(m, list_sources=False)  # the freshness check lists the sources next
     root = (build_dir or Path("build") / m.name).resolve()
     options = mix_storage_options(m)
     found = stats_folders(m, root, options)

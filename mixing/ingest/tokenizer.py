@@ -28,6 +28,7 @@ import numpy as np
 
 from contract.atomic import atomic_path, write_json_atomic
 from contract.errors import WeirError
+from mixing.mixfile import envvars
 from mixing.mixfile.mix import TokenizerSpec
 
 __all__ = ["TextTokenizer", "TokenizerError", "load_tokenizer", "prepare_tokenizer", "train_bpe"]
@@ -298,7 +299,7 @@ def prepare_tokenizer(spec: TokenizerSpec, out_dir: Path, sample: Iterable[str])
                 tmp.write_text(key)
     elif spec.kind == "hf":
         assert spec.path is not None
-        src = Path(os.path.expanduser(spec.path))
+        src = Path(os.path.expanduser(envvars.expand(spec.path)))  # {env_NAME} is kept in the spec, never shown
         try:
             data = src.read_bytes()
         except OSError as e:

@@ -1,5 +1,5 @@
-"""Environment variables in source URIs: ``{env_NAME}`` is expanded only where a file is listed or opened,
-and its value is never shown.
+"""Environment variables in paths (a source's ``uri``, ``tokenizer.path``): ``{env_NAME}`` is expanded only
+where a file is listed or opened, and its value is never shown.
 
 A mix file may write ``uri: "{env_DATA_ROOT}/web/*.jsonl"``. The value of ``DATA_ROOT`` reaches fsspec and
 nothing else: the source index, the documents' ``file`` column, quarantine records, messages, Dagster

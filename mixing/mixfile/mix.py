@@ -2,8 +2,13 @@
 
 A mix file is YAML, read with ``yaml.safe_load`` semantics only. ``load_mix`` validates it into a frozen
 :class:`Mix`; every problem raises :class:`MixError` whose message names the file, the line and the field
-path (``curriculum[1].mixture.math``) and says what was expected. Loading never touches the disk beyond
-reading the file.
+path (``curriculum[1].mixture.math``) and says what was expected (for a misspelled field, the nearest valid
+name). Loading never touches the disk beyond reading the file: :mod:`mixing.mixfile.paths` checks the paths
+a mix names against the files.
+
+One rule for every path a mix file names (a source's ``uri``, ``tokenizer.path``):
+:func:`mixing.mixfile.pathrule.resolve_path`. A misspelled field's message names the nearest valid one
+(:mod:`mixing.mixfile.suggest`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import math
 import os
 import re
 import string
-import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -42,6 +46,8 @@ from mixing.mixfile.parts import (
     TokenizerSpec,
     Transition,
 )
+from mixing.mixfile.pathrule import is_url, resolve_path
+from mixing.mixfile.suggest import first_error, unknown_field
 
 __all__ = [
     "Cost",
@@ -62,7 +68,12 @@ class MixError(WeirError, ValueError):
 
 
 class Mix(FrozenModel):
-    """A validated mix file. ``path`` is where it was read from (absent for in-memory mixes)."""
+    """A validated mix file. ``path`` is where it was read from (absent for in-memory mixes).
+
+    ``tokenizer.path`` holds the path as :func:`resolve_path` shows it (absolute and normalized,
+    ``{env_NAME}`` kept), so the build's ``tokenizer/spec.json`` never holds a variable's value;
+    :meth:`tokenizer_path` is the real path, as :meth:`source_uri` is a source's.
+    """
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
@@ -74,6 +85,8 @@ class Mix(FrozenModel):
     normalize: bool = False
     path: str | None = Field(default=None, exclude=True)
     _steps: tuple[int, ...] = PrivateAttr(default=())
+    _tokenizer_path: str | None = PrivateAttr(default=None)  # as written in the file
+    _lines: dict[tuple[str | int, ...], int] = PrivateAttr(default_factory=dict)  # field path → line
 
     @field_validator("sources")
     @classmethod
@@ -85,9 +98,22 @@ class Mix(FrozenModel):
                 raise ValueError(f"source name {name!r} must match {NAME_PATTERN}")
         names: set[str] = set()
         for name, spec in v.items():
-            names |= _uri_variables(name, spec.uri)
+            names |= _path_variables((name, "uri"), spec.uri)  # under ``sources``, where this error is placed
         envvars.register(names)
         return v
+
+    @model_validator(mode="after")
+    def _resolve_tokenizer_path(self) -> Mix:
+        written = self.tokenizer.path
+        if written is not None:
+            envvars.register(_path_variables(("tokenizer", "path"), written))
+            try:
+                shown = resolve_path(written, self.mix_dir)
+            except ValueError as e:  # a NUL byte in a "~user" path
+                raise _FieldError(("tokenizer", "path"), f"{e}; expected a file's path") from None
+            object.__setattr__(self, "tokenizer", self.tokenizer.model_copy(update={"path": shown}))
+            object.__setattr__(self, "_tokenizer_path", written)
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Mix:
@@ -198,28 +224,43 @@ class Mix(FrozenModel):
         return Path(self.path).resolve().parent if self.path else Path.cwd()
 
     def source_uri(self, name: str) -> str:
-        """The source's glob with ``{mix_dir}``, ``{stdlib}`` and ``{env_NAME}`` expanded: for fsspec only.
+        """The source's glob by :func:`resolve_path`, ``{env_NAME}`` expanded: for fsspec only.
 
         Never show it: :meth:`shown_uri` is the same with the variables' values hidden (see
         :mod:`mixing.mixfile.envvars`). Raises :class:`MixError` when a variable the URI names is not set.
         """
-        env = {}
-        for var in _uri_variables(name, self.sources[name].uri):
-            if var not in os.environ:
-                raise MixError(
-                    f"{self.path}: sources.{name}.uri: environment variable {var} is not set; expected it set "
-                    f"where weir runs (the URI expands {{env_{var}}})"
-                )
-            env[f"env_{var}"] = os.environ[var]
-        return self._format_uri(name, env)
+        return self._real(("sources", name, "uri"), self.sources[name].uri)
 
     def shown_uri(self, name: str) -> str:
-        """The source's glob as messages show it: ``{mix_dir}`` and ``{stdlib}`` expanded, ``{env_NAME}`` kept."""
-        env = {f"env_{var}": f"{{env_{var}}}" for var in _uri_variables(name, self.sources[name].uri)}
-        return self._format_uri(name, env)
+        """The source's glob as messages show it: :func:`resolve_path` with ``{env_NAME}`` kept."""
+        return resolve_path(self.sources[name].uri, self.mix_dir)
 
-    def _format_uri(self, name: str, env: dict[str, str]) -> str:
-        return self.sources[name].uri.format(mix_dir=str(self.mix_dir), stdlib=sysconfig.get_paths()["stdlib"], **env)
+    def tokenizer_path(self) -> str | None:
+        """``tokenizer.path`` by :func:`resolve_path`, ``{env_NAME}`` expanded (the file to open; never show it).
+
+        None when the mix names no tokenizer file. Raises :class:`MixError` when a variable it names is not set.
+        """
+        if self._tokenizer_path is None:
+            return None
+        return self._real(("tokenizer", "path"), self._tokenizer_path)
+
+    def where(self, loc: tuple[str | int, ...]) -> str:
+        """``FILE:LINE: field.path`` of ``loc``, the head of every message about a field of this mix file."""
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in self._lines:
+                return f"{self.path}:{self._lines[loc[:n]]}: {_dotted(loc)}"
+        return f"{self.path}:1: {_dotted(loc)}"
+
+    def _real(self, loc: tuple[str | int, ...], written: str) -> str:
+        env = {}
+        for var in sorted(_path_variables(loc, written)):
+            if var not in os.environ:
+                raise MixError(
+                    f"{self.where(loc)}: environment variable {var} is not set; expected it set where weir runs "
+                    f"(the path expands {{env_{var}}})"
+                )
+            env[var] = os.environ[var]
+        return resolve_path(written, self.mix_dir, env)
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the validated mix (independent of formatting and comments)."""
@@ -227,11 +268,10 @@ class Mix(FrozenModel):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _uri_variables(source: str, uri: str) -> set[str]:
-    """The ``{env_NAME}`` variables of a source URI; raise :class:`_FieldError` for any other placeholder."""
-    loc = (source, "uri")  # under ``sources``, where the field validator's error is placed
+def _path_variables(loc: tuple[str | int, ...], text: str) -> set[str]:
+    """The ``{env_NAME}`` variables of a path; raise :class:`_FieldError` at ``loc`` for any other placeholder."""
     try:
-        fields = [(f, conv, fmt) for _text, f, fmt, conv in string.Formatter().parse(uri) if f is not None]
+        fields = [(f, conv, fmt) for _text, f, fmt, conv in string.Formatter().parse(text) if f is not None]
     except ValueError as e:
         raise _FieldError(loc, f"{e} (write {{{{ and }}}} for a literal brace)") from None
     out = set()
@@ -289,9 +329,9 @@ def parse_mix(text: str, filename: str = "<mix>") -> Mix:
     data = dict(data)
     data.pop("path", None)
     try:
-        return Mix.model_validate({**data, "path": filename})
+        mix = Mix.model_validate({**data, "path": filename})
     except ValidationError as e:
-        err = e.errors()[0]
+        err = first_error(Mix, e.errors())
         loc, msg = tuple(err["loc"]), err["msg"]
         ctx = err.get("ctx") or {}
         if isinstance(ctx.get("error"), _FieldError):
@@ -301,14 +341,39 @@ def parse_mix(text: str, filename: str = "<mix>") -> Mix:
         if err["type"] == "missing":
             msg = "field required but missing"
         elif err["type"] == "extra_forbidden":
-            msg = "unknown field; check its spelling against the mix-file reference in docs/mix-file.md"
+            msg = unknown_field(Mix, loc)
         elif err["type"] == "finite_number":
             msg = f"{err.get('input')!r} is not a finite number; expected a number such as 0.25"
         more = f" ({len(e.errors()) - 1} more problem(s) after fixing this)" if len(e.errors()) > 1 else ""
-        line = " ".join(f"{_dotted(loc)}: {msg}.{more}".split())  # one line whatever a value holds
+        end = "" if msg.endswith("?") else "."
+        line = " ".join(f"{_dotted(loc)}: {msg}{end}{more}".split())  # one line whatever a value holds
         raise MixError(f"{filename}:{_line_of(node, loc)}: {line}") from None
     except (ArithmeticError, RecursionError, TypeError, ValueError) as e:  # a safety net: never a traceback
         raise MixError(f"{filename}:1: cannot validate the mix file: {type(e).__name__}: {e}") from None
+    object.__setattr__(mix, "_lines", _field_lines(node))
+    return mix
+
+
+def _field_lines(node: yaml.Node | None) -> dict[tuple[str | int, ...], int]:
+    """The 1-based line of every field path of the YAML document (a mapping value's: its key's line)."""
+    out: dict[tuple[str | int, ...], int] = {}
+    todo: list[tuple[yaml.Node | None, tuple[str | int, ...]]] = [(node, ())]
+    seen: set[int] = set()
+    while todo:
+        node, loc = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    out.setdefault((*loc, k.value), k.start_mark.line + 1)
+                    todo.append((v, (*loc, k.value)))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                out[(*loc, i)] = v.start_mark.line + 1
+                todo.append((v, (*loc, i)))
+    return out
 
 
 def _no_duplicate_keys(node: yaml.Node | None, loc: tuple[Any, ...], filename: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from tokenizers import Tokenizer
 
 from contract.shards import ShardSet
 from mixing import load_mix
+from tests.conftest import TINY_MIX, write_tiny_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]
@@ -134,3 +136,89 @@ def test_failed_build_keeps_no_partial_output(tiny_mix_path: Path, tmp_path: Pat
     # only the hidden work cache is left (its tokenized documents, no shards), for the next build to reuse
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == [".out.cache"]
     assert not (tmp_path / ".out.cache" / "shards").exists()
+
+
+# --- weir validate: the everyday mistakes, in seconds, one line each (exit 2) ----------------------------
+
+
+def tiny_mix(tmp_path: Path, *edits: tuple[str, str]) -> Path:
+    """The tiny mix in ``tmp_path/cfg``, its sources and an hf tokenizer file given relative to that folder."""
+    cfg = tmp_path / "cfg"
+    write_tiny_sources(cfg / "data")
+    (cfg / "tok").mkdir()
+    (cfg / "tok" / "tokenizer.json").write_text("{}")  # validate checks that it is readable, not what it holds
+    text = TINY_MIX.format(root="data").replace(
+        "{kind: bytes}", '{kind: hf, path: tok/tokenizer.json, eos_token: "</s>"}'
+    )
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    (cfg / "tiny.yaml").write_text(text)
+    return cfg / "tiny.yaml"
+
+
+def weir_in(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WEIR, *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def test_validate_a_valid_mix_prints_its_one_line_from_any_current_directory(tmp_path: Path) -> None:
+    mix = tiny_mix(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    r = weir_in(tmp_path / "elsewhere", "validate", str(mix))  # tokenizer.path and the uris: from the mix's folder
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout == f"{mix}: ok — mix 'tiny', 2 sources, 2 phases, 8 steps of 4×64 tokens\n"
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "words"),
+    [
+        (("notes/*.txt", "notes/*.md"), 6, "sources.notes.uri: no file matches '{cfg}/data/notes/*.md'"),
+        (("tok/tokenizer.json", "tok/tokenizer.jsn"), 3, "tokenizer.path: no such file '{cfg}/tok/tokenizer.jsn'"),
+        (
+            ("data/qa.jsonl", "{{mix_dir}}/data/qa.jsonl"),
+            7,
+            "sources.qa.uri: expanding it leaves the placeholder {mix_dir}",
+        ),
+        (
+            ("data/notes", "{env_WEIR_TEST_UNSET}/notes"),
+            6,
+            "sources.notes.uri: environment variable WEIR_TEST_UNSET is not set",
+        ),
+        (
+            ("max_epochs: 50", "max_epoch: 50"),
+            6,
+            "sources.notes.max_epoch: unknown field 'max_epoch'; did you mean 'max_epochs'?",
+        ),
+    ],
+)
+def test_validate_names_each_mistake_in_one_line(tmp_path: Path, edit: tuple[str, str], line: int, words: str) -> None:
+    mix = tiny_mix(tmp_path, edit)
+    r = weir_in(tmp_path, "validate", str(mix), env={k: v for k, v in os.environ.items() if k != "WEIR_TEST_UNSET"})
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    words = words.replace("{cfg}", str(mix.parent))
+    assert r.stderr.startswith(f"invalid mix file: {mix}:{line}: {words}"), r.stderr
+
+
+def test_validate_notes_an_s3_source_it_cannot_list(tmp_path: Path) -> None:
+    mix = tiny_mix(tmp_path, ("data/qa.jsonl", "s3://corpus/qa.jsonl"))
+    r = weir_in(tmp_path, "validate", str(mix), env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{mix}: ok — mix 'tiny', 2 sources, 2 phases, 8 steps of 4×64 tokens\n"
+    assert r.stderr.startswith(f"note: {mix}:7: sources.qa.uri: not checked: 's3://corpus/qa.jsonl' is in object"), (
+        r.stderr
+    )
+    assert r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("command", ["build", "plan"])
+def test_build_and_plan_refuse_a_missing_tokenizer_before_any_work(tmp_path: Path, command: str) -> None:
+    mix = tiny_mix(tmp_path, ("tok/tokenizer.json", "tok/absent.json"))
+    out = tmp_path / "out"
+    r = weir_in(tmp_path, command, str(mix), "--out" if command == "build" else "--build", str(out))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == (
+        f"invalid mix file: {mix}:3: tokenizer.path: no such file '{mix.parent}/tok/absent.json'; expected a "
+        "tokenizer.json (a relative path starts at the mix file's folder)\n"
+    )
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["cfg"]

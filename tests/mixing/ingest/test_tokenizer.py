@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from contract.errors import WeirError
+from mixing import load_mix
 from mixing.ingest.tokenizer import load_tokenizer, prepare_tokenizer
 from mixing.mixfile.mix import TokenizerSpec
 from tests.conftest import shared_path
@@ -73,3 +74,24 @@ def test_bytes_bos_eos(tmp_path: Path) -> None:
     tok = load_tokenizer(TokenizerSpec(kind="bytes", bos=True), tmp_path)
     assert tok.encode_batch(["ab"]) == [[256, 97, 98, 256]]
     check_flat_matches_batch(tok)
+
+
+def test_an_hf_path_under_an_env_variable_opens_the_file_and_never_shows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trained = prepare_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), tmp_path / "bpe", iter(TEXTS * 20))
+    secret = tmp_path / "s3cr3t-models"
+    secret.mkdir()
+    (secret / "tok.json").write_bytes((tmp_path / "bpe" / "tokenizer.json").read_bytes())
+    monkeypatch.setenv("WEIR_TEST_MODELS", str(secret))
+    mix_file = tmp_path / "m.yaml"
+    mix_file.write_text(
+        "name: m\ntokenizer: {kind: hf, path: '{env_WEIR_TEST_MODELS}/tok.json', eos_token: '<|endoftext|>'}\n"
+        "sequence: {length: 64, global_batch: 2}\nsources:\n  a: {uri: 'x/*.txt'}\n"
+        "curriculum:\n  - {phase: one, steps: 2, mixture: {a: 1}}\n"
+    )
+    mix = load_mix(mix_file)
+    assert "s3cr3t" not in str(mix.tokenizer.path)  # the spec keeps the placeholder
+    tok = prepare_tokenizer(mix.tokenizer, tmp_path / "out", [])
+    assert tok.encode_batch(TEXTS[:1])[0][:-1] == trained.encode_batch(TEXTS[:1])[0][:-1]
+    assert "s3cr3t" not in (tmp_path / "out" / "spec.json").read_text()

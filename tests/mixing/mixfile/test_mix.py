@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mixing import MixError, load_mix
+from mixing import Mix, MixError, load_mix
 from mixing.mixfile.mix import parse_mix
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -154,3 +154,94 @@ def test_a_duplicate_key_of_whitespace_is_named_on_one_line(tmp_path: Path) -> N
     with pytest.raises(MixError) as e:
         load_mix(bad)
     assert "\n" not in str(e.value) and "seed[' \\n']: duplicate key" in str(e.value)
+
+
+# --- a misspelled field gets the nearest valid name -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "words"),
+    [
+        (
+            ("field: body}", "field: body, max_epoch: 2}"),
+            5,
+            "sources.b.max_epoch: unknown field 'max_epoch'; did you mean 'max_epochs'?",
+        ),
+        (("format: jsonl,", "fromat: jsonl,"), 5, "sources.b.fromat: unknown field 'fromat'; did you mean 'format'?"),
+        # a misspelled required field: named as misspelled, not as missing
+        (("name: m", "nmae: m"), 1, "nmae: unknown field 'nmae'; did you mean 'name'?"),
+        (
+            ("steps: 5", "steps: 5\n    transition: {shap: linear, steps: 2}"),
+            12,
+            "curriculum[1].transition.shap: unknown field 'shap'; did you mean 'shape'?",
+        ),
+        (
+            ("name: m", "name: m\nbalance: {regroup: {windw: 4}}"),
+            2,
+            "balance.regroup.windw: unknown field 'windw'; did you mean 'window'?",
+        ),
+        (
+            ("name: m", "name: m\ntokenizer: {kind: hf, pth: t.json}"),
+            2,
+            "tokenizer.pth: unknown field 'pth'; did you mean 'path'?",
+        ),
+        # nothing close: the valid names
+        (
+            ("name: m", "name: m\ncolour: red"),
+            2,
+            "colour: unknown field 'colour'; expected one of: name, seed, tokenizer, sequence, sources, curriculum, "
+            "balance, normalize (see docs/mix-file.md).",
+        ),
+    ],
+)
+def test_a_misspelled_field_gets_the_nearest_valid_name(edit: tuple[str, str], line: int, words: str) -> None:
+    text = GOOD.replace(*edit)
+    assert text != GOOD, "the edit did not apply"
+    with pytest.raises(MixError) as e:
+        parse_mix(text, "bad.yaml")
+    assert str(e.value).startswith(f"bad.yaml:{line}: {words}"), str(e.value)
+
+
+# --- one rule for paths: a source's uri and tokenizer.path ----------------------------------------------
+
+
+def test_tokenizer_path_follows_the_rule_of_a_source_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    tok = '\ntokenizer: {kind: hf, path: "PATH", eos_token: "</s>"}\n'
+
+    def load(path: str) -> Mix:
+        (cfg / "m.yaml").write_text(GOOD.replace("\n", tok.replace("PATH", path), 1))
+        return load_mix(cfg / "m.yaml")
+
+    monkeypatch.chdir(tmp_path)  # not the mix file's folder
+    for written in ("tok.json", "./tok.json", "{mix_dir}/tok.json", "{mix_dir}/../cfg/tok.json", f"{cfg}//tok.json"):
+        mix = load(written)
+        assert mix.tokenizer.path == mix.tokenizer_path() == str(cfg / "tok.json"), written
+    assert mix.source_uri("a") == str(cfg / "x" / "*.txt")  # the same rule
+
+    monkeypatch.setenv("WEIR_TEST_TOK_DIR", str(tmp_path / "models"))
+    mix = load("{env_WEIR_TEST_TOK_DIR}/tok.json")
+    assert mix.tokenizer.path == "{env_WEIR_TEST_TOK_DIR}/tok.json"  # what spec.json and messages hold
+    assert mix.tokenizer_path() == str(tmp_path / "models" / "tok.json")  # what is opened
+    monkeypatch.delenv("WEIR_TEST_TOK_DIR")
+    with pytest.raises(MixError, match=r"m.yaml:2: tokenizer.path: environment variable WEIR_TEST_TOK_DIR is not set"):
+        mix.tokenizer_path()
+    for written, words in [
+        ("{env_HF_TOKEN}/tok.json", "looks like a credential"),
+        ("{models}/tok.json", "unknown placeholder {models}"),
+    ]:
+        with pytest.raises(MixError) as e:
+            load(written)
+        assert str(e.value).startswith(f"{cfg / 'm.yaml'}:2: tokenizer.path: ") and words in str(e.value), str(e.value)
+
+
+def test_source_uri_is_normalized_and_keeps_a_normal_path_as_written(tmp_path: Path) -> None:
+    text = GOOD.replace("x/*.txt", "{mix_dir}/../data/./x//*.txt").replace("y/*.jsonl", "/data/y/*.jsonl")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "m.yaml").write_text(text)
+    mix = load_mix(tmp_path / "cfg" / "m.yaml")
+    assert mix.source_uri("a") == mix.shown_uri("a") == f"{tmp_path}/data/x/*.txt"
+    assert mix.source_uri("b") == "/data/y/*.jsonl"  # so its files' paths, and the chunk keys, stay as they were
+    assert mix.where(("sources", "b", "uri")) == f"{tmp_path / 'cfg' / 'm.yaml'}:5: sources.b.uri"
+    assert mix.where(("curriculum", 1, "mixture", "b")) == f"{tmp_path / 'cfg' / 'm.yaml'}:14: curriculum[1].mixture.b"
