@@ -46,7 +46,7 @@ from mixing.mixfile.parts import (
     TokenizerSpec,
     Transition,
 )
-from mixing.mixfile.pathrule import is_url, resolve_path
+from mixing.mixfile.pathrule import resolve_path
 from mixing.mixfile.suggest import first_error, unknown_field
 
 __all__ = [
