@@ -221,8 +221,9 @@ def test_a_streamed_packing_holds_nothing_of_the_steps_it_handed_out(tmp_path: P
         finally:
             tracemalloc.stop()
         assert handed > 0
-    # a collected packing would grow 4× (32 bytes a segment); the stream holds a block and a few steps
-    assert peaks[1] < 1.3 * peaks[0], peaks
+    # a collected packing would grow 4× (32 bytes a segment: ~370 kB at 240 steps); the stream holds a block and a
+    # few steps (peaks of ~90 kB, which the prefetching thread's timing moves by a third on a loaded machine)
+    assert peaks[1] < 2 * peaks[0], peaks
 
 
 def test_a_unit_at_a_step_the_plan_lacks_is_refused() -> None:
