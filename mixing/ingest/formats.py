@@ -10,7 +10,7 @@ after the last separator is not a piece.
 
 Line ends: ``\\n``, ``\\r\\n`` and a bare ``\\r`` each end a line, so each ends a jsonl record (a raw ``\\r`` cannot
 be inside valid JSON: in a string it is escaped) and a csv row (quoted fields keep theirs), and line numbers
-count them alike; a ``\\n`` in a text separator stands for any of them (see :func:`_separator`).
+count them alike; a ``\\n`` in a text separator stands for any of them (:mod:`mixing.ingest.lines`).
 
 Decoding: ``spec.encoding`` with ``spec.errors`` (strict: the record is quarantined as ``invalid UTF-8``
 or, for another encoding, ``invalid encoding``). A UTF-8 byte-order mark at the start of a file (or tar
@@ -25,8 +25,6 @@ import codecs
 import csv
 import io
 import json
-import os
-import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import PurePosixPath
@@ -34,11 +32,13 @@ from typing import IO, Any
 
 import fsspec
 
+from mixing.ingest.filenames import real_path
+from mixing.ingest.lines import EOL, lines, separator_pattern
 from mixing.ingest.records import Malformed, Record, bad, has_surrogate, needed_fields, render
 from mixing.mixfile import envvars
 from mixing.mixfile.mix import SourceSpec
 
-__all__ = ["LANGUAGES", "READER_VERSION", "TAR_SUFFIXES", "is_code_file", "read_file", "shown_path"]
+__all__ = ["LANGUAGES", "READER_VERSION", "TAR_SUFFIXES", "is_code_file", "read_file"]
 
 # Bumped whenever the records a reader yields for the same bytes change (part of every chunk key, so a
 # rebuild never reuses chunks read the old way). 2: csv quarantines invalid UTF-8 per row; empty pieces
@@ -77,51 +77,15 @@ def is_code_file(path: str, spec: SourceSpec) -> bool:
     return suffix in spec.extensions if spec.extensions else suffix in LANGUAGES
 
 
-def shown_path(path: str) -> str:
-    """``path`` as weir shows and stores it (in an index, a chunk key, a quarantine record, a message).
-
-    A path that is valid Unicode (every object-store key, most local names) is itself. A local name whose bytes
-    are not UTF-8 (Linux hands it to Python with a lone surrogate per such byte, ``caf\\udce9.txt``, which no
-    UTF-8 text, JSON or parquet file can hold) is shown escaped: each such byte as ``\\xNN``, each backslash
-    doubled (``caf\\xe9.txt``). :func:`read_file` opens a shown path again (see :func:`_real_path`).
-    """
-    if path.isascii() or not has_surrogate(path):
-        return path
-    try:
-        raw = path.encode("utf-8", "surrogateescape")  # the name's bytes
-    except UnicodeEncodeError:  # a surrogate no byte stands for: shown, but no file has that name
-        return path.encode("utf-8", "backslashreplace").decode("utf-8")
-    return raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
-
-
-_ESCAPE = re.compile(rb"\\(\\|x[0-9a-f]{2})")
-
-
-def _real_path(path: str) -> str:
-    """The name a path :func:`shown_path` escaped stands for; any other path is itself.
-
-    Only a local path whose unescaped bytes are not UTF-8 can be an escaped one (a UTF-8 name is shown as
-    itself). Should a file be named exactly as the escaped form (backslashes and all), that file is the one
-    opened: :func:`mixing.ingest.sources.index_source` quarantines the other instead of listing one path twice.
-    """
-    if "\\" not in path or "://" in path or has_surrogate(path):
-        return path
-    raw = _ESCAPE.sub(lambda m: b"\\" if m[1] == b"\\" else bytes([int(m[1][1:], 16)]), path.encode("utf-8"))
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return path if os.path.lexists(path) else raw.decode("utf-8", "surrogateescape")
-    return path
-
-
 def read_file(path: str, spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> Iterator[Record]:
     """Yield every record of ``path`` in order (see the module contract); never raises for bad data.
 
-    ``path`` is shown (:func:`shown_path`): records name it so, and a name escaped there is opened by its bytes.
+    ``path`` is shown (:func:`mixing.ingest.filenames.shown_path`): records name it so, and a name escaped
+    there is opened by its bytes.
     """
     line = 0
     try:
-        real = _real_path(envvars.expand(path))
+        real = real_path(envvars.expand(path))
         with fsspec.open(real, "rb", compression="infer", **(storage_options or {})) as f:
             for rec in _READERS[spec.format](path, _buffered(f), spec):
                 line = rec.line
@@ -182,62 +146,10 @@ def _strip_bom(raw: bytes, spec: SourceSpec) -> bytes:
     return raw[len(_BOM) :] if raw.startswith(_BOM) and _is_utf8(spec) else raw
 
 
-_EOL = re.compile(rb"\r\n|\r|\n")  # a line's end: each ends a record of a line-split format
-
-
-def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[bytes, int]]:
-    """Each line of ``f``, its end kept (``\\n``, ``\\r\\n`` or ``\\r``: each ends a line; none ends the
-    file's last), and 0; for a line over ``limit`` bytes without its end, its first ``limit + 1`` bytes and
-    its size with its end (the rest is skipped, unread but for finding its end).
-
-    Memory is about ``2 * limit`` bytes. Lines without a ``\\r`` come from ``readline`` as they always did,
-    so a file without one is read exactly as before.
-    """
-    rest = b""  # read but not yet yielded: the start of a line whose end is not read yet
-    head, size = b"", -1  # a line over the limit being skipped: its start and its size so far (-1: none)
-    while True:
-        chunk = f.readline(limit + 1)
-        if not rest and size < 0 and b"\r" not in chunk:  # a line ending in \n, or the file's last
-            if not chunk:
-                return
-            if len(chunk) > limit and not chunk.endswith(b"\n"):
-                head, size = chunk, len(chunk)
-            else:
-                yield chunk, 0
-            continue
-        data, rest, pos = rest + chunk, b"", 0
-        while pos < len(data):
-            m = _EOL.search(data, pos)
-            if chunk and (m is None or (m[0] == b"\r" and m.end() == len(data))):  # the end is not read yet
-                cut = len(data) if m is None else m.start()  # (a last \r may be the start of \r\n)
-                if size >= 0:
-                    size += cut - pos
-                    rest = data[cut:]
-                elif cut - pos > limit:
-                    head, size = data[pos : pos + limit + 1], cut - pos
-                    rest = data[cut:]
-                else:
-                    rest = data[pos:]
-                break
-            end, stop = (m.start(), m.end()) if m else (len(data), len(data))
-            if size >= 0:
-                yield head, size + stop - pos
-                head, size = b"", -1
-            elif end - pos > limit:
-                yield data[pos : pos + limit + 1], stop - pos
-            else:
-                yield data[pos:stop], 0
-            pos = stop
-        if not chunk:
-            if size >= 0:
-                yield head, size
-            return
-
-
 def _jsonl(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
     limit = spec.max_record_bytes
     n = 0
-    for raw, size in _lines(f, limit):
+    for raw, size in lines(f, limit):
         n += 1
         if size:
             yield bad(path, n, "record too large", f"{size} bytes > max_record_bytes={limit}", raw)
@@ -278,7 +190,7 @@ def _csv(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    header = _strip_bom(_EOL.split(f.readline(spec.max_record_bytes + 1), maxsplit=1)[0], spec)  # \r ends it too
+    header = _strip_bom(EOL.split(f.readline(spec.max_record_bytes + 1), maxsplit=1)[0], spec)  # \r ends it too
     names = next(csv.reader([header.decode(spec.encoding, "replace")]), [])
     f.seek(0)
     if not _is_utf8(spec):  # pyarrow reads UTF-8 only: Python's csv module decodes other encodings
@@ -375,7 +287,7 @@ def _text(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
         text = _decode(path, 0, _strip_bom(raw, spec), spec)
         yield text if isinstance(text, Record) else _checked(path, 0, text, spec)
         return
-    sep, eol = _separator(spec.separator)
+    sep, eol = separator_pattern(spec.separator)
     buf, piece, skipping = b"", 0, False
     chunk = _strip_bom(f.read(1 << 20), spec)
     while True:
@@ -401,20 +313,6 @@ def _text(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:
         if not chunk:
             return
         chunk = f.read(1 << 20)
-
-
-def _separator(separator: str) -> tuple[re.Pattern[bytes], bool]:
-    """The pattern that splits pieces at ``separator``, and whether it holds a line end.
-
-    Each ``\\n`` of a separator without ``\\r`` stands for any line end (``\\n``, ``\\r\\n`` or ``\\r``):
-    ``"\\n\\n"`` splits at a blank line whatever the file's line ends, and a file without ``\\r`` is split as
-    before. A separator that holds a ``\\r`` is taken literally.
-    """
-    raw = separator.encode("utf-8")
-    if b"\r" in raw or b"\n" not in raw:
-        return re.compile(re.escape(raw)), False
-    eol = rb"(?:\r\n|\r(?!\n)|\n)"  # a \r\n is one line end, never two
-    return re.compile(eol.join(re.escape(part) for part in raw.split(b"\n"))), True
 
 
 def _code(path: str, f: IO[bytes], spec: SourceSpec) -> Iterator[Record]:

@@ -16,7 +16,8 @@ import fsspec
 import polars as pl
 
 from contract.errors import WeirError
-from mixing.ingest.formats import is_code_file, read_file, shown_path
+from mixing.ingest.filenames import shown_path
+from mixing.ingest.formats import is_code_file, read_file
 from mixing.ingest.records import Record, bad
 from mixing.mixfile.mix import Mix, SourceSpec
 
@@ -35,7 +36,7 @@ def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = N
     else why the matched path is not read (``"dangling symlink: ..."``, ``"symlink loop: ..."``, ``"is a
     directory: ..."``, ``"not a regular file: ..."``; a reason of :data:`mixing.ingest.records.REASONS` and its
     detail), so that every path the URI matched is accounted for (the documents stage quarantines skipped
-    ones). A local name that is not UTF-8 is listed escaped (:func:`mixing.ingest.formats.shown_path`, e.g.
+    ones). A local name that is not UTF-8 is listed escaped (:func:`mixing.ingest.filenames.shown_path`, e.g.
     ``caf\\xe9.txt``) and read like any other; it is quarantined (``unreadable file``) only should another file
     bear that escaped name. A symlink to a file is read (fingerprinted by its target). A ``code`` source's URI
     may name a folder (every file below it with a known extension, and ``.tar`` archives); folders a ``**``

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 import tarfile
@@ -14,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from mixing.ingest.formats import _lines, read_file, shown_path
+from mixing.ingest.filenames import shown_path
+from mixing.ingest.formats import read_file
 from mixing.ingest.records import REASONS
 from mixing.mixfile.mix import SourceSpec
 from tests.conftest import shared_path
@@ -166,18 +166,6 @@ def test_jsonl_record_too_large_ends_at_any_line_end(tmp_path: Path, ends: str) 
         (5, None, "invalid JSON"),  # a last line cut short, without its end
     ]
     assert recs[1].error == f"record too large: {112 + len(LINE_ENDS[ends][1])} bytes > max_record_bytes=40"
-
-
-def test_lines_keep_their_ends_and_a_line_over_the_limit_is_its_start_and_size() -> None:
-    data = b'{"a": 1}\n' + b"x" * 50 + b"\n\n" + b'{"b": 2}'  # the last line without an end
-    for end in (b"\n", b"\r\n", b"\r"):
-        reader = io.BufferedReader(io.BytesIO(data.replace(b"\n", end)), 8)
-        assert list(_lines(reader, 20)) == [
-            (b'{"a": 1}' + end, 0),
-            (b"x" * 21, 50 + len(end)),
-            (end, 0),
-            (b'{"b": 2}', 0),
-        ]
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])  # pyarrow, and Python's csv module
