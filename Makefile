@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(wildcard requirements/*.txt)
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: anything else would pull a multi-GB CUDA build (see docs/design.md); the
 	# package itself asks only for a floor, so a training node keeps its own torch

@@ -90,9 +90,9 @@ def torch_site(folder: Path) -> set[str]:
 
 def source_copy(dest: Path) -> Path:
     """The package's sources, copied (pip builds in the tree it is given: not in the checkout)."""
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in"):
         shutil.copy2(ROOT / name, dest / name)
-    for pkg in ("contract", "mixing", "loaders", "assets", "pipelines"):
+    for pkg in ("requirements", "contract", "mixing", "loaders", "assets", "pipelines"):
         shutil.copytree(ROOT / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
