@@ -15,6 +15,7 @@ keys, partitions, deps), ``weir build`` (the order it materializes them in) and 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from mixing.plan.database import duckdb_config
 from mixing.plan.stats import LengthStats, compute_length_stats
 
 __all__ = [
+    "PLAN_LOG",
     "STAGES",
     "Stage",
     "fingerprints",
@@ -56,6 +58,7 @@ __all__ = [
     "tokenize_ahead",
 ]
 
+PLAN_LOG = logging.getLogger("weir.plan")  # the plan's warnings: `weir build` prints what logs under `weir`
 Progress = Callable[[str], None]
 StorageOptions = dict[str, Any] | None  # fsspec options (s3 endpoint, credentials) from the Dagster resource
 
@@ -214,9 +217,14 @@ def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
 
 
 def plan(mix: Mix, layout: BuildLayout) -> Plan:
-    """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/{quotas,phases,sources}.parquet``)."""
+    """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/{quotas,phases,sources}.parquet``).
+
+    Each of the plan's warnings (:func:`mixing.plan.feasibility.plan_warnings`, the sentences ``weir plan``
+    prints) is logged on :data:`PLAN_LOG`, so ``weir build`` prints the same words."""
     _begin(layout, "plan")
     result = make_plan(mix, layout.duckdb, duckdb_config())
+    for warning in result.warnings:
+        PLAN_LOG.warning(warning)
     with atomic_path(layout.plan_dir / "quotas.parquet") as tmp:
         result.quotas.write_parquet(tmp)
     with atomic_path(layout.plan_dir / "phases.parquet") as tmp:

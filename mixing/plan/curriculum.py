@@ -3,19 +3,30 @@
 Phases follow each other in mix-file order; a phase's ``transition`` ramps from the previous phase's
 mixture to its own over its first ``transition.steps`` steps (``linear`` or ``cosine``, sampled at each
 step's midpoint); from step ``first_step + transition.steps`` on the phase's own mixture holds exactly.
-Pure numpy; deterministic.
+What each phase asks of each source (:func:`phase_demand`) follows from each phase's mixture, length and ramp
+alone, without an array per step (exact fractions). Pure numpy; deterministic.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from mixing.mixfile.mix import Mix
 
-__all__ = ["PhaseSpan", "StepShares", "length_segments", "phase_spans", "ramp", "step_shares"]
+__all__ = [
+    "PhaseDemand",
+    "PhaseSpan",
+    "StepShares",
+    "length_segments",
+    "phase_demand",
+    "phase_spans",
+    "ramp",
+    "step_shares",
+]
 
 
 @dataclass(frozen=True)
@@ -98,3 +109,57 @@ def step_shares(mix: Mix) -> StepShares:
     shares = np.concatenate(rows) if rows else np.zeros((0, len(names)))
     phase = np.repeat(np.arange(len(spans), dtype=np.int64), [s.steps for s in spans])
     return StepShares(names, spans, phase, shares)
+
+
+@dataclass(frozen=True)
+class PhaseDemand:
+    """The tokens the curriculum asks of each source, phase by phase.
+
+    ``sources`` sorted by name; ``spans`` as :func:`phase_spans`; ``cum`` int64 [n_phases + 1, n_sources]: the
+    ideal cumulative tokens of each source (Σ share × S × global_batch over the steps, ramps included) at each
+    phase boundary, rounded half up (row 0 zeros, row p + 1 through phase p); ``rest`` float64 of the same shape:
+    that ideal minus ``cum``, in [−0.5, 0.5).
+    """
+
+    sources: tuple[str, ...]
+    spans: tuple[PhaseSpan, ...]
+    cum: np.ndarray
+    rest: np.ndarray
+
+    def tokens(self) -> dict[tuple[str, str], int]:
+        """(phase, source) → the tokens the phase asks of the source, 0 included: what the phase's quotas of the
+        source sum to (``plan_quotas``)."""
+        per_phase = np.diff(self.cum, axis=0)
+        return {
+            (sp.name, s): int(per_phase[p, i]) for p, sp in enumerate(self.spans) for i, s in enumerate(self.sources)
+        }
+
+
+def phase_demand(mix: Mix) -> PhaseDemand:
+    """What each phase asks of each source, from each phase's mixture, length and ramp alone, in exact arithmetic:
+    O(phases × sources) time and memory, whatever the number of steps (the plan is judged feasible or not on it
+    before any per-step array is made).
+
+    The sum is :func:`step_shares`' over the phase's steps: a linear or cosine ramp's weights, sampled at the
+    steps' midpoints, sum to half its steps (the cosine's ``cos πx`` terms cancel in pairs), so over a ramp of
+    ``r`` steps from share ``a`` to share ``b`` a source is asked ``r·(a + b)/2`` steps' worth of tokens, then
+    ``b`` of each of the phase's other steps.
+    """
+    names = tuple(sorted(mix.sources))
+    spans = phase_spans(mix)
+    cap = mix.sequence.length * mix.sequence.global_batch
+    ideal = [Fraction(0)] * len(names)
+    cum, rest = [[0] * len(names)], [[0.0] * len(names)]
+    prev: list[Fraction] | None = None
+    for ph, span in zip(mix.curriculum, spans, strict=True):
+        target = [Fraction(ph.shares.get(s, 0.0)) for s in names]
+        r = span.ramp_steps if prev is not None else 0
+        weight = Fraction(r, 2) if span.shape in ("linear", "cosine") else Fraction(r)  # Σ ramp(shape, r)
+        for i, t in enumerate(target):
+            ramped = weight * t + (r - weight) * prev[i] if prev is not None and r else Fraction(0)
+            ideal[i] += cap * ((span.steps - r) * t + ramped)
+        rounded = [math.floor(x + Fraction(1, 2)) for x in ideal]
+        cum.append(rounded)
+        rest.append([float(x - n) for x, n in zip(ideal, rounded, strict=True)])
+        prev = target
+    return PhaseDemand(names, spans, np.array(cum, np.int64), np.array(rest, np.float64))

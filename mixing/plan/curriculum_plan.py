@@ -2,7 +2,8 @@
 
 Documents longer than the sequence length S are cut into S-sized pieces (only those); a *unit* is a whole
 document or one such piece. Tables written to the build's DuckDB file, all at once and only when the whole
-plan is feasible (:mod:`mixing.plan.feasibility`):
+plan is feasible (:mod:`mixing.plan.feasibility`; judged from what each phase asks of each source,
+:func:`~mixing.plan.curriculum.phase_demand`, before any per-step array is made or any document drawn):
 
 - ``plan_quotas(step, phase, source, quota, cum_quota, share)``: tokens of ``source`` planned for ``step``
   from the (ramped) mixture; ``cum_quota`` is the rounded cumulative ideal, so rounding error is carried
@@ -30,7 +31,7 @@ import pyarrow as pa
 
 from contract.errors import WeirError
 from mixing.mixfile.mix import Mix
-from mixing.plan.curriculum import PhaseSpan, length_segments, phase_spans, step_shares
+from mixing.plan.curriculum import PhaseSpan, length_segments, phase_demand, step_shares
 from mixing.plan.draws import SegmentQuota, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, shortfalls
 from mixing.plan.order import SortedOrder
@@ -62,12 +63,22 @@ class Plan:
 def step_quotas(mix: Mix) -> pl.DataFrame:
     """Per step and source: ``quota`` tokens from the ramped mixture × S × global_batch (int64).
 
-    Cumulative quotas are rounded, so Σ quota over any prefix of steps is within 0.5 token of ideal.
+    Cumulative quotas are rounded, so Σ quota over any prefix of steps is within 0.5 token of ideal, and a
+    phase's quotas of a source sum to exactly what :func:`~mixing.plan.curriculum.phase_demand` says the phase
+    asks of it (each phase's cumulative quotas start from its boundary there: float rounding never carries
+    across phases).
     """
     sch = step_shares(mix)
+    demand = phase_demand(mix)
     cap = mix.sequence.length * mix.sequence.global_batch
     k, n = len(sch.sources), len(sch.phase)
-    cum = np.floor(np.cumsum(sch.shares * cap, axis=0) + 0.5).astype(np.int64)
+    cum = np.empty((n, k), np.int64)
+    for p, sp in enumerate(sch.spans):
+        rows = slice(sp.first_step, sp.end_step)
+        local = np.floor(demand.rest[p] + np.cumsum(sch.shares[rows] * cap, axis=0) + 0.5).astype(np.int64)
+        block = np.clip(demand.cum[p] + local, demand.cum[p], demand.cum[p + 1])  # within the phase's own tokens
+        block[-1] = demand.cum[p + 1]
+        cum[rows] = block
     quota = np.diff(cum, axis=0, prepend=np.zeros((1, k), np.int64))
     names = np.array([s.name for s in sch.spans])
     return pl.DataFrame(
@@ -85,9 +96,13 @@ def step_quotas(mix: Mix) -> pl.DataFrame:
 def make_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None) -> Plan:
     """Plan ``mix`` over the ``documents`` table of ``db_path`` and write the plan tables there.
 
-    Raises :class:`PlanError` before writing anything when a source with a positive share has no
-    documents, would need more epochs than its ``max_epochs``, or a length limit leaves too few tokens;
-    one error names every such phase and source. ``config``: DuckDB settings for the connection (e.g.
+    Raises :class:`PlanError` when a source with a positive share has no documents, would need more epochs
+    than its ``max_epochs``, or a length limit leaves too few tokens; one error names every such phase and
+    source. That is judged from what each phase asks of each source
+    (:func:`~mixing.plan.curriculum.phase_demand`) and the documents' token counts, before any per-step array
+    is made or any document drawn: a refusal takes seconds and memory independent of the steps asked for.
+    A phase that the draw itself leaves short (possible only under a ``max_epochs``) is raised after the draw.
+    Nothing is written in either case. ``config``: DuckDB settings for the connection (e.g.
     ``memory_limit``, ``threads``, ``temp_directory``): the draw streams, and DuckDB spills past its limit.
     """
     with duckdb.connect(str(db_path), config=dict(config or {})) as con:
@@ -113,28 +128,22 @@ def preview_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool]
 
 
 def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
-    quotas = step_quotas(mix)
-    spans = phase_spans(mix)
-    names = sorted(mix.sources)
-    demand = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
-    need = {(p, s): int(v[0][0]) for (p, s), v in demand.items()}
+    demand = phase_demand(mix)
+    spans, names = demand.spans, list(demand.sources)
+    need = demand.tokens()
     have, short = available(con, spans)
     problems: list[str] = []
     epochs: dict[str, int] = {}
     for s in names:
         epochs[s], found = epochs_needed(mix, s, spans, need, have, short)
-        problems += found  # a source with a problem is not drawn (epochs 0): its problems are named already
+        problems += found
+    _refuse(problems)  # before any array per step or draw: an infeasible plan costs what its phases do, not its steps
 
+    quotas = step_quotas(mix)
     _draw(con, mix, quotas, spans, epochs)
     got = {(spans[r[0]].name, names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
-    problems += shortfalls(mix, spans, need, got, have, epochs)
-    if problems:  # every one at once: a fix for one should not reveal the next on the following run
-        raise PlanError(
-            problems[0]
-            if len(problems) == 1
-            else f"the plan cannot be met ({len(problems)} problems):\n" + "\n".join(f"- {p}" for p in problems)
-        )
-    per_source, phases = _summaries(con, mix, spans, quotas, have, epochs)
+    _refuse(shortfalls(mix, spans, need, got, have, epochs))
+    per_source, phases = _summaries(con, mix, spans, need, have)
     n_units = con.sql("SELECT count(*) FROM _taken").fetchall()[0][0]
     if persist:
         con.register("quotas_in", quotas.to_arrow())
@@ -151,6 +160,17 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
             raise
         con.execute("COMMIT")
     return Plan(quotas, per_source, phases, int(n_units), tuple(plan_warnings(mix, per_source)))
+
+
+def _refuse(problems: list[str]) -> None:
+    """Raise one :class:`PlanError` naming every problem, if any: all at once, so that a fix for one does not
+    reveal the next on the following run."""
+    if problems:
+        raise PlanError(
+            problems[0]
+            if len(problems) == 1
+            else f"the plan cannot be met ({len(problems)} problems):\n" + "\n".join(f"- {p}" for p in problems)
+        )
 
 
 _TAKEN = "SELECT ph, src, sum(length)::BIGINT FROM _taken GROUP BY 1, 2"
@@ -233,20 +253,18 @@ def _summaries(
     con: duckdb.DuckDBPyConnection,
     mix: Mix,
     spans: tuple[PhaseSpan, ...],
-    quotas: pl.DataFrame,
+    need: dict[tuple[str, str], int],
     have: dict[str, tuple[int, int]],
-    epochs: dict[str, int],
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     names = sorted(mix.sources)
     drawn = {
         names[r[0]]: (int(r[1]), int(r[2]))
         for r in con.sql("SELECT src, sum(length)::BIGINT, max(epoch) + 1 FROM _taken GROUP BY 1").fetchall()
     }
-    planned = dict(quotas.group_by("source").agg(pl.col("quota").sum()).iter_rows())
     per_source = pl.DataFrame(
         {
             "source": names,
-            "tokens_planned": [int(planned.get(s, 0)) for s in names],
+            "tokens_planned": [sum(need[sp.name, s] for sp in spans) for s in names],
             "tokens_drawn": [drawn.get(s, (0, 0))[0] for s in names],
             "tokens_available": [have.get(s, (0, 0))[0] for s in names],
             "docs_available": [have.get(s, (0, 0))[1] for s in names],
@@ -256,7 +274,6 @@ def _summaries(
         },
         schema_overrides={"tokens_planned": pl.Int64, "tokens_drawn": pl.Int64, "epochs_started": pl.Int64},
     )
-    by_phase = quotas.group_by("phase", "source").agg(pl.col("quota").sum()).rows_by_key(["phase", "source"])
     phases = pl.DataFrame(
         {
             "phase": [sp.name for sp in spans],
@@ -264,8 +281,8 @@ def _summaries(
             "steps": [sp.steps for sp in spans],
             "transition": [f"{sp.shape} {sp.ramp_steps}" if sp.ramp_steps else "step" for sp in spans],
             "max_doc_tokens": [sp.max_doc_tokens for sp in spans],
-            "tokens_planned": [sum(int(by_phase.get((sp.name, s), [[0]])[0][0]) for s in names) for sp in spans],
-            **{f"tokens_{s}": [int(by_phase.get((sp.name, s), [[0]])[0][0]) for sp in spans] for s in names},
+            "tokens_planned": [sum(need[sp.name, s] for s in names) for sp in spans],
+            **{f"tokens_{s}": [need[sp.name, s] for sp in spans] for s in names},
         },
         schema_overrides={"max_doc_tokens": pl.Int64},
     )

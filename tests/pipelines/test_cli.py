@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,25 @@ def test_failed_build_keeps_no_partial_output(tiny_mix_path: Path, tmp_path: Pat
     # only the hidden work cache is left (its tokenized documents, no shards), for the next build to reuse
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == [".out.cache"]
     assert not (tmp_path / ".out.cache" / "shards").exists()
+
+
+def test_build_prints_every_warning_weir_plan_prints_in_the_same_words(tiny_mix_path: Path, tmp_path: Path) -> None:
+    """qa without max_epochs is drawn more than once: ``weir plan`` warns about it, and so does the build."""
+    text = tiny_mix_path.read_text()
+    assert 'A: {a}", max_epochs: 50}' in text
+    mix = tmp_path / "uncapped.yaml"
+    mix.write_text(text.replace('A: {a}", max_epochs: 50}', 'A: {a}"}'))
+    out = tmp_path / "out"
+    built = weir("build", str(mix), "--out", str(out))
+    assert built.returncode == 0, built.stderr
+    planned = weir("plan", str(mix), "--build", str(out))
+    assert planned.returncode == 0, planned.stderr
+    warnings = [line for line in planned.stdout.splitlines() if line.startswith("warning: ")]
+    repeated = r"warning: source 'qa' is repeated \d\.\d\d times \(no max_epochs caps it\)"
+    assert any(re.fullmatch(repeated, w) for w in warnings), planned.stdout
+    said = [line.strip() for line in built.stdout.splitlines()]
+    for w in warnings:
+        assert w in said, (w, built.stdout)
 
 
 # --- weir validate: the everyday mistakes, in seconds, one line each (exit 2) ----------------------------

@@ -1,12 +1,16 @@
-"""``weir plan``: the plan of a mix from an existing build's stats, as a table or JSON, writing nothing."""
+"""``weir plan``: the plan of a mix from an existing build's stats, as a table or JSON, writing nothing; an
+infeasible one refused in one line, in seconds and bounded memory however many steps it asks for."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]
@@ -59,3 +63,60 @@ def test_infeasible_plan_is_one_message(tiny_mix_path: Path, tmp_path: Path) -> 
     assert r.returncode == 1
     assert "plan infeasible" in r.stderr and "source 'qa' runs out in phase" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# `weir plan` run in-process by a child, which records its peak RSS (ru_maxrss, KiB) after importing what the
+# command imports and at the end, and the seconds the command took: the first is the floor of any `weir plan`
+# (dagster and the rest), the difference what planning cost.
+PROBE = """\
+import json, resource, sys, time
+import mixing.plan.curriculum_plan, pipelines.cli, pipelines.freshness, pipelines.plan_summary, pipelines.resources
+imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+try:
+    pipelines.cli.app(sys.argv[2:], prog_name="weir")
+finally:
+    figures = {"imported_kib": imported, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+               "seconds": time.perf_counter() - t0}
+    open(sys.argv[1], "w").write(json.dumps(figures))
+"""
+
+
+def test_a_phase_of_50b_tokens_on_a_tiny_build_is_refused_in_seconds_in_bounded_memory(
+    tiny_build: Path, tmp_path: Path
+) -> None:
+    """The feasibility is known from the documents' token counts before any step is made: the uncapped qa, which
+    a draw would repeat for ever, is never drawn, and 7.8 M steps make no per-step array."""
+    text = (tiny_build.parent / "tiny.yaml").read_text()
+    for old, new in [
+        ("global_batch: 4", "global_batch: 100"),  # 6,400 tokens a step: 50 B tokens are 7,812,500 steps
+        ('A: {a}", max_epochs: 50}', 'A: {a}"}'),  # qa: no max_epochs
+        ("steps: 5,", "tokens: 50B,"),
+    ]:
+        assert old in text, old
+        text = text.replace(old, new)
+    mix = tmp_path / "huge.yaml"
+    mix.write_text(text)
+    figures = tmp_path / "figures.json"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", PROBE, str(figures), "plan", str(mix), "--build", str(tiny_build)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("weir plan did not refuse a 50 B-token phase within 60 s")
+    assert (r.returncode, r.stdout) == (1, ""), r.stdout + r.stderr
+    line = re.fullmatch(
+        r"plan infeasible: source 'notes' runs out in phase 'second': the plan needs (\d+) tokens of it "
+        r"\(\d+\.\d\d epochs\) but it has (\d+) tokens and max_epochs is 50 \((\d+) tokens at most\)\n",
+        r.stderr,
+    )
+    assert line, r.stderr
+    assert int(line[1]) == 3 * 6400 * 3 // 4 + 50 * 10**9 // 4  # first phase's 3 steps, then a quarter of 50 B
+    assert int(line[3]) == 50 * int(line[2])
+    f = json.loads(figures.read_text())
+    planning_mib = (f["peak_kib"] - f["imported_kib"]) / 1024
+    assert f["seconds"] < 15 and planning_mib < 150, f

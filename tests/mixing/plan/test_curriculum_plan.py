@@ -1,7 +1,8 @@
-"""``step_quotas`` and the :class:`Plan` that ``make_plan`` writes and ``preview_plan`` computes: quotas are
-int64, step-major with sources by name, their prefix sums within 0.5 token of the ideal; the summaries agree
-with the tables written (``plan_quotas``, ``plan_units``, ``plan_sources``, ``plan_phases``) and with the
-documents; a preview is the same plan; a new plan replaces every table of the old one.
+"""``phase_demand``, ``step_quotas`` and the :class:`Plan` that ``make_plan`` writes and ``preview_plan`` computes:
+what each phase asks of each source is the ideal at its boundaries, computed without per-step arrays; quotas are
+int64, step-major with sources by name, their prefix sums within 0.5 token of the ideal, each phase's summing to
+what it asks; the summaries agree with the tables written (``plan_quotas``, ``plan_units``, ``plan_sources``,
+``plan_phases``) and with the documents; a preview is the same plan; a new plan replaces every table of the old one.
 
 The draw itself (mixture error, one draw per epoch, length limits, chunking, memory): test_plan.py; infeasible
 plans: test_feasibility.py; the audit: test_audit.py.
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from contract.errors import WeirError
 from mixing.mixfile.mix import Mix, parse_mix
-from mixing.plan.curriculum import phase_spans
+from mixing.plan.curriculum import phase_demand, phase_spans, step_shares
 from mixing.plan.curriculum_plan import Plan, PlanError, make_plan, preview_plan, step_quotas
 from tests.mixing.plan.test_plan import planned_mixes, tables, write_documents
 
@@ -48,6 +49,30 @@ def test_step_quotas_carry_rounding_forward(case: tuple[Mix, dict[str, np.ndarra
     assert np.array_equal(np.cumsum(quota, axis=0), q["cum_quota"].to_numpy().reshape(steps, len(names)))
     ideal = np.cumsum(share * cap, axis=0)
     assert np.abs(np.cumsum(quota, axis=0) - ideal).max(initial=0) <= 0.5 + 1e-6 * cap * max(steps, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(planned_mixes())
+def test_phase_demand_is_the_ideal_at_each_phase_boundary_and_what_each_phase_s_quotas_sum_to(
+    case: tuple[Mix, dict[str, np.ndarray]],
+) -> None:
+    """Computed from the phases alone (ramps in closed form), checked against the sum over every step's shares."""
+    mix, _ = case
+    d = phase_demand(mix)
+    names, spans = sorted(mix.sources), phase_spans(mix)
+    assert d.sources == tuple(names) and d.spans == spans
+    assert d.cum.dtype == np.int64 and d.cum.shape == d.rest.shape == (len(spans) + 1, len(names))
+    cap = mix.sequence.length * mix.sequence.global_batch
+    per_step = np.vstack([np.zeros((1, len(names))), np.cumsum(step_shares(mix).shares * cap, axis=0)])
+    ideal = per_step[[0, *(sp.end_step for sp in spans)]]
+    tolerance = 1e-9 * cap * mix.total_steps  # the per-step sum's own float error
+    assert np.abs(d.cum + d.rest - ideal).max() <= tolerance
+    assert (np.abs(d.rest) <= 0.5).all()
+
+    q = step_quotas(mix)
+    sums = q.group_by("phase", "source").agg(pl.col("quota").sum()).rows()
+    assert d.tokens() == {(p, s): int(v) for p, s, v in sums}
+    assert q.filter(pl.col("step") == mix.total_steps - 1)["cum_quota"].to_list() == d.cum[-1].tolist()
 
 
 @st.composite

@@ -1,9 +1,12 @@
-"""Infeasible plans name every phase, source and token count at once and write nothing; a feasible plan's
+"""Infeasible plans name every phase, source and token count at once and write nothing, refused before any
+per-step array is made or any document drawn (in time and memory independent of the steps); a feasible plan's
 warnings."""
 
 from __future__ import annotations
 
 import re
+import time
+import tracemalloc
 from pathlib import Path
 
 import duckdb
@@ -11,8 +14,11 @@ import numpy as np
 import polars as pl
 import pytest
 
+import mixing.mixfile.mix as mix_module
+import mixing.plan.curriculum as curriculum_module
+import mixing.plan.curriculum_plan as plan_module
 from mixing.mixfile.mix import parse_mix
-from mixing.plan.curriculum_plan import PlanError, make_plan
+from mixing.plan.curriculum_plan import PlanError, make_plan, preview_plan
 from mixing.plan.feasibility import plan_warnings
 from tests.mixing.plan.test_plan import tables, write_documents
 
@@ -109,6 +115,47 @@ def test_a_segment_that_runs_out_after_an_earlier_one_drew_its_short_documents(t
     assert found, str(e.value)
     assert int(found[1]) < 3200  # how many depends on which short documents p1's draw order took first
     assert tables(db) == before
+
+
+def test_an_infeasible_plan_is_refused_before_any_step_is_made_whatever_the_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """10**9 steps (past the mix file's limit, lifted here): the refusal comes from the phases and the documents'
+    token counts alone, in well under a second and a few MB, with the message of any infeasible plan; the
+    uncapped source b, which a draw would repeat for ever, is never drawn."""
+    db = tmp_path / "w.duckdb"
+    write_documents(db, {"a": np.full(100, 200), "b": np.full(100, 200)})
+    monkeypatch.setattr(mix_module, "MAX_STEPS", 10**10)  # the run's limit (a phase's own: tokens, not steps)
+    steps, ramp = 10**9, 10**7  # the ramp at its own limit
+    mix = parse_mix(
+        "name: h\nsequence: {length: 128, global_batch: 8}\nsources:\n  a: {uri: x, max_epochs: 2}\n  b: {uri: y}\n"
+        "curriculum:\n  - {phase: warm, steps: 10, mixture: {a: 0.5, b: 0.5}}\n"
+        f"  - {{phase: huge, tokens: {1024 * steps}, mixture: {{a: 0.25, b: 0.75}}, "
+        f"transition: {{shape: cosine, steps: {ramp}}}}}\n"
+    )
+    assert mix.total_steps == steps + 10
+
+    def per_step(*_a: object, **_k: object) -> None:
+        raise AssertionError("a per-step array or a draw before the plan was judged feasible")
+
+    for module, name in [(plan_module, "step_quotas"), (plan_module, "_draw"), (curriculum_module, "step_shares")]:
+        monkeypatch.setattr(module, name, per_step)
+    # warm: 10 × 512 tokens of a; huge: 1024 a step, 0.25 of them after its cosine ramp from 0.5, which asks
+    # (0.5 + 0.25) / 2 on average
+    need = 10 * 512 + 1024 * ((steps - ramp) // 4 + ramp * 3 // 8)
+    expected = (
+        f"source 'a' runs out in phase 'huge': the plan needs {need} tokens of it ({need / 20000:.2f} epochs) "
+        "but it has 20000 tokens and max_epochs is 2 (40000 tokens at most)"
+    )
+    for plan in (make_plan, preview_plan):
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        with pytest.raises(PlanError) as e:
+            plan(mix, db)
+        seconds, (_, peak) = time.perf_counter() - t0, tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert str(e.value) == expected
+        assert seconds < 5 and peak < 20 * 2**20, (plan.__name__, seconds, peak)
 
 
 def test_warnings_name_undrawn_uncapped_repeats_and_sources_at_their_cap() -> None:
