@@ -16,12 +16,13 @@ them all; never the factory, :mod:`mixing`)::
     └─ facts · state               the run's facts (RunFacts); the resumable position (LoaderState)
     world · fields · context_parallel   leaves: the DP × CP grid; item fields; the CP splits
     stream (config, planner)       the trainer's mixture, for a build's report; targets (fields): on the device
+    provenance (fields)            the loss per source, on the device, from the items' source_ids
 """
 
 from loaders.config import Balance, LoaderConfig, Payload, Reading
 from loaders.dataset import ExhaustedError, PackedDataset
 from loaders.facts import RunFacts
-from loaders.fields import FIELDS, IGNORE_INDEX, FieldsError
+from loaders.fields import FIELDS, IGNORE_INDEX, PROVENANCE_FIELDS, FieldsError
 from loaders.loader import PackedLoader
 from loaders.state import LoaderState, StateError
 from loaders.steps import Step, StepLoader
@@ -30,6 +31,7 @@ from loaders.world import World
 __all__ = [
     "FIELDS",
     "IGNORE_INDEX",
+    "PROVENANCE_FIELDS",
     "Balance",
     "ExhaustedError",
     "FieldsError",

@@ -69,13 +69,19 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     - ``step`` (training step), ``slot`` (index among this rank's sequences of the step), ``sequence``
       (global index in the build), ``num_tokens`` (real tokens of the full sequence; padding follows):
       Python ints, whatever the payload's ``fields``.
+    - only when asked by name in the payload's ``fields`` (:data:`~loaders.fields.PROVENANCE_FIELDS`), where
+      the tokens came from: ``source_ids`` int32 [n] (each slot's source index, -1 on padding), and per
+      segment of ``cu_seqlens`` ``seg_source`` int32 [k], ``seg_doc`` int64 [k], ``seg_offset`` int64 [k]
+      (source index, document id, offset of the segment's first token in its document; -1 for the trailing
+      padding); source names: ``facts.sources``; a loss per source: :mod:`loaders.provenance`.
 
     With ``micro_batches == "unequal"`` count a rank's items per step by their ``step`` and normalize the
     loss by tokens. Treat items as read-only: the tensors are views of arrays shared by a chunk of items
     (reused once none of them is referenced) and ``indices`` may be one tensor shared by all items. A local
     and a streamed build of the same data give the same items (one builder, :mod:`loaders.items`).
 
-    ``facts``: the run's facts (:class:`loaders.facts.RunFacts`: steps, seq_len, vocab_size, eos_id, pad_id, …).
+    ``facts``: the run's facts (:class:`loaders.facts.RunFacts`: steps, seq_len, vocab_size, eos_id, pad_id,
+    sources, …).
 
     One pass is the whole training run: iterating again once every step was read raises
     :class:`ExhaustedError` (it would silently yield nothing); :meth:`rewind` starts another pass on purpose.

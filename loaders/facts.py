@@ -1,10 +1,11 @@
 """``RunFacts``: what a training script needs to know about a build, typed, instead of reading its manifest.
 
 ``PackedDataset(...).facts`` holds them: ``steps`` (optimizer steps of the whole run, for the LR planner),
-``seq_len``, ``global_batch``, ``vocab_size``, ``eos_id``, ``pad_id``, the cost model, the phases and the
-mix's ``seed``. Every value comes from the build's typed manifest (:class:`contract.manifest.Manifest`,
-whose defaults fill what an older or hand-written manifest lacks), the token count and the steps from its
-shards' index. ``CostModel`` is the build's (:class:`contract.cost.CostModel`).
+``seq_len``, ``global_batch``, ``vocab_size``, ``eos_id``, ``pad_id``, the cost model, the phases, the
+source names (``sources``, in source-index order) and the mix's ``seed``. Every value comes from the build's
+typed manifest (:class:`contract.manifest.Manifest`, whose defaults fill what an older or hand-written
+manifest lacks), the token count and the steps from its shards' index. ``CostModel`` is the build's
+(:class:`contract.cost.CostModel`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class RunFacts:
     unrecorded); ``pad_id``: the id in padding slots, the tokenizer's pad token when it has one, else the EOS
     id (``pad_is_eos``): then mask padding with ``labels == -100`` or ``num_tokens``, never by id;
     ``seed``: the mix file's seed, the loader's default; ``micro_batches``/``max_tokens``: the mix file's
-    ``balance`` options; ``mix``: the mix's name.
+    ``balance`` options; ``mix``: the mix's name; ``sources``: the source names in the order of the shards'
+    source indices (an item's ``source_ids`` / ``seg_source`` index them; empty when the build records none).
     """
 
     mix: str | None

@@ -34,12 +34,14 @@ class SegmentTable:
     ``r``'s segments are ``lengths[offsets[r]:offsets[r+1]]`` (int64, tokens of each document, in order);
     ``used`` int64 [R]: real tokens; ``steps`` int64 [R]: build step; ``cu``: every row's item
     ``cu_seqlens`` back to back (int32, trailing padding as one more segment) and where each begins (int64
-    [R+1]), when a build index holds them, else None."""
+    [R+1]), when a build index holds them, else None; ``segments``: the segments whole, int64 [M, 4] =
+    (source index, doc_id, start, length), ``lengths`` their last column (what provenance fields read)."""
 
     offsets: np.ndarray
     lengths: np.ndarray
     used: np.ndarray
     steps: np.ndarray
+    segments: np.ndarray
     cu: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -92,7 +94,7 @@ class IndexFeed(Feed):
         shards, index = self.shards, self.shards.index
         offsets, segments = shards.segments
         cu = (index["cu_seqlens"], index["cu_offsets"]) if index is not None else None
-        return SegmentTable(offsets, segments[:, 3], shards.seq_tokens, shards.steps, cu), idx
+        return SegmentTable(offsets, segments[:, 3], shards.seq_tokens, shards.steps, segments, cu), idx
 
     def _stored(self, k: int) -> np.ndarray:
         """Shard ``k``'s tokens as a plain ndarray over its memory map (row access without memmap's overhead)."""
@@ -107,19 +109,20 @@ class ViewFeed(Feed):
     per_shard = True
 
     def read(self, idx: np.ndarray, block: np.ndarray) -> tuple[SegmentTable, np.ndarray]:
-        lengths, steps = [], []
+        segments, steps = [], []
         for k, i in enumerate(idx.tolist()):
             view = self.shards.verified_sequence(i)
             block[k] = view.tokens
-            lengths.append(np.asarray(view.segments[:, 3], dtype=np.int64))
+            segments.append(np.asarray(view.segments, dtype=np.int64).reshape(-1, 4))
             steps.append(view.step)
-        counts = np.array([len(x) for x in lengths], dtype=np.int64)
+        counts = np.array([len(x) for x in segments], dtype=np.int64)
         offsets = np.zeros(len(idx) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        flat = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        whole = np.concatenate(segments) if segments else np.zeros((0, 4), np.int64)
+        flat = whole[:, 3]
         cum = np.concatenate([[0], np.cumsum(flat)])
         used = cum[offsets[1:]] - cum[offsets[:-1]]
-        return SegmentTable(offsets, flat, used, np.array(steps, dtype=np.int64)), np.arange(len(idx))
+        return SegmentTable(offsets, flat, used, np.array(steps, dtype=np.int64), whole), np.arange(len(idx))
 
 
 def feed_for(shards: VerifiedShardSet) -> Feed:

@@ -9,6 +9,15 @@ With ``cp_size > 1`` ``labels`` cannot be left out: the label of the last slot o
 token of the next chunk, which another CP rank holds, so only the loader (which sees the whole sequence
 before the split) can give them. ``position_ids`` can always be rebuilt (:func:`loaders.targets.position_ids`
 from ``indices`` with CP).
+
+Provenance (:data:`PROVENANCE_FIELDS`) is opt-in by name, never in the default (``fields=None`` is :data:`FIELDS`):
+where each token came from, for a loss per source (:mod:`loaders.provenance`). ``source_ids`` int32 [n] is
+per slot of the item (the rank's slots under CP): the source index of the token, -1 on trailing and CP
+padding. The ``seg_*`` fields are per segment, aligned with ``cu_seqlens`` (segment ``i`` spans
+``cu_seqlens[i]:cu_seqlens[i+1]``, of the full sequence also under CP), the trailing padding's segment -1:
+``seg_source`` int32 [k] (source index; the names are ``ds.facts.sources``), ``seg_doc`` int64 [k] (the
+document's id in its source) and ``seg_offset`` int64 [k] (the offset of the segment's first token in its
+document: non-zero for the later pieces of a split document).
 """
 
 from __future__ import annotations
@@ -17,11 +26,13 @@ from collections.abc import Iterable
 
 from contract.errors import WeirError
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "FieldsError", "check_fields"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "PROVENANCE_FIELDS", "FieldsError", "check_fields"]
 
 IGNORE_INDEX = -100
 
 FIELDS = ("input_ids", "labels", "position_ids", "indices", "cu_seqlens", "cu_seqlens_padded")
+PROVENANCE_FIELDS = ("source_ids", "seg_source", "seg_doc", "seg_offset")  # opt-in only: see the module's docstring
+_KNOWN = FIELDS + PROVENANCE_FIELDS
 
 
 class FieldsError(WeirError, ValueError):
@@ -29,19 +40,20 @@ class FieldsError(WeirError, ValueError):
 
 
 def check_fields(fields: Iterable[str] | None, cp_size: int) -> tuple[str, ...]:
-    """The requested fields in :data:`FIELDS` order (all of them for None); ValueError naming an unknown
-    field, a bare string, or ``labels`` left out with ``cp_size > 1`` (:class:`FieldsError`, a ValueError)."""
+    """The requested fields in :data:`FIELDS` then :data:`PROVENANCE_FIELDS` order (:data:`FIELDS` for None:
+    no provenance unless asked); ValueError naming an unknown field, a bare string, or ``labels`` left out
+    with ``cp_size > 1`` (:class:`FieldsError`, a ValueError)."""
     if fields is None:
         return FIELDS
     if isinstance(fields, str):
         raise FieldsError(f"fields must be a collection of field names, not the string {fields!r}")
     wanted = list(fields)
-    unknown = [f for f in wanted if f not in FIELDS]
+    unknown = [f for f in wanted if f not in _KNOWN]
     if unknown:
-        raise FieldsError(f"unknown item field {unknown[0]!r}; expected some of {list(FIELDS)}")
+        raise FieldsError(f"unknown item field {unknown[0]!r}; expected some of {list(_KNOWN)}")
     if cp_size > 1 and "labels" not in wanted:
         raise FieldsError(
             "fields must include 'labels' when cp_size > 1: a CP chunk's last label is a token another CP rank "
             "holds, so the trainer cannot rebuild labels from its own input_ids"
         )
-    return tuple(f for f in FIELDS if f in wanted)
+    return tuple(f for f in _KNOWN if f in wanted)

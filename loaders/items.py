@@ -19,7 +19,7 @@ import torch
 
 from loaders.context_parallel import expand_runs, split, zigzag_runs
 from loaders.feed import Feed, SegmentTable
-from loaders.fields import IGNORE_INDEX
+from loaders.fields import IGNORE_INDEX, PROVENANCE_FIELDS
 from loaders.world import World
 
 __all__ = ["ItemBuilder"]
@@ -42,17 +42,22 @@ class ItemBuilder:
             fixed = split(np.array([self.S]), world.cp_size, world.cp_rank, cp_split)
         self._fixed, self._fixed_t = fixed, torch.from_numpy(fixed)
         self._pool: dict[str, list[np.ndarray]] = {}
-        self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
+        self._provenance = tuple(f for f in PROVENANCE_FIELDS if f in fields)
+        self._lean = (
+            not self.zigzag and "labels" not in fields and "position_ids" not in fields and not self._provenance
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pool": {}}  # a spawned worker starts with no pooled arrays
 
     def build(self, seqs: list[int]) -> list[dict[str, Any]]:
         """Global sequences ``seqs`` as items: the requested fields plus ``step`` (the build's), ``sequence``
-        and ``num_tokens`` (see :class:`loaders.PackedDataset` for what each holds).
+        and ``num_tokens`` (see :class:`loaders.PackedDataset` for what each holds; the provenance fields:
+        :mod:`loaders.fields`).
 
         One numpy pass per array over all of them: each array field of item ``k`` is a view of one flat
-        int64 block shared by the chunk (the block lives as long as any of them); ``indices`` is one shared
+        block shared by the chunk (int64; ``source_ids`` int32; the block lives as long as any of them; the
+        per-segment provenance fields are views of one small array per chunk); ``indices`` is one shared
         tensor unless the split is per document: treat items as read-only.
         """
         S, n, want = self.S, len(seqs), self.fields
@@ -63,6 +68,7 @@ class ItemBuilder:
         table, rows = self.feed.read(np.asarray(seqs, dtype=np.int64), tokens[:N].reshape(n, S))
         used = table.used[rows]
         cols: dict[str, list[Any]] = {}
+        per_segment: dict[str, list[Any]] = {}  # provenance per segment: after the cu fields
         if self._lean and table.cu is not None:  # no labels, positions or per-document split: the index's cu
             cus = []
             if "cu_seqlens" in want or "cu_seqlens_padded" in want:
@@ -73,11 +79,12 @@ class ItemBuilder:
                 cus = list(torch.from_numpy(cu_all[gather]).split(count.tolist()))
             self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used)
         else:
-            seg, first, cu = self._layout(table, rows, used)
+            seg, first, cu, where = self._layout(table, rows, used)
+            sources = self._provenance_fields(per_segment, table, seg, first, cu, where) if self._provenance else None
             if self.zigzag:
-                self._zigzag(cols, tokens, seg, first, cu, used)
+                self._zigzag(cols, tokens, seg, first, cu, used, sources)
             else:
-                self._whole(cols, tokens, seg, cu, used)
+                self._whole(cols, tokens, seg, cu, used, sources)
             cus, pcus = self._item_cu(seg, first, cu)
             if self.zigzag and "cu_seqlens_padded" in want:
                 cols["cu_seqlens_padded"] = pcus
@@ -85,6 +92,7 @@ class ItemBuilder:
             cols["cu_seqlens"] = cus
         if "cu_seqlens_padded" in want and not self.zigzag:
             cols["cu_seqlens_padded"] = cus
+        cols.update(per_segment)
         cols["step"] = table.steps[rows].tolist()
         cols["sequence"] = list(seqs)
         cols["num_tokens"] = used.tolist()
@@ -94,10 +102,12 @@ class ItemBuilder:
 
     def _layout(
         self, table: SegmentTable, rows: np.ndarray, used: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """Segments of ``table``'s ``rows`` back to back, each one's padding (if any) as one more segment:
         lengths ``seg`` [m], ``first`` [n+1] (item k's segments are ``first[k]:first[k+1]``), boundaries
-        ``cu`` [m+1] in the concatenated positions (item k starts at k·S); ``used``: the rows' real tokens."""
+        ``cu`` [m+1] in the concatenated positions (item k starts at k·S); ``used``: the rows' real tokens;
+        with provenance fields asked, ``where`` [m]: each segment's row of ``table.segments`` (-1: padding),
+        else None."""
         S, n = self.S, len(rows)
         offs = table.offsets
         lo, n_real = offs[rows], offs[rows + 1] - offs[rows]
@@ -111,7 +121,48 @@ class ItemBuilder:
         seg[first[item_of] + e] = table.lengths[lo[item_of] + e]
         cu = np.zeros(len(seg) + 1, dtype=np.int64)
         np.cumsum(seg, out=cu[1:])
-        return seg, first, cu
+        where = None
+        if self._provenance:
+            where = np.full(len(seg), -1, dtype=np.int64)
+            where[first[item_of] + e] = lo[item_of] + e
+        return seg, first, cu, where
+
+    def _provenance_fields(
+        self,
+        cols: dict[str, list[Any]],
+        table: SegmentTable,
+        seg: np.ndarray,
+        first: np.ndarray,
+        cu: np.ndarray,
+        where: np.ndarray | None,
+    ) -> np.ndarray | None:
+        """``cols``' per-segment provenance fields from a :meth:`_layout` (aligned with the items'
+        ``cu_seqlens``, -1 for the trailing padding's segment); returns, when ``source_ids`` is asked, the
+        source of every concatenated position (int32 [N + 1], -1 on padding and on the extra slot N that a
+        CP padding slot gathers), else None."""
+        assert where is not None
+        want, real = self.fields, where >= 0
+        at = where[real]
+        counts = (first[1:] - first[:-1]).tolist()
+        source = np.full(len(seg), -1, dtype=np.int32)
+        source[real] = table.segments[at, 0]
+        columns = {"seg_source": source}
+        for name, col in (("seg_doc", 1), ("seg_offset", 2)):
+            if name in want:
+                columns[name] = np.full(len(seg), -1, dtype=np.int64)
+                columns[name][real] = table.segments[at, col]
+        for name, arr in columns.items():
+            if name in want:
+                cols[name] = list(torch.from_numpy(arr).split(counts))
+        if "source_ids" not in want:
+            return None
+        N = int(cu[-1])
+        ids = self._take("source_ids", N + 1, np.int32)
+        ids.fill(0)
+        ids[cu[:-1]] = np.diff(source, prepend=np.int32(0))  # segments are ≥ 1 slot: one step per segment start
+        np.cumsum(ids, dtype=np.int32, out=ids)
+        ids[N] = -1
+        return ids
 
     def _item_cu(
         self, seg: np.ndarray, first: np.ndarray, cu: np.ndarray
@@ -132,13 +183,22 @@ class ItemBuilder:
         return cus, list(torch.split(torch.from_numpy((pcu[src] - pcu[first[owner]]).astype(np.int32)), bounds))
 
     def _whole(
-        self, cols: dict[str, list[Any]], tokens: np.ndarray, seg: np.ndarray, cu: np.ndarray, used: np.ndarray
+        self,
+        cols: dict[str, list[Any]],
+        tokens: np.ndarray,
+        seg: np.ndarray,
+        cu: np.ndarray,
+        used: np.ndarray,
+        sources: np.ndarray | None = None,
     ) -> None:
         """``cols``' token-slot fields when every item has the same slots (``cp_size == 1``, or a split of
-        fixed slots): labels and positions of the whole sequences, then one gather per array for CP."""
+        fixed slots): labels and positions of the whole sequences, then one gather per array for CP;
+        ``sources``: each position's source (:meth:`_provenance_fields`), when ``source_ids`` is asked."""
         S, n, want = self.S, len(used), self.fields
         N = n * S
         full = {"input_ids": tokens}
+        if sources is not None:
+            full["source_ids"] = sources
         if "labels" in want:
             labels = full["labels"] = self._take("labels", N + 1)
             labels[: N - 1] = tokens[1:N]
@@ -157,11 +217,12 @@ class ItemBuilder:
             cols["indices"] = [self._fixed_t] * n
         size = len(self._fixed)
         gather = ((np.arange(n) * S)[:, None] + self._fixed[None, :]).reshape(-1) if self.cp_size > 1 else None
-        for name in ("input_ids", "labels", "position_ids"):
+        for name in ("input_ids", "labels", "position_ids", "source_ids"):
             if name in want:
                 arr = full[name][:N]
                 if gather is not None:  # CP: this rank's slots of every item, in one gather per array
-                    arr = np.take(full[name], gather, out=self._take("cp_" + name, n * size), mode="clip")
+                    out = self._take("cp_" + name, n * size, arr.dtype.type)
+                    arr = np.take(full[name], gather, out=out, mode="clip")
                 cols[name] = list(torch.from_numpy(arr).view(n, size).unbind(0))
 
     def _zigzag(
@@ -172,10 +233,12 @@ class ItemBuilder:
         first: np.ndarray,
         cu: np.ndarray,
         used: np.ndarray,
+        sources: np.ndarray | None = None,
     ) -> None:
         """``cols``' token-slot fields under the per-document zigzag: the rank's slots of all items as runs
         (:func:`~loaders.context_parallel.zigzag_runs`), each per-slot array written once by
-        :func:`~loaders.context_parallel.expand_runs` or one gather from ``tokens``; labels are gathered
+        :func:`~loaders.context_parallel.expand_runs` or one gather from ``tokens`` (or ``sources``, each
+        position's source, for ``source_ids``); labels are gathered
         from the next position and fixed where a segment ends (its last chunk's last slot), in trailing
         padding and on CP padding slots, so no whole-sequence labels or positions are made."""
         S, n, want, cp = self.S, len(used), self.fields, self.cp_size
@@ -213,9 +276,13 @@ class ItemBuilder:
                 torch.sub(part, k * S, out=parts[k])
             local[pad] = -1
             cols["indices"] = parts
+        if sources is not None:  # a CP padding slot gathers position N, whose source is -1
+            ids = np.take(sources, gather, out=self._take("cp_source_ids", total, np.int32), mode="clip")
+            cols["source_ids"] = list(torch.from_numpy(ids).split(sizes))
 
-    def _take(self, role: str, size: int) -> np.ndarray:
-        """An int64 array of ``size`` for ``role`` (one per array a chunk makes), reused when free.
+    def _take(self, role: str, size: int, dtype: type = np.int64) -> np.ndarray:
+        """An array of ``size`` (int64, or ``dtype``: one per role) for ``role`` (one per array a chunk
+        makes), reused when free.
 
         Fresh multi-megabyte arrays cost a page fault per 4 KiB on every chunk (the allocator maps them
         anew each time), more than the work itself; so a few arrays per role are kept and one is handed out
@@ -231,7 +298,7 @@ class ItemBuilder:
                 if len(a) >= size:
                     return a[:size]
                 spare = k
-        fresh = np.empty(size + size // 4, dtype=np.int64)  # room for a chunk with more CP padding
+        fresh: np.ndarray = np.empty(size + size // 4, dtype=dtype)  # room for a chunk with more CP padding
         if spare >= 0:
             pool[spare] = fresh
         elif len(pool) < 4:  # bounded: a consumer that keeps every item gets fresh arrays

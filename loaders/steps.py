@@ -16,13 +16,14 @@ Micro-batch layouts (``layout``; default ``"stacked"`` with the mix's ``micro_ba
 ``"varlen"``):
 
 - ``"stacked"``: ``input_ids``, ``labels``, ``position_ids`` (those the items carry) int64 [b, S], each row a
-  packed sequence with its trailing padding (``labels`` -100 there).
-- ``"varlen"``: the same fields int64 [1, T], the sequences' real tokens back to back, padding left out
+  packed sequence with its trailing padding (``labels`` -100 there); ``source_ids`` int32 [b, S] if carried.
+- ``"varlen"``: the same fields [1, T], the sequences' real tokens back to back, padding left out
   (:func:`loaders.varlen.concat`; T ≤ the mix's ``balance.max_tokens`` with ``micro_batches: unequal``).
 
 Either way ``cu_seqlens`` int32 [d + 1] are the segment bounds over the micro-batch's flattened slots
 (``b·S`` or ``T``; with ``"stacked"`` each row's trailing padding is a segment of its own, so that no
-document attends to padding) and ``max_seqlen`` (int) is the longest segment: what flash-attention's
+document attends to padding), the items' ``seg_source``/``seg_doc``/``seg_offset`` (if carried) are
+aligned with those segments, and ``max_seqlen`` (int) is the longest segment: what flash-attention's
 ``flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)`` takes for
 ``q`` of shape [b·S or T, heads, dim]. Each micro-batch also has ``step``, ``sequences`` (global indices),
 ``num_tokens`` (real tokens) and ``num_targets`` (labels that are not -100: the cross-entropy's terms).
@@ -43,12 +44,11 @@ import torch
 
 from loaders.dataset import PackedDataset
 from loaders.loader import PackedLoader
-from loaders.varlen import concat
+from loaders.varlen import PER_SEGMENT, PER_TOKEN, concat
 
 __all__ = ["LAYOUTS", "Step", "StepLoader", "stack"]
 
 LAYOUTS = ("stacked", "varlen")
-_PER_TOKEN = ("input_ids", "labels", "position_ids")
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,10 @@ def stack(items: list[dict[str, Any]]) -> dict[str, Any]:
     if not items:
         raise ValueError("no items to stack")
     S = int(items[0]["cu_seqlens"][-1])
-    out: dict[str, Any] = {key: torch.stack([it[key] for it in items]) for key in _PER_TOKEN if key in items[0]}
+    out: dict[str, Any] = {key: torch.stack([it[key] for it in items]) for key in PER_TOKEN if key in items[0]}
     bounds = [it["cu_seqlens"][:-1].to(torch.int32) + r * S for r, it in enumerate(items)]
     cu = torch.cat([*bounds, torch.tensor([len(items) * S], dtype=torch.int32)])
+    out.update({key: torch.cat([it[key] for it in items]) for key in PER_SEGMENT if key in items[0]})
     out.update(
         cu_seqlens=cu,
         max_seqlen=int((cu[1:] - cu[:-1]).max()),
@@ -90,7 +91,7 @@ def stack(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _varlen(items: list[dict[str, Any]]) -> dict[str, Any]:
     out = concat(items)
-    for key in _PER_TOKEN:
+    for key in PER_TOKEN:
         if key in out:
             out[key] = out[key].unsqueeze(0)
     cu = out["cu_seqlens"]

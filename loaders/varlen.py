@@ -17,23 +17,25 @@ if TYPE_CHECKING:
     from loaders.dataset import PackedDataset
     from loaders.loader import PackedLoader
 
-__all__ = ["by_step", "concat"]
+__all__ = ["PER_SEGMENT", "PER_TOKEN", "by_step", "concat"]
 
-_PER_TOKEN = ("input_ids", "labels", "position_ids")
+PER_TOKEN = ("input_ids", "labels", "position_ids", "source_ids")  # an item's fields with one entry per slot
+PER_SEGMENT = ("seg_source", "seg_doc", "seg_offset")  # an item's fields with one entry per cu_seqlens segment
 
 
 def concat(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One micro-batch of whole-sequence items (``cp_size == 1``) of one step: ``input_ids``, ``labels``,
-    ``position_ids`` (those the items carry) int64 [Σ num_tokens], each item's real tokens in order with
-    its padding left out; ``cu_seqlens`` int32 [d + 1] over the d documents of all of them; ``step``;
-    ``sequences`` (their global indices) and ``num_tokens`` (Σ). Labels stay as the loader made them (-100 at
-    each document's last token), so nothing crosses from one sequence into the next.
+    ``position_ids`` (those the items carry) int64 [Σ num_tokens] and ``source_ids`` int32 (if carried),
+    each item's real tokens in order with its padding left out; ``cu_seqlens`` int32 [d + 1] over the d
+    documents of all of them, and ``seg_source``/``seg_doc``/``seg_offset`` [d] (if carried) aligned with it;
+    ``step``; ``sequences`` (their global indices) and ``num_tokens`` (Σ). Labels stay as the loader made
+    them (-100 at each document's last token), so nothing crosses from one sequence into the next.
     """
     if not items:
         raise ValueError("no items to concatenate")
     if len({int(it["step"]) for it in items}) != 1:
         raise ValueError("items of different steps; a micro-batch holds one step's sequences")
-    keys = [key for key in _PER_TOKEN if key in items[0]]
+    keys = [key for key in PER_TOKEN if key in items[0]]
     if any(len(it[key]) != int(it["cu_seqlens"][-1]) for it in items for key in keys):
         raise ValueError("concat takes whole-sequence items (cp_size == 1)")
     counts = [int(it["num_tokens"]) for it in items]
@@ -44,6 +46,11 @@ def concat(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         bounds.append(cu[(cu > 0) & (cu <= n)] + offset)  # the document ends; trailing padding is dropped
         offset += n
     out["cu_seqlens"] = torch.cat(bounds).to(torch.int32)
+    per_segment = [key for key in PER_SEGMENT if key in items[0]]
+    if per_segment:  # each item's documents, its trailing padding's segment (the last, if any) left out
+        docs = [int((it["cu_seqlens"][1:] <= n).sum()) for it, n in zip(items, counts, strict=True)]
+        for key in per_segment:
+            out[key] = torch.cat([it[key][:d] for it, d in zip(items, docs, strict=True)])
     out.update(step=int(items[0]["step"]), sequences=[int(it["sequence"]) for it in items], num_tokens=offset)
     return out
 

@@ -12,15 +12,25 @@ from mixing.output.shard_writer import write_shards
 __all__ = ["random_build", "segmentations"]
 
 
-def random_build(root: Path, seg_lens: list[list[int]], S: int, pad_id: int, shard_sequences: int) -> Path:
+def random_build(
+    root: Path, seg_lens: list[list[int]], S: int, pad_id: int, shard_sequences: int, sources: int = 0
+) -> Path:
     """A build of ``len(seg_lens)`` sequences (4 per step) whose segments have the given lengths (≤ S in all;
-    an empty list is a sequence of padding only)."""
+    an empty list is a sequence of padding only). Each segment is (source 0, doc_id = its index in its
+    sequence, start 0), unless ``sources`` > 0: then source, doc_id and start are drawn (sources named
+    ``s0``, ``s1``, …)."""
     n = len(seg_lens)
     rng = np.random.default_rng(n * S)
     tokens = rng.integers(0, 60000, (n, S)).astype(np.uint32)
     segments = np.array([(0, d, 0, ln) for lens in seg_lens for d, ln in enumerate(lens)], np.int64).reshape(-1, 4)
     offsets = np.concatenate([[0], np.cumsum([len(lens) for lens in seg_lens])]).astype(np.int64)
-    manifest = {"global_batch": 4, "pad_id": pad_id, "cost": {"attention": 1.0, "linear": 0.0}}
+    manifest: dict = {"global_batch": 4, "pad_id": pad_id, "cost": {"attention": 1.0, "linear": 0.0}}
+    if sources:
+        m = len(segments)
+        segments[:, 0] = rng.integers(0, sources, m)
+        segments[:, 1] = rng.integers(0, 10**12, m)
+        segments[:, 2] = rng.integers(0, 10**6, m)
+        manifest["sources"] = [f"s{k}" for k in range(sources)]
     write_shards(root / "shards", tokens, np.arange(n) // 4, offsets, segments, shard_sequences, manifest)
     return root
 

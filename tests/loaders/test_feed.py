@@ -1,9 +1,9 @@
 """``loaders.feed``: a local build's ``IndexFeed`` (node index or shards' metadata) and a streamed build's
 ``ViewFeed`` (verified views through a bounded cache) read any sequences, in any order, into the same
-tokens and the same ``SegmentTable`` rows (lengths, real tokens, steps; the index's ``cu_seqlens`` with the
-trailing padding as one more segment); ``chunks`` keeps the items' order and cuts them at ``size`` (and, for
-a streamed build, where the shard changes, never across); ``feed_for`` picks the feed by ``streamed``; a
-damaged shard raises ``CorruptShardError`` before a token of it is copied."""
+tokens and the same ``SegmentTable`` rows (whole segments and their lengths, real tokens, steps; the
+index's ``cu_seqlens`` with the trailing padding as one more segment); ``chunks`` keeps the items' order and
+cuts them at ``size`` (and, for a streamed build, where the shard changes, never across); ``feed_for`` picks
+the feed by ``streamed``; a damaged shard raises ``CorruptShardError`` before a token of it is copied."""
 
 from __future__ import annotations
 
@@ -58,12 +58,16 @@ def check_read(feed: Feed, idx: np.ndarray, S: int) -> tuple[np.ndarray, list[tu
     table, at = feed.read(idx, block)
     assert at.dtype == np.int64 and at.shape == idx.shape
     assert table.offsets.dtype == table.lengths.dtype == table.used.dtype == table.steps.dtype == np.int64
+    assert table.segments.dtype == np.int64 and table.segments.shape[1:] == (4,)
+    assert np.array_equal(table.segments[:, 3], table.lengths)
     got = rows(table, at)
     for k, i in enumerate(idx.tolist()):
         view = feed.shards.sequence(i)
         assert np.array_equal(block[k], view.tokens.astype(np.int64)), i
         lengths, used, step = got[k]
         assert lengths == view.segments[:, 3].tolist() and used == sum(lengths) <= S and step == view.step
+        r = int(at[k])  # the whole segments (source, doc_id, start, length): what the provenance fields read
+        assert table.segments[table.offsets[r] : table.offsets[r + 1]].tolist() == view.segments.tolist(), i
     if table.cu is not None:
         cu, starts = table.cu
         assert cu.dtype == np.int32 and starts.dtype == np.int64
@@ -82,7 +86,7 @@ def test_every_feed_reads_the_same_tokens_and_segments(
     n = len(seg_lens)
     idx = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n)), dtype=np.int64)  # any order, repeats
     with tempfile.TemporaryDirectory() as tmp:
-        root = random_build(Path(tmp) / "build", seg_lens, S, pad_id, SHARD_SEQUENCES)
+        root = random_build(Path(tmp) / "build", seg_lens, S, pad_id, SHARD_SEQUENCES, sources=3)
         out = {name: check_read(feed, idx, S) for name, feed in feeds(root, Path(tmp) / "cache").items()}
     (block, got), *others = out.values()
     for other_block, other_got in others:

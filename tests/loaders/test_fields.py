@@ -1,7 +1,7 @@
-"""``loaders.fields``: ``check_fields`` gives any request of known fields back in ``FIELDS`` order, once each
-(all of them for None), and refuses an unknown name, a bare string, or ``labels`` left out under CP with a
-one-line ``FieldsError`` that is a ``ValueError`` and a ``WeirError`` naming the problem; ``IGNORE_INDEX``
-can never be a token id."""
+"""``loaders.fields``: ``check_fields`` gives any request of known fields back in ``FIELDS`` then
+``PROVENANCE_FIELDS`` order, once each (all of ``FIELDS``, no provenance, for None), and refuses an unknown
+name, a bare string, or ``labels`` left out under CP with a one-line ``FieldsError`` that is a ``ValueError``
+and a ``WeirError`` naming the problem; ``IGNORE_INDEX`` can never be a token id."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contract.errors import WeirError
-from loaders.fields import FIELDS, IGNORE_INDEX, FieldsError, check_fields
+from loaders.config import Payload
+from loaders.fields import FIELDS, IGNORE_INDEX, PROVENANCE_FIELDS, FieldsError, check_fields
 
-known = st.lists(st.sampled_from(FIELDS), max_size=12)
+known = st.lists(st.sampled_from(FIELDS + PROVENANCE_FIELDS), max_size=12)
 cp_sizes = st.integers(1, 8)
 
 
@@ -34,7 +35,7 @@ def test_known_fields_come_back_in_canonical_order_once_each(
 ) -> None:
     got = check_fields(kind(wanted), 1)
     assert set(got) == set(wanted)
-    assert list(got) == sorted(got, key=FIELDS.index) and len(set(got)) == len(got)
+    assert list(got) == sorted(got, key=(FIELDS + PROVENANCE_FIELDS).index) and len(set(got)) == len(got)
     assert check_fields(got, 1) == got  # idempotent
 
 
@@ -48,7 +49,9 @@ def test_under_cp_labels_are_required_and_otherwise_anything_known_passes(wanted
         assert set(check_fields(wanted, cp)) == set(wanted)
 
 
-@given(known, st.text(min_size=1, max_size=12).filter(lambda s: s not in FIELDS), st.data(), cp_sizes)
+@given(
+    known, st.text(min_size=1, max_size=12).filter(lambda s: s not in FIELDS + PROVENANCE_FIELDS), st.data(), cp_sizes
+)
 def test_an_unknown_field_is_named_in_one_line(wanted: list[str], bad: str, data: st.DataObject, cp: int) -> None:
     at = data.draw(st.integers(0, len(wanted)))
     with pytest.raises(FieldsError) as err:
@@ -63,3 +66,14 @@ def test_a_bare_string_is_refused_even_when_it_names_a_field(text: str, cp: int)
     with pytest.raises(FieldsError, match="not the string") as err:
         check_fields(text, cp)
     assert "\n" not in str(err.value)
+
+
+def test_provenance_is_asked_by_name_and_never_a_default() -> None:
+    assert not set(PROVENANCE_FIELDS) & set(FIELDS) and len(set(PROVENANCE_FIELDS)) == len(PROVENANCE_FIELDS)
+    assert Payload().fields is None and check_fields(Payload().fields, 2) == FIELDS
+    assert Payload(fields=("seg_doc", "source_ids", "input_ids")).fields == ("seg_doc", "source_ids", "input_ids")
+    assert check_fields(("seg_doc", "labels", "source_ids"), 4) == ("labels", "source_ids", "seg_doc")
+    with pytest.raises(FieldsError, match="'source_id'"):
+        Payload(fields=("input_ids", "source_id"))
+    with pytest.raises(FieldsError, match="'labels'"):  # provenance does not lift the CP rule
+        check_fields(PROVENANCE_FIELDS, 2)

@@ -1,6 +1,7 @@
 """One item builder, two feeds: items built in chunks from a local build's index equal those built one at a
 time from each sequence's verified view read from the shards' own metadata (a streamed build's way), for
-any CP size and split and any fields."""
+any CP size and split and any fields; the provenance fields are the shards' segments, for every slot and
+segment the rank's ``indices`` and ``cu_seqlens`` say."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loaders import FIELDS, Balance, FieldsError, PackedDataset, Payload, World
+from contract.shards import ShardSet
+from loaders import FIELDS, PROVENANCE_FIELDS, Balance, FieldsError, PackedDataset, Payload, World
 from loaders.feed import IndexFeed, ViewFeed
 from loaders.integrity import VerifiedShardSet
 from loaders.items import ItemBuilder
@@ -79,6 +81,50 @@ def test_both_feeds_give_the_same_items_on_random_segmentations(
         check_feeds_agree(build, 3, "zigzag", chunks, fields=("labels", "indices", "cu_seqlens_padded"))
 
 
+def check_provenance(build: Path, cp: int, how: str) -> None:
+    """Every item's provenance fields, on every CP rank, against the shards' own segments: per segment of
+    ``cu_seqlens`` (the trailing padding -1) and per slot of the rank (through ``indices``; -1 on padding)."""
+    shards = ShardSet(build / "shards")
+    S = shards.manifest.seq_len
+    fields = ("labels", "indices", "cu_seqlens", *PROVENANCE_FIELDS)
+    for rank in range(cp):
+        ds = PackedDataset(build, world=World(0, 1, rank, cp), cp_split=how, payload=Payload(fields=fields))
+        for i, it in enumerate(ds.items(list(range(len(shards))))):
+            segs = shards.sequence(i).segments
+            used = int(segs[:, 3].sum())
+            tail = [-1] if used < S else []
+            assert it["seg_source"].dtype == it["source_ids"].dtype == torch.int32
+            assert it["seg_doc"].dtype == it["seg_offset"].dtype == torch.int64
+            assert len(it["seg_source"]) == len(it["seg_doc"]) == len(it["seg_offset"]) == len(it["cu_seqlens"]) - 1
+            for name, col in (("seg_source", 0), ("seg_doc", 1), ("seg_offset", 2)):
+                assert it[name].tolist() == segs[:, col].tolist() + tail, (name, cp, how, rank, i)
+            at = np.repeat(np.append(segs[:, 0], -1), np.append(segs[:, 3], S - used))  # each position's source
+            idx = it["indices"].numpy()
+            assert it["source_ids"].tolist() == np.where(idx >= 0, at[idx.clip(0)], -1).tolist(), (cp, how, rank, i)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(segmentations(), st.lists(st.integers(1, 9), min_size=1, max_size=3))
+def test_provenance_is_the_shards_segments_on_random_segmentations(
+    seg: tuple[int, list[list[int]]], chunks: list[int]
+) -> None:
+    S, seg_lens = seg
+    with tempfile.TemporaryDirectory() as tmp:
+        build = random_build(Path(tmp), seg_lens, S, 0, shard_sequences=3, sources=3)
+        for cp in (1, 2, 3, 4):
+            for how in SPLITS if S % (2 * cp) == 0 else ("zigzag",):
+                check_provenance(build, cp, how)
+        check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "cu_seqlens", *PROVENANCE_FIELDS))
+        check_feeds_agree(build, 3, "zigzag", chunks, fields=("labels", "source_ids", "seg_doc"))
+
+
+def test_provenance_on_a_real_build_with_split_documents(tiny_build: Path) -> None:
+    segs = ShardSet(tiny_build / "shards").segments[1]
+    assert (segs[:, 2] > 0).any() and len(set(segs[:, 0].tolist())) == 2  # pieces past a document's start
+    for cp, how in ((1, "zigzag"), (2, "zigzag"), (4, "sequence_zigzag")):
+        check_provenance(tiny_build, cp, how)
+
+
 @pytest.mark.parametrize("cp", [2, 3, 4])
 def test_both_feeds_give_the_same_items_on_the_demo_build(demo_build: Path, cp: int) -> None:
     for how in SPLITS:
@@ -97,7 +143,18 @@ def test_iteration_with_fewer_fields_gives_the_same_arrays(tiny_build: Path, cp:
     )
     meta = ("step", "slot", "sequence", "num_tokens")
     assert all(same(g, {k: f[k] for k in (*lean, *meta)}) for g, f in zip(got, full, strict=True))
-    assert {k for f in full for k in f} == {*FIELDS, *meta}
+    assert {k for f in full for k in f} == {*FIELDS, *meta}  # the default: no provenance unless asked
+    everything = FIELDS + PROVENANCE_FIELDS
+    traced = list(
+        PackedDataset(
+            tiny_build,
+            world=World(1, 2, cp - 1, cp),
+            balance=Balance(seed=4, window=2),
+            payload=Payload(fields=everything),
+        )
+    )
+    assert all(same({k: t[k] for k in (*FIELDS, *meta)}, f) for t, f in zip(traced, full, strict=True))
+    assert {k for t in traced for k in t} == {*everything, *meta}
 
 
 def test_fields_are_checked_at_the_edge(tiny_build: Path) -> None:

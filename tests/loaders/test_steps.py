@@ -1,6 +1,7 @@
 """``StepLoader``: each optimizer step is exactly this rank's items of the step, stacked or concatenated with
-flattened ``cu_seqlens`` and ``max_seqlen``; the state after every step resumes the rest (also on another
-world), ``state_at`` agrees with it, and a second pass is refused."""
+flattened ``cu_seqlens`` and ``max_seqlen`` (and the provenance fields asked for, aligned with them); the
+state after every step resumes the rest (also on another world), ``state_at`` agrees with it, and a second
+pass is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ import numpy as np
 import pytest
 import torch
 
-from loaders import IGNORE_INDEX, ExhaustedError, PackedDataset, PackedLoader, Payload, Step, StepLoader, World
+from loaders import (
+    FIELDS,
+    IGNORE_INDEX,
+    PROVENANCE_FIELDS,
+    ExhaustedError,
+    PackedDataset,
+    PackedLoader,
+    Payload,
+    Step,
+    StepLoader,
+    World,
+)
 from tests.loaders.test_micro_batches import budget_build
 
 
@@ -86,6 +98,47 @@ def test_a_step_is_the_ranks_items_of_the_step(
                     mb["input_ids"], torch.stack([it["input_ids"] for it in items[: len(mb["sequences"])]])
                 )
         assert seen == list(range(steps.dataset.planner.steps))
+
+
+def check_provenance(mb: dict[str, Any], items: list[dict[str, Any]], layout: str) -> None:
+    """A micro-batch's provenance: ``source_ids`` laid out as its tokens, the ``seg_*`` fields one per segment
+    of its ``cu_seqlens``, every segment's slots of that segment's source, all of it the items' own."""
+    cu = mb["cu_seqlens"].tolist()
+    src = mb["source_ids"]
+    assert src.dtype == torch.int32 and src.shape == mb["input_ids"].shape
+    assert all(len(mb[k]) == len(cu) - 1 for k in ("seg_source", "seg_doc", "seg_offset"))
+    flat = src.reshape(-1).tolist()
+    assert all(set(flat[a:b]) == {s} for a, b, s in zip(cu, cu[1:], mb["seg_source"].tolist(), strict=False))
+    if layout == "stacked":  # whole rows: every segment of every item, the trailing padding's -1 included
+        assert torch.equal(src, torch.stack([it["source_ids"] for it in items]))
+        keep = [slice(None)] * len(items)
+    else:  # real tokens only: each item's documents, its padding segment left out
+        assert flat == [s for it in items for s in it["source_ids"][: it["num_tokens"]].tolist()]
+        keep = [slice(0, int((it["cu_seqlens"][1:] <= it["num_tokens"]).sum())) for it in items]
+        assert -1 not in flat and -1 not in mb["seg_source"].tolist()
+    for k in ("seg_source", "seg_doc", "seg_offset"):
+        assert mb[k].tolist() == [v for it, part in zip(items, keep, strict=True) for v in it[k][part].tolist()]
+
+
+@pytest.mark.parametrize(("budget", "layout"), [(None, "stacked"), (None, "varlen"), (128, "varlen")])
+def test_micro_batches_carry_the_provenance_asked_for(
+    tiny_build: Path, tmp_path: Path, budget: int | None, layout: str
+) -> None:
+    build = tiny_build if budget is None else budget_build(tiny_build, tmp_path, budget)
+    dp = 2 if budget is None else 3
+    payload = Payload(fields=FIELDS + PROVENANCE_FIELDS)
+    padded = 0
+    for rank in range(dp):
+        want = by_step(PackedDataset(build, world=World(rank, dp), payload=payload))
+        for step in StepLoader(PackedDataset(build, world=World(rank, dp), payload=payload), layout, micro_batch=2):
+            items = want[step.step]
+            parts = [items[i : i + 2] for i in range(0, len(items), 2)]
+            for mb, part in zip(step.micro_batches, parts, strict=True):
+                check_provenance(mb, part, layout)
+                padded += int((mb["seg_source"] == -1).sum())
+    assert (padded > 0) == (layout == "stacked")  # the tiny build has padded sequences
+    plain = next(iter(StepLoader(PackedDataset(build, world=World(0, dp)), layout))).micro_batches[0]
+    assert not set(plain) & set(PROVENANCE_FIELDS)  # none unless asked
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -1,14 +1,18 @@
 """``varlen.by_step``: the loader's state after every micro-batch is the next step's start, so a resume from
-any of them (also on another world) continues with exactly the rest of the uninterrupted stream."""
+any of them (also on another world) continues with exactly the rest of the uninterrupted stream; the
+provenance fields asked for are concatenated as the tokens and ``cu_seqlens`` are."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from loaders import Balance, ExhaustedError, PackedDataset, PackedLoader, World, varlen
+from contract.shards import ShardSet
+from loaders import Balance, ExhaustedError, PackedDataset, PackedLoader, Payload, World, varlen
 from tests.loaders.test_micro_batches import budget_build
 
 
@@ -52,3 +56,20 @@ def test_state_after_every_micro_batch_is_a_step_boundary_that_resumes_the_rest(
         if it["step"] > k
         for q in [it["sequence"]]
     )
+
+
+def test_by_step_concatenates_the_provenance_as_the_tokens(tiny_build: Path, tmp_path: Path) -> None:
+    build = budget_build(tiny_build, tmp_path, 2 * 64)
+    shards = ShardSet(build / "shards")
+    fields = ("input_ids", "cu_seqlens", "source_ids", "seg_source", "seg_doc", "seg_offset")
+    for rank in range(3):
+        ds = PackedDataset(build, world=World(rank, 3), balance=Balance(seed=5), payload=Payload(fields=fields))
+        for batch in varlen.by_step(ds):
+            segs = [shards.sequence(q).segments for q in batch["sequences"]]
+            whole = [row for s in segs for row in s.tolist()]  # the documents in order, padding dropped
+            cu = batch["cu_seqlens"].tolist()
+            assert [b - a for a, b in itertools.pairwise(cu)] == [row[3] for row in whole]
+            for k, col in (("seg_source", 0), ("seg_doc", 1), ("seg_offset", 2)):
+                assert batch[k].tolist() == [row[col] for row in whole], k
+            want = [row[0] for row in whole for _ in range(row[3])]
+            assert batch["source_ids"].dtype == torch.int32 and batch["source_ids"].tolist() == want

@@ -1,0 +1,146 @@
+"""``loaders.provenance`` and the items' ``source_ids``: exact accounting per source.
+
+- ``loss_per_source`` is the plain sum, per source, of the losses at positions with a label and a source;
+- every training step of a real build (tiny and demo; cp 1, 2, 4 under every split; dp 1 or 2): the real
+  token slots of all ranks' items, counted by ``source_ids``, are the step's tokens per source that the
+  build's own segments give (``loaders.stream``), to the token; the targets per source (``loss_per_source``'s
+  ``tokens``) are those minus one per document piece; the loss sums of all ranks add up to those of the
+  step computed on one rank with whole sequences, exactly;
+- the same over real processes: ``torchrun`` (gloo, CPU), two ranks as cp 2 and as dp 2, all-reduced by
+  ``reduce_per_source``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contract.shards import ShardSet
+from loaders import IGNORE_INDEX, Balance, PackedDataset, Payload, World
+from loaders.provenance import loss_per_source
+from loaders.stream import stream_compositions
+from tests.conftest import ROOT
+
+FIELDS = ("input_ids", "labels", "source_ids")
+
+
+def fake_losses(item: dict[str, Any]) -> torch.Tensor:
+    """A per-token "loss" that depends only on the token and its label (so every rank holding a slot computes
+    the same value for it), on a 1/8 grid: float64 sums of them are exact in any order."""
+    return ((item["input_ids"] * 31 + item["labels"].clamp(min=0) * 7) % 97).to(torch.float32) / 8
+
+
+def rank_items(build: Path, dp: int, cp: int, how: str, balance: Balance) -> Iterator[dict[str, Any]]:
+    for d in range(dp):
+        for c in range(cp):
+            yield from PackedDataset(
+                build, world=World(d, dp, c, cp), cp_split=how, balance=balance, payload=Payload(fields=FIELDS)
+            )
+
+
+def per_step_accounts(
+    items: Iterator[dict[str, Any]], steps: int, n_sources: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per training step and source: real token slots (from ``source_ids``), and ``loss_per_source``'s loss
+    sums and targets, each summed over ``items``."""
+    slots = np.zeros((steps, n_sources), dtype=np.int64)
+    losses = np.zeros((steps, n_sources), dtype=np.float64)
+    targets = np.zeros((steps, n_sources), dtype=np.int64)
+    for it in items:
+        src = it["source_ids"]
+        assert src.dtype == torch.int32 and src.shape == it["labels"].shape
+        t = it["step"]
+        slots[t] += torch.bincount(src[src >= 0].long(), minlength=n_sources).numpy()
+        loss_sum, tokens = loss_per_source(fake_losses(it), it["labels"], src, n_sources)
+        assert loss_sum.dtype == torch.float64 and tokens.dtype == torch.int64 and loss_sum.shape == (n_sources,)
+        losses[t] += loss_sum.numpy()
+        targets[t] += tokens.numpy()
+    return slots, losses, targets
+
+
+def build_targets(ds: PackedDataset) -> np.ndarray:
+    """Targets (labels that are not -100) per training step and source, from the shards' segments alone: each
+    document piece's tokens but its last."""
+    shards = ds.shards
+    offs, segs = shards.segments
+    pieces = np.zeros((len(shards), ds.planner.n_sources), dtype=np.int64)
+    np.add.at(pieces, (np.repeat(np.arange(len(shards)), np.diff(offs)), segs[:, 0]), 1)
+    per_step = np.stack([pieces[ds.planner.step_sequences(t)].sum(axis=0) for t in range(ds.planner.steps)])
+    return stream_compositions(ds.planner) - per_step
+
+
+WORLDS = [(1, 1, "zigzag"), (2, 1, "zigzag"), (2, 2, "zigzag"), (1, 4, "zigzag"), (2, 4, "zigzag")]
+WORLDS += [(2, 2, "contiguous"), (1, 4, "sequence_zigzag")]
+_reference: dict[tuple[Path, Balance], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+@pytest.mark.parametrize(("dp", "cp", "how"), WORLDS)
+@pytest.mark.parametrize(
+    ("name", "balance"), [("tiny_build", Balance()), ("tiny_build", Balance(window=2)), ("demo_build", Balance())]
+)
+def test_every_steps_tokens_per_source_are_the_builds_exactly(
+    request: pytest.FixtureRequest, name: str, balance: Balance, dp: int, cp: int, how: str
+) -> None:
+    build: Path = request.getfixturevalue(name)
+    ds = PackedDataset(build, world=World(0, 1), balance=balance)
+    n, steps = len(ds.facts.sources), ds.planner.steps
+    assert n == ds.planner.n_sources >= 2 and ds.facts.sources == ShardSet(build / "shards").manifest.sources
+    want = stream_compositions(ds.planner)  # the build's segments, no token read
+    assert want.sum() == ds.facts.tokens
+    slots, losses, targets = per_step_accounts(rank_items(build, dp, cp, how, balance), steps, n)
+    assert np.array_equal(slots, want)  # every step, every source: 0 tokens off
+    assert np.array_equal(targets, build_targets(ds))
+    key = (build, balance)
+    if key not in _reference:  # one rank, whole sequences: the loss sums every world must add up to
+        _reference[key] = per_step_accounts(rank_items(build, 1, 1, "zigzag", balance), steps, n)
+    assert np.array_equal(losses, _reference[key][1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-1, 3), st.integers(0, 400), st.booleans()), min_size=0, max_size=40),
+    st.integers(4, 6),
+    st.booleans(),
+)
+def test_loss_per_source_sums_the_kept_positions(rows: list[tuple[int, int, bool]], n: int, two_d: bool) -> None:
+    src = torch.tensor([s for s, _, _ in rows], dtype=torch.int32)
+    loss = torch.tensor([v / 8 for _, v, _ in rows], dtype=torch.float32)
+    labels = torch.tensor([IGNORE_INDEX if ignored else 5 for *_, ignored in rows], dtype=torch.int64)
+    loss[labels == IGNORE_INDEX] = float("nan")  # what is not a target counts nowhere, whatever its value
+    if two_d and len(rows) % 2 == 0:
+        src, loss, labels = (x.view(2, -1) for x in (src, loss, labels))
+    got_sum, got_tokens = loss_per_source(loss, labels, src, n)
+    want_sum, want_tokens = [0.0] * n, [0] * n
+    for s, v, ignored in rows:
+        if s >= 0 and not ignored:
+            want_sum[s] += v / 8
+            want_tokens[s] += 1
+    assert got_sum.dtype == torch.float64 and got_tokens.dtype == torch.int64
+    assert got_sum.tolist() == want_sum and got_tokens.tolist() == want_tokens
+
+
+def test_loss_per_source_refuses_shapes_that_differ() -> None:
+    with pytest.raises(ValueError, match="one shape"):
+        loss_per_source(torch.zeros(2, 4), torch.zeros(8, dtype=torch.int64), torch.zeros(2, 4, dtype=torch.int32), 2)
+
+
+def test_torchrun_ranks_all_reduced_equal_one_rank(tiny_build: Path, tmp_path: Path) -> None:
+    out = tmp_path / "verdict.txt"
+    script = Path(__file__).with_name("torchrun_provenance.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [*cmd, str(script), str(tiny_build), str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.read_text() == "ok"
