@@ -9,9 +9,10 @@ metadata and the event log hold ``{env_DATA_ROOT}/web/x.jsonl`` (the *shown* for
 Which variables: any whose name does not look like a credential (:func:`refusal`). Keys, tokens and
 passwords go to the storage resource (``AWS_*`` variables bound as Dagster ``EnvVar``), never into a path.
 
-The names come from every mix file validated in this process (:func:`register`); :func:`redact` replaces
-their current values, longest first, in any text. A path that holds a value in another spelling than the
-variable's (fsspec normalizing ``a//b``) is covered for the normalized spelling of a local path too.
+The names come from every mix file validated in this process (:func:`register`) and every placeholder
+:func:`expand` expanded in it; :func:`redact` replaces their current values, longest first, in any text.
+A path that holds a value in another spelling than the variable's (fsspec normalizing ``a//b``) is covered for
+the normalized spelling of a local path too.
 """
 
 from __future__ import annotations
@@ -62,7 +63,21 @@ def redact(text: str) -> str:
 
 
 def expand(text: str) -> str:
-    """The real path of a shown one: registered placeholders replaced by their values (others kept)."""
+    """The real path of a shown one: each placeholder of a variable that is set and may be used (:func:`refusal`)
+    replaced by its value, others kept.
+
+    Any such variable, not only those of a mix file validated in this process: a Ray worker or a Dagster step
+    process opens a path it was handed, shown, without having validated the mix. A variable expanded here is
+    registered, so that this process's messages hide its value too.
+    """
     if "{env_" not in text:
         return text
-    return PLACEHOLDER.sub(lambda m: os.environ.get(m[1], m[0]) if m[1] in _NAMES else m[0], text)
+
+    def value(m: re.Match[str]) -> str:
+        name = m[1]
+        if name not in os.environ or refusal(name) is not None:
+            return m[0]
+        _NAMES.add(name)
+        return os.environ[name]
+
+    return PLACEHOLDER.sub(value, text)

@@ -8,8 +8,11 @@ that looks like a credential is refused in one line.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -92,14 +95,34 @@ def test_the_longest_value_wins_and_each_expands_to_its_own() -> None:
         assert expand(shown) == text
 
 
-def test_only_registered_and_set_variables_are_replaced_or_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registered_values_are_hidden_and_any_set_variable_is_expanded_then_hidden(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("WEIR_NOT_REGISTERED", "/elsewhere")
+    monkeypatch.setenv("WEIR_API_KEY", "/k")  # a credential's name: never expanded
     with registered(WEIR_PLACE="/srv/corpus", WEIR_UNSET=None, WEIR_EMPTY=""):
         assert replacements() == [("/srv/corpus", "{env_WEIR_PLACE}")]  # unset and empty: nothing to hide
         assert redact("/srv/corpus/x /elsewhere/y") == "{env_WEIR_PLACE}/x /elsewhere/y"
-        text = "{env_WEIR_PLACE}/a {env_WEIR_UNSET}/b {env_WEIR_NOT_REGISTERED}/c {env_1X}/d {mix_dir}/e"
-        assert expand(text) == "/srv/corpus/a {env_WEIR_UNSET}/b {env_WEIR_NOT_REGISTERED}/c {env_1X}/d {mix_dir}/e"
+        text = "{env_WEIR_PLACE}/a {env_WEIR_UNSET}/b {env_WEIR_NOT_REGISTERED}/c {env_1X}/d {mix_dir}/e "
+        text += "{env_WEIR_API_KEY}"
+        expanded = "/srv/corpus/a {env_WEIR_UNSET}/b /elsewhere/c {env_1X}/d {mix_dir}/e {env_WEIR_API_KEY}"
+        assert expand(text) == expanded
+        # a process that expands a path it was handed (a Ray worker) hides that value from then on
+        assert redact("/elsewhere/y") == "{env_WEIR_NOT_REGISTERED}/y"
         assert expand("/plain/path") == "/plain/path"
+
+
+def test_a_fresh_process_that_validated_no_mix_reads_a_shown_path(tmp_path: Path) -> None:
+    """What a Ray worker does: it gets a source's spec and a shown path, and opens the file."""
+    (tmp_path / "a.jsonl").write_text('{"text": "kept"}\n')
+    code = (
+        "import sys; from mixing.ingest.formats import read_file; from mixing.mixfile.parts import SourceSpec\n"
+        "spec = SourceSpec(uri='{env_WEIR_DATA_ROOT}/*.jsonl', format='jsonl')\n"
+        "print([(r.file, r.text, r.reason) for r in read_file('{env_WEIR_DATA_ROOT}/a.jsonl', spec)])"
+    )
+    env = {**os.environ, "WEIR_DATA_ROOT": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[('{env_WEIR_DATA_ROOT}/a.jsonl', 'kept', None)]"
 
 
 MIX = """\
