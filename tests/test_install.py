@@ -33,7 +33,7 @@ from loaders import PackedDataset, PackedLoader, StepLoader
 
 ds = PackedDataset(sys.argv[1])
 facts = ds.facts
-steps = StepLoader(PackedLoader(ds, num_workers=0))
+steps = StepLoader(PackedLoader(ds, num_workers=0), micro_batch=4)  # as the README's loop
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Embedding(facts.vocab_size, 16), torch.nn.Linear(16, facts.vocab_size))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
