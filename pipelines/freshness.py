@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from contract.store import sha256_file
 from mixing import Mix
 from mixing.ingest.chunks import chunk_keys
 from mixing.ingest.sources import SourceIndexError, index_source
@@ -85,9 +86,10 @@ def differences(mix: Mix, root: Path, storage_options: dict[str, Any] | None = N
         )
     spec = layout.tokenizer_dir / "spec.json"
     had = json.loads(spec.read_text()) if spec.is_file() else None
-    same_tokenizer = had == mix.tokenizer.model_dump(mode="json")
-    if not same_tokenizer:
-        found.append(f"tokenizer: {_tok_diff(mix.tokenizer.model_dump(mode='json'), had, root)}")
+    tok_diff = _tok_diff(mix, had, layout.tokenizer_dir, root)
+    same_tokenizer = tok_diff is None
+    if tok_diff is not None:
+        found.append(f"tokenizer: {tok_diff}")
     for name in sorted(want & built):
         try:
             now = _index(mix, name, storage_options)
@@ -130,8 +132,21 @@ def _fingerprints(index: pl.DataFrame) -> dict[str, str | None]:
     return dict(zip(index["path"].to_list(), index["fingerprint"].to_list(), strict=True))
 
 
-def _tok_diff(want: dict[str, Any], had: dict[str, Any] | None, root: Path) -> str:
+def _tok_diff(mix: Mix, had: dict[str, Any] | None, prepared: Path, root: Path) -> str | None:
+    """What differs between the mix's tokenizer and the one ``root`` prepared (its ``spec.json`` ``had`` and its
+    copy of the file in ``prepared``), or None. An ``hf`` tokenizer's file is compared by content, not by the
+    path that names it: another file at the same path differs, the same file named another way does not."""
     if had is None:
         return f"{root} has no prepared tokenizer"
-    keys = sorted(k for k in want.keys() | had.keys() if want.get(k) != had.get(k))
-    return "; ".join(f"{k} is {want.get(k)!r} in the mix, {had.get(k)!r} in {root}" for k in keys)
+    want = mix.tokenizer.model_dump(mode="json")
+    by_content = mix.tokenizer.kind == "hf" and had.get("kind") == "hf"
+    keys = sorted(k for k in want.keys() | had.keys() if want.get(k) != had.get(k) and not (by_content and k == "path"))
+    found = [f"{k} is {want.get(k)!r} in the mix, {had.get(k)!r} in {root}" for k in keys]
+    if by_content and not keys:
+        try:
+            same = sha256_file(Path(mix.tokenizer_path() or "")) == sha256_file(prepared / "tokenizer.json")
+        except OSError as e:
+            return f"path: cannot compare {mix.tokenizer.path!r} with {root}'s copy ({envvars.redact(str(e))})"
+        if not same:
+            found.append(f"path: {mix.tokenizer.path!r} holds another tokenizer than the one {root} was tokenized with")
+    return "; ".join(found) or None

@@ -98,3 +98,27 @@ def test_a_folder_another_build_holds_is_refused(tiny_mix_path: Path, tmp_path: 
     with output_lock(root, False, lambda _s: None), pytest.raises(BuildBusy, match=f"pid {os.getpid()}"):
         compute_stats(load_mix(tiny_mix_path), root, None, lambda _s: None)
     assert not has_documents(root)
+
+
+def test_an_hf_tokenizer_is_compared_by_content_not_by_the_path_naming_it(tiny_mix_path: Path, tmp_path: Path) -> None:
+    from mixing.ingest.tokenizer import prepare_tokenizer
+    from mixing.mixfile.mix import TokenizerSpec
+
+    texts = ["some notes about things", "Q: 1+1 A: 2", "more text of another kind"] * 30
+    for name, sample in (("tok", texts), ("other", [t.upper() for t in texts])):
+        prepare_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), tmp_path / f"{name}-bpe", iter(sample))
+    assert (tmp_path / "tok-bpe" / "tokenizer.json").read_bytes() != (
+        tmp_path / "other-bpe" / "tokenizer.json"
+    ).read_bytes()
+    tok = tmp_path / "models" / "tok.json"
+    tok.parent.mkdir()
+    shutil.copyfile(tmp_path / "tok-bpe" / "tokenizer.json", tok)
+    hf = "{kind: hf, path: models/tok.json, eos_token: '<|endoftext|>'}"
+    mix, root = edited(tiny_mix_path, "{kind: bytes}", hf), tmp_path / "b"
+    compute_stats(mix, root, None, lambda _s: None)
+    assert differences(mix, root) == []
+    # the same file named another way (the path string differs): no difference
+    assert differences(edited(tiny_mix_path, "{kind: bytes}", hf.replace("models/", "models/../models/./")), root) == []
+    shutil.copyfile(tmp_path / "other-bpe" / "tokenizer.json", tok)  # another tokenizer at the same path
+    (found,) = differences(mix, root)
+    assert found == f"tokenizer: path: {str(tok)!r} holds another tokenizer than the one {root} was tokenized with"
