@@ -121,8 +121,9 @@ def test_csv_counts_identity_and_nothing_valid_lost(tmp_path_factory, files) -> 
 
 
 SEP = "\n---\n"
-# Texts without "-" can never make a separator with their neighbours.
-piece_text = text.filter(lambda s: "-" not in s)
+# Texts without "-" can never make a separator with their neighbours; nor can one that does not end in "\r" (the
+# separator's "\n" matches any line end, so a piece's last "\r" before it would make a "\r\n").
+piece_text = text.filter(lambda s: "-" not in s and not s.endswith("\r"))
 piece_kinds = st.one_of(
     piece_text.map(lambda t: ("ok", t.encode(), t)),
     st.sampled_from([b"", b" ", b"\n", b" \t\n "]).map(lambda b: ("empty document", b, None)),
@@ -181,7 +182,7 @@ poison_lines = st.one_of(
         lambda v: (_json_line(*v), _kept_text(v[0]) if v[1] else None)
     ),
     st.tuples(json_value, st.booleans()).map(lambda v: (_json_line(*v), _kept_text(v[0]) if v[1] else None)),
-    st.binary(max_size=40).map(lambda b: (b.replace(b"\n", b" "), None)),
+    st.binary(max_size=40).map(lambda b: (b.replace(b"\n", b" ").replace(b"\r", b" "), None)),  # one line each
     st.integers(1_000, 100_000).map(lambda d: (b'{"text": ' + b"[" * d + b"]" * d + b"}", None)),
     st.integers(1_000, 100_000).map(lambda d: (b"[" * d + b"]" * d, None)),
 )
