@@ -12,9 +12,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,7 @@ from contract.shards import ShardSet
 from loaders import IGNORE_INDEX, Balance, PackedDataset, Payload, World
 from loaders.provenance import loss_per_source
 from loaders.stream import stream_compositions
-from tests.conftest import ROOT
+from tests.loaders.torchrun import run_torchrun
 
 FIELDS = ("input_ids", "labels", "source_ids")
 
@@ -135,12 +132,4 @@ def test_loss_per_source_refuses_shapes_that_differ() -> None:
 
 
 def test_torchrun_ranks_all_reduced_equal_one_rank(tiny_build: Path, tmp_path: Path) -> None:
-    out = tmp_path / "verdict.txt"
-    script = Path(__file__).with_name("torchrun_provenance.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [*cmd, str(script), str(tiny_build), str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert out.read_text() == "ok"
+    run_torchrun("torchrun_provenance.py", 2, tiny_build, tmp_path)
