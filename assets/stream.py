@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
-
 from loaders.stream import stream_compositions, stream_planner
 from mixing.output.layout import BuildLayout
 from mixing.plan.mixture import compositions_mixture_error, largest_sequence
-from mixing.report import StreamMixtureReport
+from mixing.report import StreamMixtureReport, build_quotas
 
 __all__ = ["stream_report"]
 
@@ -22,8 +20,7 @@ def stream_report(root: str | Path | BuildLayout) -> StreamMixtureReport:
     ``regroup``: the keys of :func:`mixing.report.inspect_build`'s ``mixture_error`` plus ``regroup``
     (the window, period and slack it was measured with)."""
     layout = BuildLayout.of(root if isinstance(root, BuildLayout) else Path(root))
-    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
-        quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
+    quotas = build_quotas(layout)
     shards = layout.shard_set()
     steps = stream_compositions(stream_planner(shards))
     me = compositions_mixture_error(steps, list(shards.manifest.sources or ()), quotas, unit=largest_sequence(shards))

@@ -35,11 +35,13 @@ from contract.store import Store
 __all__ = [
     "BUILD_FIELDS",
     "CHECKSUM_FIELD",
+    "CONTINUATION_FORMAT",
     "FORMAT_VERSION",
     "MANIFEST",
     "NO_REGROUP",
     "READABLE",
     "BuildInfo",
+    "Lineage",
     "Manifest",
     "PackingNote",
     "PhaseSpan",
@@ -59,7 +61,8 @@ __all__ = [
 MANIFEST = "manifest.json"
 CHECKSUM_FIELD = "manifest_sha256"
 FORMAT_VERSION = 3  # 3: the manifest carries its own sha256; 2: cost and token arrays per shard
-READABLE = (1, 2, 3)  # version 1 lacks the cost and token arrays; they are derived on read
+CONTINUATION_FORMAT = 4  # 4: a continuation, whose last reused shard may hold more rows than it takes
+READABLE = (1, 2, 3, 4)  # version 1 lacks the cost and token arrays; they are derived on read
 _SEALED_SINCE = 3
 
 
@@ -111,11 +114,21 @@ class ShardFiles(_Frozen):
 
 
 class ShardEntry(_Frozen):
-    """Shard ``k`` holds the global sequences ``first_sequence`` … ``first_sequence + sequences − 1``."""
+    """Shard ``k`` holds the global sequences ``first_sequence`` … ``first_sequence + sequences − 1``.
+
+    ``stored`` (format 4 only): the rows its files hold when that is more than ``sequences``: a continuation's
+    last shard of its base, of which it takes the first ``sequences`` rows (the rest are the base's later steps).
+    """
 
     first_sequence: _NonNeg
     sequences: _NonNeg
     files: ShardFiles
+    stored: _Pos | None = None
+
+    @property
+    def rows(self) -> int:
+        """Rows of the shard's files: ``stored`` or ``sequences``."""
+        return self.stored if self.stored is not None else self.sequences
 
 
 class PhaseSpan(_Frozen):
@@ -150,6 +163,20 @@ class Regroup(_Frozen):
 NO_REGROUP = Regroup(window=1, period=0)  # a build without regroup: training steps are the build's steps
 
 
+class Lineage(_Frozen):
+    """One switch in a build's history: steps before ``at`` are those of the build ``base`` (the sha256 of its
+    ``manifest.json``'s bytes, the build_id loaders know it by), byte for byte; from ``at`` on the build follows its own
+    mix. ``base_mix``: the base's
+    ``mix_fingerprint``; ``base_phases``: the base's phases (a loader state saved on the base is judged against
+    them, :mod:`loaders.switch`); ``base_url``: where the base was read from (for people)."""
+
+    base: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    at: _Pos
+    base_mix: str | None = None
+    base_phases: tuple[PhaseSpan, ...] = ()
+    base_url: str | None = None
+
+
 class PackingNote(_Frozen):
     """How the shards were packed, in words (for people; no reader acts on it)."""
 
@@ -170,7 +197,10 @@ class BuildInfo(_Frozen):
     ``micro_batches`` (default ``"equal"``), ``max_tokens`` and ``regroup`` (None: the build's steps):
     the mix file's ``balance`` options, the loader's defaults; ``steps``: optimizer steps of the run;
     ``sources``: the source names, in the order of the shards' source indices; ``phases``: the curriculum
-    phases in step order; ``per_source``: tokens and documents per source; ``packing``: how it was packed.
+    phases in step order; ``per_source``: tokens and documents per source; ``packing``: how it was packed;
+    ``lineage``: the
+    builds whose steps this one continues, oldest first (empty: none); ``step_digests``: the file of each
+    step's digest (:mod:`contract.digests`; None: built before they were recorded).
     """
 
     mix: str | None = None
@@ -190,6 +220,8 @@ class BuildInfo(_Frozen):
     phases: tuple[PhaseSpan, ...] | None = None
     per_source: dict[str, SourceCounts] | None = None
     packing: PackingNote | None = None
+    lineage: tuple[Lineage, ...] = ()
+    step_digests: ShardFile | None = None
 
     @model_validator(mode="after")
     def _consistent_info(self) -> BuildInfo:
@@ -218,12 +250,12 @@ class BuildInfo(_Frozen):
 class Manifest(BuildInfo):
     """A build's ``manifest.json``: :class:`BuildInfo` plus the shard format's fields.
 
-    ``format_version`` (1–3, :data:`READABLE`); ``seq_len`` S: token slots per sequence; ``sequences``: in
+    ``format_version`` (1–4, :data:`READABLE`); ``seq_len`` S: token slots per sequence; ``sequences``: in
     the whole build; ``sequences_per_step``: when every step has as many (else None); ``dtype``: of the
     token arrays; ``shards``: in sequence order; ``manifest_sha256``: the checksum (None before format 3).
     """
 
-    format_version: Literal[1, 2, 3]
+    format_version: Literal[1, 2, 3, 4]
     seq_len: _NonNeg
     sequences: _NonNeg
     sequences_per_step: _Pos | None = None
@@ -238,6 +270,8 @@ class Manifest(BuildInfo):
             if s.first_sequence != at:
                 raise ValueError(f"shards[{k}].first_sequence is {s.first_sequence}, expected {at}")
             at += s.sequences
+            if s.stored is not None and (self.format_version < CONTINUATION_FORMAT or s.stored <= s.sequences):
+                raise ValueError(f"shards[{k}].stored is {s.stored}: only a format 4 shard holds rows past its own")
         if at != self.sequences:
             raise ValueError(f"sequences is {self.sequences} but the shards hold {at}")
         per_step = self.sequences_per_step

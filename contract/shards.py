@@ -113,6 +113,11 @@ class ShardSet:
         self._index_dir: Path | None = None
         self._index: dict[str, np.ndarray] | None = None
 
+    @property
+    def store(self) -> Store:
+        """The shards folder's storage (for the files the manifest lists beside the shards)."""
+        return self._store
+
     def use_index(self, folder: Path) -> None:
         """Serve :attr:`steps`, :attr:`seq_cost`, :attr:`seq_tokens`, :attr:`segments` and :meth:`sequence`'s
         metadata from the index in ``folder`` (:mod:`contract.index`), memory-mapped: no shard's ``meta.npz``
@@ -206,7 +211,7 @@ class ShardSet:
         """Shard ``k``'s tokens and, without an index, its metadata (an empty dict with one), kept open."""
         if k not in self._open:
             shard = self.manifest.shards[k]
-            tokens = self._load_tokens(shard.files.tokens.name, shard.sequences)
+            tokens = self._load_tokens(shard.files.tokens.name, shard.rows)[: shard.sequences]
             self._open[k] = (tokens, {} if self.index is not None else self.shard_meta(k))
         return self._open[k]
 
@@ -215,7 +220,9 @@ class ShardSet:
         arrays derived), not kept: ``step``, ``seg_offsets``, ``segments``, ``seg_cost``, ``seq_tokens``,
         ``seq_cost``."""
         shard = self.manifest.shards[k]
-        meta = self._load_meta(shard.files.meta.name, shard.sequences)
+        meta = self._load_meta(shard.files.meta.name, shard.rows)
+        if shard.stored is not None:  # a continuation takes the first rows of its base's shard
+            meta = _first_rows(meta, shard.sequences)
         if "seg_cost" not in meta:  # format 1: derived once here, as the build would have stored them
             cost, off, lengths = self.manifest.cost, meta["seg_offsets"], meta["segments"][:, 3]
             cum_t = np.concatenate([[0], np.cumsum(lengths)])
@@ -302,6 +309,15 @@ class ShardSet:
     def verify(self) -> list[str]:
         """Names of shard files whose size or sha256 differs from the manifest (empty when all are sound)."""
         return list(self.file_problems())
+
+
+def _first_rows(meta: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """The metadata of a shard's first ``n`` sequences (of a validated ``meta``)."""
+    off = meta["seg_offsets"][: n + 1]
+    per_seq, per_seg = {"step", "seq_tokens", "seq_cost"}, {"segments", "seg_cost"}
+    out = {k: v[:n] if k in per_seq else v[: off[-1]] if k in per_seg else v for k, v in meta.items()}
+    out["seg_offsets"] = off
+    return out
 
 
 _META_V1 = {"step": 1, "seg_offsets": 1, "segments": 2}  # array → ndim

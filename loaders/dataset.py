@@ -17,6 +17,7 @@ or variable-length micro-batches): :mod:`loaders.steps`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from loaders.integrity import VerifiedShardSet, verifier_for
 from loaders.items import ItemBuilder
 from loaders.state import LoaderState, StateError
 from loaders.stream import settings_planner
+from loaders.switch import switch_limit
 from loaders.world import World
 
 __all__ = ["FIELDS", "IGNORE_INDEX", "SHARED_CONTEXTS", "ExhaustedError", "PackedDataset"]
@@ -239,10 +241,22 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at the next unseen sequence of ``state``; raises :class:`~loaders.state.StateError` for
-        a state of another build or plan, one saved inside a step under another DP layout, or a position this
-        build does not have (a step past its end, more sequences delivered than the step gives this rank)."""
+        """Continue at the next unseen sequence of ``state``; a state saved on a build this one continues
+        switches here up to its switch step (:func:`loaders.switch.switch_limit`). Raises
+        :class:`~loaders.state.StateError` for a state of another build or plan, one saved past the switch, one
+        saved inside a step under another DP layout, or a position this build does not have (a step past its end, more
+        sequences delivered than the step gives this rank)."""
         s = LoaderState.from_dict(state)
+        if s.build_id != self.build_id:  # saved on a build this one continues (loaders.switch)?
+            limit = switch_limit(self.shards.manifest, s.build_id, s.window, s.edges)
+            if limit is not None and (s.step > limit or (s.step == limit and s.consumed)):
+                at = [e.at for e in self.shards.manifest.lineage if e.base == s.build_id][-1]
+                raise StateError(
+                    f"loader state is at step {s.step} of the build this one continues at step {at}; it switches only "
+                    f"from a step boundary at or before step {limit} (resume on the base, or from an earlier state)"
+                )
+            if limit is not None:
+                s = dataclasses.replace(s, build_id=self.build_id)
         s.check(self._state())
         steps = self.planner.steps
         if s.step > steps:

@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import polars as pl
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from contract.atomic import write_json_atomic
@@ -34,6 +35,7 @@ __all__ = [
     "SourceReport",
     "StreamMixtureReport",
     "build_mixture_error",
+    "build_quotas",
     "inspect_build",
     "saved_report",
     "write_report",
@@ -133,9 +135,9 @@ def build_mixture_error(root: Path | BuildLayout, shards: ShardSet | None = None
     gets) against the plan's quotas in the build's DuckDB file (``shards`` default: the build's)."""
     layout = BuildLayout.of(root)
     shards = layout.shard_set() if shards is None else shards
-    quotas = _query(layout, lambda con: con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl())
+    quotas = build_quotas(layout)
     planned = set(quotas["source"].to_list())
-    steps = int(quotas["step"].max()) + 1 if len(quotas) else 0
+    steps = int(quotas["step"].max() or 0) + 1 if len(quotas) else 0  # type: ignore[arg-type]
     sources = list(shards.manifest.sources or ())
     if not set(sources) <= planned or (len(shards) and int(shards.steps.max()) >= steps):
         raise BuildError(
@@ -143,6 +145,16 @@ def build_mixture_error(root: Path | BuildLayout, shards: ShardSet | None = None
             f"{shards.url}/{MANIFEST} ({shards.manifest.steps} steps of sources {sources})"
         )
     return shards_mixture_error(shards, quotas)
+
+
+def build_quotas(layout: BuildLayout) -> pl.DataFrame:
+    """The plan's quotas of every step of the build (step, phase, source, quota): ``plan/quotas.parquet``, which
+    of a continuation holds its base's steps before the switch too (its DuckDB ``plan_quotas`` starts at the
+    switch), else the DuckDB table of a build made before that file was written."""
+    path = layout.plan_dir / "quotas.parquet"
+    if path.is_file():
+        return pl.read_parquet(path, columns=["step", "phase", "source", "quota"])
+    return _query(layout, lambda con: con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl())
 
 
 def _query(layout: BuildLayout, read: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import polars as pl
@@ -25,6 +26,7 @@ import polars as pl
 from contract.atomic import atomic_path
 from contract.manifest import MANIFEST, Manifest
 from contract.store import Store, sha256_file
+from mixing.continuation import Base, documents_digest
 from mixing.engine import LOCAL, Engine, LocalEngine
 from mixing.ingest.documents import TokenizeReport, tokenize_source
 from mixing.ingest.documents import tokenize_ahead as tokenize_source_ahead
@@ -38,7 +40,7 @@ from mixing.output.layout import BuildLayout
 from mixing.pack.packed import write_packed
 from mixing.pack.packing import stream_plan
 from mixing.plan.audit import PlanAudit, audit_plan
-from mixing.plan.curriculum_plan import Plan, make_plan
+from mixing.plan.curriculum_plan import Past, Plan, make_plan, step_quotas
 from mixing.plan.database import duckdb_config
 from mixing.plan.stats import LengthStats, compute_length_stats
 
@@ -131,9 +133,14 @@ def _sample(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = Non
 
 
 def prepare_tokenizer(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> TextTokenizer:
-    """Train (``bpe``) or copy the mix's tokenizer into ``tokenizer/``; needs every source indexed."""
+    """Train (``bpe``) or copy the mix's tokenizer into ``tokenizer/``; needs every source indexed. A
+    continuation takes its base's tokenizer as it is (a new source would change a trained one's sample)."""
     _begin(layout, "tokenizer")
-    tok = _prepare(mix.tokenizer, layout.tokenizer_dir, _sample(mix, layout, storage_options))
+    if mix.continues is not None:
+        Base(mix.continues.base, mix.continues.at, storage_options).copy_tokenizer(layout.tokenizer_dir)
+        tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+    else:
+        tok = _prepare(mix.tokenizer, layout.tokenizer_dir, _sample(mix, layout, storage_options))
     names = sorted(p.name for p in layout.tokenizer_dir.iterdir() if not p.name.startswith("."))
     _publish(layout, "tokenizer", None, [f"tokenizer/{n}" for n in names])
     return tok
@@ -216,13 +223,16 @@ def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
     return stats
 
 
-def plan(mix: Mix, layout: BuildLayout) -> Plan:
+def plan(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> Plan:
     """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/{quotas,phases,sources}.parquet``).
 
     Each of the plan's warnings (:func:`mixing.plan.feasibility.plan_warnings`, the sentences ``weir plan``
-    prints) is logged on :data:`PLAN_LOG`, so ``weir build`` prints the same words."""
+    prints) is logged on :data:`PLAN_LOG`, so ``weir build`` prints the same words. A continuation
+    (``mix.continues``) is checked against its base first (:class:`mixing.continuation.Base`, read with
+    ``storage_options``) and planned from its switch step on."""
     _begin(layout, "plan")
-    result = make_plan(mix, layout.duckdb, duckdb_config())
+    past = _past(mix, layout, storage_options) if mix.continues is not None else None
+    result = make_plan(mix, layout.duckdb, duckdb_config(), past)
     for warning in result.warnings:
         PLAN_LOG.warning(warning)
     with atomic_path(layout.plan_dir / "quotas.parquet") as tmp:
@@ -235,24 +245,54 @@ def plan(mix: Mix, layout: BuildLayout) -> Plan:
     return result
 
 
+def _past(mix: Mix, layout: BuildLayout, storage_options: StorageOptions) -> Past:
+    """The continuation's past, after checking that ``mix`` leaves its base's steps before the switch alone."""
+    assert mix.continues is not None
+    base = Base(mix.continues.base, mix.continues.at, storage_options)
+    docs = {s: documents_digest(pl.read_parquet(layout.source_dir(s) / "docs.parquet")) for s in mix.sources}
+    tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
+    base.check(mix, step_quotas(mix), docs, tok.fingerprint)
+    seq = mix.sequence.length
+    used = base.used(seq)
+    return Past(
+        at=base.at,
+        trained={s: partial(u.times, seq_len=seq) for s, u in used.items()},
+        tokens={s: u.tokens for s, u in used.items()},
+        quotas=base.quotas,
+    )
+
+
 def plan_audit(mix: Mix, layout: BuildLayout) -> PlanAudit:
     """The plan's checks: ``mixture_error``, planned units exist, none twice per epoch, budget per phase."""
     return audit_plan(layout.duckdb, mix.sequence.length)
 
 
 def pack(
-    mix: Mix, layout: BuildLayout, on_shard: Callable[[int], None] = lambda _k: None, engine: Engine = LOCAL
+    mix: Mix,
+    layout: BuildLayout,
+    on_shard: Callable[[int], None] = lambda _k: None,
+    engine: Engine = LOCAL,
+    storage_options: StorageOptions = None,
 ) -> Manifest:
     """Pack the plan and have ``engine`` write the build root's ``shards/``, then write the manifest (last);
     return the manifest.
 
-    ``on_shard(k)`` runs as each shard is written (progress reporting; ``k`` counts them).
+    ``on_shard(k)`` runs as each shard is written (progress reporting; ``k`` counts them). A continuation's
+    shards start with its base's of the steps before the switch (read with ``storage_options``), its sources
+    in the base's order, then those new in this mix.
     """
     _begin(layout, "packed_shards")
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     db = duckdb_config()  # DuckDB's pages read by the packer, bounded as in length_stats and plan
     cost = mix.balance.cost.model()
-    stream = stream_plan(layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost, config=db)
+    base, order = None, None
+    if mix.continues is not None:
+        base = Base(mix.continues.base, mix.continues.at, storage_options)
+        old = tuple(base.manifest.sources or ())
+        order = old + tuple(sorted(set(mix.sources) - set(old)))
+    stream = stream_plan(
+        layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost, config=db, sources=order
+    )
     pad, eos = tok.pad_id, tok.eos_id
     manifest = write_packed(
         mix,
@@ -265,6 +305,7 @@ def pack(
         on_shard=on_shard,
         engine=engine,
         db_config=db,
+        base=base,
     )
     name = f"shards/{MANIFEST}"
     got = layout.store().digest(name)
@@ -345,8 +386,9 @@ STAGES: tuple[Stage, ...] = (
         ahead=tokenize_ahead,
     ),
     Stage("length_stats", per_source=False, deps=("documents",), fn=length_stats),
-    Stage("plan", per_source=False, deps=("length_stats",), fn=plan),
-    Stage("packed_shards", per_source=False, deps=("plan",), fn=pack, fans_out=True),
+    # plan and packed_shards read a continuation's base, which may be in an object store
+    Stage("plan", per_source=False, deps=("length_stats",), fn=plan, reads_sources=True),
+    Stage("packed_shards", per_source=False, deps=("plan",), fn=pack, fans_out=True, reads_sources=True),
 )
 """Every stage, in an order that runs each after its ``deps``."""
 

@@ -122,6 +122,13 @@ def build(
         bool, typer.Option("--wait", help="if another build is writing the same folder, wait for it (else exit 3)")
     ] = False,
     strict: Annotated[bool, typer.Option("--strict", help=f"exit {STRICT_EXIT} when a goal is missed")] = False,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            "--continue", help="continue this build (folder or URL): its steps before --at are kept as they are"
+        ),
+    ] = None,
+    at: Annotated[int | None, typer.Option("--at", help="the first step that follows MIX (with --continue)")] = None,
 ) -> None:
     """Build MIX into a folder by materializing its Dagster assets in-process.
 
@@ -139,6 +146,10 @@ def build(
     weir plan MIX plans from it in seconds. The run is recorded in the project's Dagster instance
     (DAGSTER_HOME, else .dagster_home), so it shows in weir ui with its checks and plots. Warnings of the
     stages are printed; a missed goal is marked, and with --strict exits 4.
+
+    With --continue BASE --at N the build is a continuation: its steps before N are BASE's, byte for byte (its
+    shard files, linked), and from N on it follows MIX, each source's draw going on where BASE left it. A
+    change of MIX that would alter steps before N is refused, naming the field. `weir diff BASE OUT` proves it.
     """
     import dagster as dg
 
@@ -152,6 +163,15 @@ def build(
     from pipelines.transaction import BuildBusy, build_output, kept_work
 
     m = _load(mix)
+    if (base is None) != (at is None):
+        err.print("[bold red]error[/]: --continue and --at go together (the base build and the first new step)")
+        raise typer.Exit(2)
+    if base is not None and at is not None:
+        try:
+            m = m.continuing(base, at)
+        except MixError as e:
+            err.print(f"[bold red]invalid continuation[/]: {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
     _check_paths(m, list_sources=False)  # the build lists the sources first thing
     remote = out_dir is not None and not is_local(out_dir)
     dest: Path | str = out_dir if out_dir and remote else Path(out_dir or Path("build") / m.name).resolve()
@@ -269,6 +289,30 @@ def _regroups(root: Path | BuildLayout) -> bool:
     from mixing.output.layout import BuildLayout
 
     return BuildLayout.of(root).shard_set().manifest.regrouping.window > 1
+
+
+@app.command()
+def diff(
+    a: Annotated[str, typer.Argument(help="a build folder or URL (the base, for a continuation)")],
+    b: Annotated[str, typer.Argument(help="another build folder or URL")],
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON for machines")] = False,
+) -> None:
+    """Print where two builds' training steps part: the steps whose digests are equal, the first that differs,
+    and where B continues A. Exits 1 with one line when a build cannot be read."""
+    from pipelines.diff import diff_builds, open_shards
+    from pipelines.resources import storage_resource
+
+    try:
+        opened = [open_shards(x, storage_resource(x, per_mix=False, bound=False).storage_options()) for x in (a, b)]
+        result = diff_builds(*opened)
+    except WeirError as e:
+        err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(result.as_json(), indent=2, sort_keys=True))
+        return
+    for line in result.lines():
+        out.print(line, highlight=False, markup=False)
 
 
 @app.command("export-megatron")

@@ -35,6 +35,7 @@ import dagster as dg
 from assets import WeirEngine
 from assets.storage import work_folder
 from contract.atomic import file_mode
+from contract.errors import WeirError
 from contract.store import Store, is_local
 from mixing import Mix
 from mixing.output.commit import COMMITS
@@ -91,6 +92,8 @@ def build_output(
     if not is_local(str(dest)):
         return build_remote(mix, str(dest), fresh=fresh, wait=wait, say=say, instance=instance, engine=engine)
     dest = Path(str(dest).removeprefix("file://")).resolve()
+    if mix.continues is not None and is_local(mix.continues.base) and Path(mix.continues.base).resolve() == dest:
+        raise WeirError(f"{dest}: a continuation cannot replace its base; build it into another folder (--out)")
     cache = work_cache(dest)
     with output_lock(dest, wait, say):
         n, size = _remove_leftovers(dest, say)
@@ -102,6 +105,8 @@ def build_output(
             if not fresh:  # the newest work first: a failed build's tokenizer wins over the output's
                 reused += reuse_previous(cache, stage) if cache.is_dir() else 0
                 reused += reuse_previous(dest, stage) if dest.is_dir() else 0
+                base = Path(mix.continues.base) if mix.continues is not None and is_local(mix.continues.base) else None
+                reused += reuse_previous(base, stage) if base is not None and base.is_dir() else 0
             if cache.is_dir() and not fresh:
                 say(f"reusing the work a failed build kept in {cache} ({reused} files with the output's)")
             build_mix(mix, stage, say=say, instance=instance, engine=engine)

@@ -38,6 +38,7 @@ from mixing.mixfile.parts import (
     MAX_STEPS,
     NAME_PATTERN,
     Balance,
+    Continues,
     Cost,
     FrozenModel,
     Phase,
@@ -46,7 +47,7 @@ from mixing.mixfile.parts import (
     TokenizerSpec,
     Transition,
 )
-from mixing.mixfile.pathrule import resolve_path
+from mixing.mixfile.pathrule import is_url, resolve_path
 from mixing.mixfile.suggest import first_error, unknown_field
 
 __all__ = [
@@ -83,6 +84,7 @@ class Mix(FrozenModel):
     curriculum: Annotated[list[Phase], Field(min_length=1)]
     balance: Balance = Balance()
     normalize: bool = False
+    continues: Continues | None = None
     path: str | None = Field(default=None, exclude=True)
     _steps: tuple[int, ...] = PrivateAttr(default=())
     _tokenizer_path: str | None = PrivateAttr(default=None)  # as written in the file
@@ -155,6 +157,8 @@ class Mix(FrozenModel):
                 f"the run resolves to {sum(self._steps):,} steps ({self._steps[big]:,} in this phase); expected at "
                 f"most {MAX_STEPS:,} steps",
             )
+        if self.continues is not None:
+            self._check_continues(self.continues)
         for i, (ph, n) in enumerate(zip(self.curriculum, self._steps, strict=True)):
             if ph.transition is not None and ph.transition.steps > n:
                 raise _FieldError(
@@ -162,6 +166,29 @@ class Mix(FrozenModel):
                     f"the ramp is {ph.transition.steps} steps but the phase has only {n}",
                 )
         return self
+
+    def continuing(self, base: str, at: int) -> Mix:
+        """This mix as a continuation of the build at ``base`` (a folder, relative to the current directory, or
+        a URL) from step ``at``: what ``weir build MIX --continue BASE --at N`` builds. Raises :class:`MixError`."""
+        if at < 1:
+            raise MixError(f"--at {at}: expected a step ≥ 1 (step 0 has no past to keep)")
+        c = Continues(base=base if is_url(base) else os.path.abspath(os.path.expanduser(base)), at=at)
+        new = self.model_copy(update={"continues": c})
+        try:
+            new._check_continues(c)
+        except _FieldError as e:
+            raise MixError(f"--at {at} --continue {base}: {e.msg}") from None
+        return new
+
+    def _check_continues(self, c: Continues) -> None:
+        """``continues.at`` inside the run; ``continues.base`` resolved by the path rule (no ``{env_NAME}``)."""
+        if c.at >= sum(self._steps):
+            raise _FieldError(
+                ("continues", "at"), f"step {c.at} is not before the run's end ({sum(self._steps)} steps)"
+            )
+        if "{env_" in c.base:
+            raise _FieldError(("continues", "base"), "a base build's path cannot name {env_...} variables")
+        object.__setattr__(self, "continues", c.model_copy(update={"base": resolve_path(c.base, self.mix_dir)}))
 
     def _resolve_steps(self) -> tuple[int, ...]:
         """Steps per phase: ints as given, tokens rounded up to whole steps, percentages of the whole run.

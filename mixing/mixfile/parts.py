@@ -25,6 +25,7 @@ __all__ = [
     "MAX_TOKENS_PER_STEP",
     "NAME_PATTERN",
     "Balance",
+    "Continues",
     "Cost",
     "FrozenModel",
     "Phase",
@@ -369,3 +370,13 @@ class Balance(FrozenModel):
         if self.max_tokens is not None and self.micro_batches != "unequal":
             raise ValueError("max_tokens bounds unequal micro-batches; expected micro_batches: unequal with it")
         return self
+
+
+class Continues(FrozenModel):
+    """A continuation (``weir build NEW --continue BASE --at N``): steps before ``at`` are those of the build
+    at ``base`` (a build folder or an fsspec root, taken relative to the mix file like every path), byte for
+    byte; from ``at`` on the build follows this mix file. :mod:`mixing.continuation` checks that nothing of this
+    mix would have changed the steps before ``at``."""
+
+    base: Annotated[str, Field(min_length=1)]
+    at: Annotated[int, Field(ge=1, le=MAX_STEPS)]

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from contract.cost import CostModel
+from contract.digests import DIGEST_BYTES, sequence_digests, step_digests, write_step_digests
 from contract.manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -95,14 +96,16 @@ def seal_shards(
     sequences_per_step: int | None,
     seq_len: int,
     dtype: Any,
+    format_version: int = FORMAT_VERSION,
 ) -> Manifest:
     """Write the manifest of ``shards`` (in order; ``sequences_per_step``: the sequences every step has, or
-    None where steps differ) last, then remove shard files of older builds that it does not list; return it."""
+    None where steps differ) last, then remove shard files of older builds that it does not list; return it.
+    ``format_version``: :data:`~contract.manifest.CONTINUATION_FORMAT` for a continuation."""
     n = sum(s.sequences for s in shards)
     full = Manifest.model_validate(
         {
             **{name: getattr(info, name) for name in info.model_fields_set & set(BuildInfo.model_fields)},
-            "format_version": FORMAT_VERSION,
+            "format_version": format_version,
             "seq_len": int(seq_len),
             "sequences": n,
             "sequences_per_step": sequences_per_step if n else None,
@@ -112,6 +115,7 @@ def seal_shards(
     )
     full = write_manifest(store.url, full, store.storage_options)
     keep = {f.name for s in shards for f in s.files.both()} | {MANIFEST}
+    keep |= {info.step_digests.name} if info.step_digests is not None else set()
     for name in store.names():
         if _ours(name) and name not in keep:
             store.remove(name)
@@ -146,18 +150,22 @@ def write_shards(
     n = len(step)
     take: TokenSource = (lambda lo, hi: tokens[lo:hi]) if isinstance(tokens, np.ndarray) else tokens
     shards: list[ShardEntry] = []
+    digests = [np.zeros((0, DIGEST_BYTES), np.uint8)]
     dtype: Any = np.uint16
     for k, lo in enumerate(range(0, n, shard_sequences)):
         hi = min(n, lo + shard_sequences)
         block = take(lo, hi)
         seq_len, dtype = block.shape[1], block.dtype
         s0, s1 = int(seg_offsets[lo]), int(seg_offsets[hi])
-        shards.append(
-            write_shard(store, k, lo, block, step[lo:hi], seg_offsets[lo : hi + 1] - s0, segments[s0:s1], info.cost)
-        )
+        off = seg_offsets[lo : hi + 1] - s0
+        shards.append(write_shard(store, k, lo, block, step[lo:hi], off, segments[s0:s1], info.cost))
+        digests.append(sequence_digests(block, off, segments[s0:s1, 3]))
         on_shard(k)
     per_step = np.unique(np.asarray(step), return_counts=True)[1]
     uniform = int(per_step[0]) if len(per_step) and (per_step == per_step[0]).all() else None
+    n_steps = info.steps if info.steps is not None else (int(np.max(step)) + 1 if n else 0)
+    entry = write_step_digests(store, step_digests(np.asarray(step), np.concatenate(digests), n_steps))
+    info = info.model_copy(update={"step_digests": entry})
     return seal_shards(store, info, shards, uniform, int(seq_len or 0), dtype)
 
 

@@ -26,18 +26,22 @@ _BATCH = 1 << 16  # index rows read at a time: ~5 MB of Arrow (its chunk keys ar
 
 class Locations:
     """Each document's (chunk, first token) for the sources ``index_files`` (their ``docs.parquet``, in the
-    packing's source order), in memory-mapped files under ``folder`` (made afresh; removed by :meth:`close`).
+    packing's source order; None for a source with none), in memory-mapped files under ``folder`` (made
+    afresh; removed by :meth:`close`).
 
     ``chunk_keys``: global chunk number → (source index, chunk key), numbered in index order.
     """
 
-    def __init__(self, folder: Path, index_files: Sequence[Path]) -> None:
+    def __init__(self, folder: Path, index_files: Sequence[Path | None]) -> None:
         shutil.rmtree(folder, ignore_errors=True)  # what a killed build left
         folder.mkdir(parents=True)
         self.folder = folder
         keys: list[tuple[int, str]] = []
         self._tables: list[np.ndarray] = []
         for s, path in enumerate(index_files):
+            if path is None:  # a source with no documents here (a continuation's removed source)
+                self._tables.append(np.zeros((0, 2), np.int64))
+                continue
             f = pq.ParquetFile(path)
             out = np.lib.format.open_memmap(folder / f"{s}.npy", "w+", np.int64, (f.metadata.num_rows, 2))
             ids: dict[str, int] = {}

@@ -19,8 +19,27 @@ import numpy as np
 import polars as pl
 
 from contract.cost import CostModel
-from contract.manifest import BuildInfo, Manifest, PackingNote, PhaseSpan, Regroup, ShardEntry, SourceCounts
+from contract.digests import (
+    DIGEST_BYTES,
+    compute_step_digests,
+    read_step_digests,
+    sequence_digests,
+    step_digests,
+    write_step_digests,
+)
+from contract.manifest import (
+    CONTINUATION_FORMAT,
+    FORMAT_VERSION,
+    BuildInfo,
+    Manifest,
+    PackingNote,
+    PhaseSpan,
+    Regroup,
+    ShardEntry,
+    SourceCounts,
+)
 from contract.store import Store
+from mixing.continuation import Base
 from mixing.engine import LOCAL, Engine
 from mixing.ingest.chunk_store import ChunkTokens
 from mixing.mixfile.mix import Mix
@@ -29,7 +48,7 @@ from mixing.output.shard_writer import open_shards, seal_shards, token_dtype, wr
 from mixing.pack.locations import Locations
 from mixing.pack.result import PackedStep, PackStream
 
-__all__ = ["ShardContext", "ShardJob", "write_packed", "write_shard_job"]
+__all__ = ["ShardContext", "ShardJob", "WrittenShard", "write_packed", "write_shard_job"]
 
 _SHARD_TOKENS = 1 << 24  # ~32-64 MB of tokens per shard
 
@@ -64,8 +83,18 @@ class ShardJob:
     src: np.ndarray
 
 
-def write_shard_job(ctx: ShardContext, job: ShardJob) -> ShardEntry:
-    """Gather shard ``job``'s tokens from the chunks and write its files to ``ctx.shards_url``; its entry."""
+@dataclass(frozen=True)
+class WrittenShard:
+    """A written shard's manifest ``entry``, its sequences' ``step`` int64 [n] and ``digests`` uint8 [n, 16]
+    (:func:`contract.digests.sequence_digests`), from which the driver makes the step digests."""
+
+    entry: ShardEntry
+    step: np.ndarray
+    digests: np.ndarray
+
+
+def write_shard_job(ctx: ShardContext, job: ShardJob) -> WrittenShard:
+    """Gather shard ``job``'s tokens from the chunks and write its files to ``ctx.shards_url``; what it wrote."""
     n, lengths = len(job.step), job.segments[:, 3]
     readers: dict[int, ChunkTokens] = {}
     parts: list[np.ndarray] = [np.zeros(0, np.uint32)] * len(lengths)
@@ -83,7 +112,8 @@ def write_shard_job(ctx: ShardContext, job: ShardJob) -> ShardEntry:
             row = np.concatenate(parts[a:b])
             block[i, : len(row)] = row
     store = Store(ctx.shards_url, ctx.storage_options)
-    return write_shard(store, job.k, job.first, block, job.step, job.seg_offsets, job.segments, ctx.cost)
+    entry = write_shard(store, job.k, job.first, block, job.step, job.seg_offsets, job.segments, ctx.cost)
+    return WrittenShard(entry, job.step, sequence_digests(block, job.seg_offsets, lengths))
 
 
 @dataclass
@@ -95,11 +125,14 @@ class _Tally:
     dropped: list[np.ndarray]
 
 
-def _jobs(stream: PackStream, where: Locations, per_shard: int, tally: _Tally) -> Iterator[ShardJob]:
+def _jobs(
+    stream: PackStream, where: Locations, per_shard: int, tally: _Tally, k: int = 0, first: int = 0
+) -> Iterator[ShardJob]:
     """The shard jobs of ``stream`` in order, ``per_shard`` sequences each (the last may have fewer), made as
-    the stream is read: at most one shard's sequences are held. Counts into ``tally`` as it goes."""
+    the stream is read: at most one shard's sequences are held. Counts into ``tally`` as it goes. The first is
+    shard ``k`` holding global sequence ``first`` on (a continuation's follow its base's)."""
     held: list[PackedStep] = []
-    n_held, k, first = 0, 0, 0
+    n_held = 0
     for out in stream.steps:
         held.append(out)
         n_held += len(out.counts)
@@ -144,6 +177,7 @@ def write_packed(
     storage_options: dict[str, Any] | None = None,
     engine: Engine = LOCAL,
     db_config: Mapping[str, str | int | bool] | None = None,
+    base: Base | None = None,
 ) -> Manifest:
     """Gather each sequence's tokens from the sources' chunks and write shards plus manifest; return the manifest.
 
@@ -158,14 +192,26 @@ def write_packed(
     The manifest's ``per_source`` records, for each source: ``tokens_planned`` (Σ planned unit lengths),
     ``tokens_packed``, ``tokens_dropped`` (planned = packed + dropped) and ``documents_packed``, counted in
     DuckDB with the settings ``db_config`` (give the stream's: see :func:`~mixing.pack.packing.stream_plan`).
+    The manifest's ``step_digests`` name a file of every step's digest (:mod:`contract.digests`).
+
+    ``base``: a continuation's (the stream starts at its switch step, its sources in the base's order first):
+    the base's shards of the steps before the switch are put in the shards folder as they are
+    (:meth:`~mixing.continuation.Base.link_into`), listed first, with the base's digests of those steps;
+    ``per_source`` then counts the base's tokens and documents before the switch as planned and packed.
     """
     options = storage_options if out is not None else layout.storage_options
     store = open_shards(out if out is not None else f"{layout.url}/shards", options)
     dtype = np.dtype(token_dtype(vocab_size)).name
     n_src = len(stream.sources)
     tally = _Tally(np.zeros(n_src, np.int64), np.zeros(n_src, np.int64), [])
-    index_files = [layout.source_dir(name) / "docs.parquet" for name in stream.sources]
+    ours = set(mix.sources)
+    index_files = [layout.source_dir(name) / "docs.parquet" if name in ours else None for name in stream.sources]
     shards: dict[int, ShardEntry] = {}
+    written: dict[int, WrittenShard] = {}
+    prefix = base.prefix() if base is not None else []
+    first = base.seq_before if base is not None else 0
+    if base is not None and np.dtype(base.manifest.dtype) != np.dtype(dtype):
+        dtype = base.manifest.dtype  # the base's token arrays decide (the vocabulary is the base's)
     with Locations(layout.root / "locations.tmp", index_files) as where:
         ctx = ShardContext(
             shards_url=store.url,
@@ -178,14 +224,51 @@ def write_packed(
             pad_id=pad_id,
             cost=mix.balance.cost.model(),
         )
-        jobs = _jobs(stream, where, max(1, _SHARD_TOKENS // stream.seq_len), tally)
-        for _i, entry in engine.map(write_shard_job, jobs, ctx, "write_shard"):
+        jobs = _jobs(stream, where, max(1, _SHARD_TOKENS // stream.seq_len), tally, len(prefix), first)
+        for _i, done in engine.map(write_shard_job, jobs, ctx, "write_shard"):
             k = len(shards)
-            shards[entry.first_sequence] = entry
+            shards[done.entry.first_sequence] = done.entry
+            written[done.entry.first_sequence] = done
             on_shard(k)
     info = _build_info(mix, layout, stream, tally, tokenizer_fingerprint, vocab_size, pad_id, eos_id, db_config)
-    ordered = [shards[first] for first in sorted(shards)]
-    return seal_shards(store, info, ordered, stream.global_batch, stream.seq_len, dtype)
+    ordered = [shards[f] for f in sorted(shards)]
+    digests = _step_digests([written[f] for f in sorted(written)], mix.total_steps, base)
+    if base is not None:
+        base.link_into(store)
+        info = _continued(info, base, stream.sources, stream.seq_len)
+    info = info.model_copy(update={"step_digests": write_step_digests(store, digests)})
+    version = CONTINUATION_FORMAT if base is not None else FORMAT_VERSION
+    return seal_shards(store, info, prefix + ordered, stream.global_batch, stream.seq_len, dtype, version)
+
+
+def _step_digests(written: list[WrittenShard], steps: int, base: Base | None) -> np.ndarray:
+    """Every step's digest: the base's before its switch, then those of the shards ``written`` (in order)."""
+    seq = [w.digests for w in written] or [np.zeros((0, DIGEST_BYTES), np.uint8)]
+    step = [w.step for w in written] or [np.zeros(0, np.int64)]
+    out = step_digests(np.concatenate(step), np.concatenate(seq), steps)
+    if base is not None:
+        past = read_step_digests(base.shards)
+        out[: base.at] = (past if past is not None else compute_step_digests(base.shards))[: base.at]
+    return out
+
+
+def _continued(info: BuildInfo, base: Base, sources: tuple[str, ...], seq_len: int) -> BuildInfo:
+    """``info`` of a continuation: its lineage, and the base's tokens and documents before the switch counted
+    in ``per_source`` as planned and packed (every source of ``sources``, removed ones included)."""
+    used = base.used(seq_len)
+    per_source = dict(info.per_source or {})
+    for name in sources:
+        c = per_source.get(name, SourceCounts(tokens_planned=0, tokens_packed=0, tokens_dropped=0, documents_packed=0))
+        u = used.get(name)
+        tokens, docs = (u.tokens, len(np.unique(u.keys >> 24))) if u is not None else (0, 0)
+        per_source[name] = c.model_copy(
+            update={
+                "tokens_planned": c.tokens_planned + tokens,
+                "tokens_packed": c.tokens_packed + tokens,
+                "documents_packed": c.documents_packed + docs,
+            }
+        )
+    return info.model_copy(update={"lineage": base.lineage(), "per_source": per_source})
 
 
 def _build_info(

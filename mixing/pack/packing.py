@@ -39,7 +39,7 @@ length, due tokens, source, step, draw order, then bin index).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -78,6 +78,7 @@ def stream_plan(
     engine: str | None = None,
     chunk_units: int = _CHUNK_UNITS,
     config: Mapping[str, str | int | bool] | None = None,
+    sources: Sequence[str] | None = None,
 ) -> PackStream:
     """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file, a step at a time as the
     stream is read; deterministic for the same plan.
@@ -87,18 +88,23 @@ def stream_plan(
     a time, by step range, in Arrow batches, on a connection of its own that closes when the stream ends or is
     closed. ``engine``: ``"compiled"`` or ``"python"`` (default: compiled where numba is installed).
     ``config``: DuckDB settings of both connections (``memory_limit``: the pages it reads stay in DuckDB's
-    buffer pool up to its limit, 80% of the RAM by default).
+    buffer pool up to its limit, 80% of the RAM by default). ``sources``: the order of the source indices in
+    the stream's segments (default: the plan's sources by name; a continuation keeps its base's order and
+    appends, and may name sources the plan has none of).
     """
     settings: dict[str, str | bool | int | float | list[str]] = dict(config or {})
     with duckdb.connect(str(db_path), read_only=True, config=settings) as con:
         q = con.sql("SELECT step, phase, source, quota FROM plan_quotas ORDER BY step, source").fetchnumpy()
         per_step = con.sql("SELECT step, count(*) AS n FROM plan_units GROUP BY 1 ORDER BY 1").fetchnumpy()
-    sources = tuple(sorted(set(q["source"].tolist())))
+    planned = sorted(set(q["source"].tolist()))
+    if sources is not None and not set(planned) <= set(sources):
+        raise ValueError(f"the plan's sources {planned} are not all in the order given, {list(sources)}")
+    names: tuple[str, ...] = tuple(sources) if sources is not None else tuple(planned)
     q_step = np.asarray(q["step"], np.int64)
     step_values, first = np.unique(q_step, return_index=True)
     steps = [(int(s), str(q["phase"][i])) for s, i in zip(step_values.tolist(), first.tolist(), strict=True)]
-    src_idx = {s: i for i, s in enumerate(sources)}
-    quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
+    src_idx = {s: i for i, s in enumerate(names)}
+    quotas = np.zeros((len(steps), len(names)), dtype=np.float64)
     quotas[np.searchsorted(step_values, q_step), [src_idx[s] for s in q["source"]]] = q["quota"]
     unit_steps = np.asarray(per_step["step"], np.int64)
     if not np.isin(unit_steps, step_values).all():
@@ -110,15 +116,15 @@ def stream_plan(
 
     def packed() -> Iterator[PackedStep]:
         with duckdb.connect(str(db_path), read_only=True, config=settings) as con:
-            blocks = _prefetched(con, sources, ranges)
+            blocks = _prefetched(con, names, ranges)
             try:
                 units = _by_step(blocks, step_values, seq_len)
-                yield from _steps(units, steps, len(sources), seq_len, global_batch, cost, quotas, engine)
+                yield from _steps(units, steps, len(names), seq_len, global_batch, cost, quotas, engine)
             finally:
                 blocks.close()  # on an error: wait for a read in flight before the connection closes
 
     n_units = int(np.asarray(per_step["n"], np.int64).sum())
-    return PackStream(sources, seq_len, global_batch, cost, len(steps) * global_batch, n_units, packed())
+    return PackStream(names, seq_len, global_batch, cost, len(steps) * global_batch, n_units, packed())
 
 
 def pack_units(

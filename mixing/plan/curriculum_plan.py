@@ -32,11 +32,11 @@ import pyarrow as pa
 from contract.errors import WeirError
 from mixing.mixfile.mix import Mix
 from mixing.plan.curriculum import PhaseSpan, length_segments, phase_demand, step_shares
-from mixing.plan.draws import SegmentQuota, draw_source
+from mixing.plan.draws import SegmentQuota, Trained, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, shortfalls
 from mixing.plan.order import SortedOrder
 
-__all__ = ["Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
+__all__ = ["Past", "Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
 
 
 class PlanError(WeirError, ValueError):
@@ -44,10 +44,24 @@ class PlanError(WeirError, ValueError):
 
 
 @dataclass(frozen=True)
+class Past:
+    """A continuation's past (:mod:`mixing.continuation`): its steps before ``at`` are its base's, which trained,
+    per source name, ``tokens`` tokens and the pieces ``trained`` counts. The plan then covers the steps from
+    ``at`` on only (``plan_quotas`` and ``plan_units`` start there), each source's draw skipping what the base
+    trained, and its feasibility counts those tokens as spent."""
+
+    at: int
+    trained: Mapping[str, Trained]
+    tokens: Mapping[str, int]
+    quotas: pl.DataFrame  # the base's ``plan_quotas`` rows of the steps before ``at``
+
+
+@dataclass(frozen=True)
 class Plan:
     """A plan's summaries.
 
-    ``quotas``: the ``plan_quotas`` frame. ``per_source``: source, tokens_planned, tokens_drawn,
+    ``quotas``: the ``plan_quotas`` frame (of a continuation: every step's, its base's before the switch
+    included, where ``plan_quotas`` starts at the switch). ``per_source``: source, tokens_planned, tokens_drawn,
     tokens_available, docs_available, epochs (tokens drawn ÷ available, float), epochs_started,
     max_epochs. ``phases``: phase, first_step, steps, transition, max_doc_tokens, tokens_planned and one
     ``tokens_<source>`` column per source. ``units``: rows of ``plan_units``. ``warnings``: sentences.
@@ -93,7 +107,9 @@ def step_quotas(mix: Mix) -> pl.DataFrame:
     )
 
 
-def make_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None) -> Plan:
+def make_plan(
+    mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None, past: Past | None = None
+) -> Plan:
     """Plan ``mix`` over the ``documents`` table of ``db_path`` and write the plan tables there.
 
     Raises :class:`PlanError` when a source with a positive share has no documents, would need more epochs
@@ -104,12 +120,15 @@ def make_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | 
     A phase that the draw itself leaves short (possible only under a ``max_epochs``) is raised after the draw.
     Nothing is written in either case. ``config``: DuckDB settings for the connection (e.g.
     ``memory_limit``, ``threads``, ``temp_directory``): the draw streams, and DuckDB spills past its limit.
+    ``past``: a continuation's (see :class:`Past`).
     """
     with duckdb.connect(str(db_path), config=dict(config or {})) as con:
-        return _plan(con, mix, persist=True)
+        return _plan(con, mix, persist=True, past=past)
 
 
-def preview_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None) -> Plan:
+def preview_plan(
+    mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None, past: Past | None = None
+) -> Plan:
     """The same plan as :func:`make_plan`, computed from ``db_path`` opened read-only; writes nothing
     (what DuckDB spills goes to a temporary folder removed on return, not ``.tmp`` in the working folder)."""
     with (
@@ -124,23 +143,30 @@ def preview_plan(mix: Mix, db_path: Path, config: Mapping[str, str | int | bool]
         if "documents" not in tables:
             raise PlanError(f"{db_path}: no documents table; build the mix (weir build) up to length_stats first")
         con.execute("CREATE TEMP VIEW documents AS SELECT * FROM build.documents")
-        return _plan(con, mix, persist=False)
+        return _plan(con, mix, persist=False, past=past)
 
 
-def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
+def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool, past: Past | None = None) -> Plan:
     demand = phase_demand(mix)
     spans, names = demand.spans, list(demand.sources)
     need = demand.tokens()
+    quotas = None
+    if past is not None:  # what is asked from the switch on: the quotas of those steps
+        quotas = step_quotas(mix).filter(pl.col("step") >= past.at)
+        by = quotas.group_by("phase", "source").agg(pl.col("quota").sum())
+        need = {(sp.name, s): 0 for sp in spans for s in names} | {(r[0], r[1]): int(r[2]) for r in by.iter_rows()}
     have, short = available(con, spans)
     problems: list[str] = []
     epochs: dict[str, int] = {}
     for s in names:
-        epochs[s], found = epochs_needed(mix, s, spans, need, have, short)
+        spent = past.tokens.get(s, 0) if past is not None else 0
+        epochs[s], found = epochs_needed(mix, s, spans, need, have, short, spent)
         problems += found
     _refuse(problems)  # before any array per step or draw: an infeasible plan costs what its phases do, not its steps
 
-    quotas = step_quotas(mix)
-    _draw(con, mix, quotas, spans, epochs)
+    if quotas is None:
+        quotas = step_quotas(mix)
+    _draw(con, mix, quotas, spans, epochs, past)
     got = {(spans[r[0]].name, names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
     _refuse(shortfalls(mix, spans, need, got, have, epochs))
     per_source, phases = _summaries(con, mix, spans, need, have)
@@ -159,7 +185,22 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool) -> Plan:
             con.execute("ROLLBACK")
             raise
         con.execute("COMMIT")
-    return Plan(quotas, per_source, phases, int(n_units), tuple(plan_warnings(mix, per_source)))
+    shown = quotas if past is None else _whole(past.quotas, quotas)  # a continuation's cover its base's steps too
+    return Plan(shown, per_source, phases, int(n_units), tuple(plan_warnings(mix, per_source)))
+
+
+def _whole(before: pl.DataFrame, after: pl.DataFrame) -> pl.DataFrame:
+    """The quotas of a whole continuation: its base's ``before`` its switch, then its own ``after``, every
+    (step, source) of either present (0 where a source has none: a source new here, or one it no longer names)."""
+    both = pl.concat([before.select(after.columns).cast(after.schema), after])  # type: ignore[arg-type]
+    phase = both.select("step", "phase").unique("step")
+    grid = phase.join(both.select("source").unique(), how="cross")
+    out = grid.join(both.drop("phase"), on=["step", "source"], how="left")
+    return (
+        out.with_columns(pl.col("quota", "cum_quota", "share").fill_null(0))
+        .select(after.columns)
+        .sort("step", "source")
+    )
 
 
 def _refuse(problems: list[str]) -> None:
@@ -182,6 +223,7 @@ def _draw(
     quotas: pl.DataFrame,
     spans: tuple[PhaseSpan, ...],
     epochs: dict[str, int],
+    past: Past | None = None,
 ) -> None:
     """Temp table ``_taken(step, ph, src, doc_id, piece, start, length, epoch, ord)``: the units each step
     draws, ``ph`` and ``src`` indices into ``spans`` and the sources by name.
@@ -193,6 +235,8 @@ def _draw(
     """
     names = sorted(mix.sources)
     quota = quotas["quota"].to_numpy().reshape(-1, len(names))  # step_quotas: step-major, sources by name
+    if past is not None:  # the quotas start at the switch: the steps before it ask nothing
+        quota = np.concatenate([np.zeros((past.at, len(names)), np.int64), quota])
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _taken (step BIGINT, ph SMALLINT, src SMALLINT, doc_id BIGINT, piece BIGINT, "
         "start BIGINT, length BIGINT, epoch INTEGER, ord BIGINT)"
@@ -209,7 +253,11 @@ def _draw(
         (n_docs,) = con.sql("SELECT count(*) FROM documents WHERE source = ?", params=[s]).fetchall()[0]
         with SortedOrder(con, s, mix.seed) as order:
             pending: list[dict[str, np.ndarray]] = []
-            for u in draw_source(order, n_docs, seq=mix.sequence.length, epochs=epochs[s], segments=segments):
+            trained = past.trained.get(s) if past is not None else None
+            draws = draw_source(
+                order, n_docs, seq=mix.sequence.length, epochs=epochs[s], segments=segments, trained=trained
+            )
+            for u in draws:
                 pending.append(u)
                 if sum(len(p["step"]) for p in pending) >= _FLUSH_ROWS:
                     _insert(con, pending, i, starts)

@@ -17,14 +17,14 @@ in (step, ord) order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from mixing.plan.order import DrawOrder
 
-__all__ = ["CHUNK_DOCS", "SegmentQuota", "draw_source"]
+__all__ = ["CHUNK_DOCS", "SegmentQuota", "Trained", "draw_source"]
 
 CHUNK_DOCS = 1 << 19  # documents of the permutation expanded into units at a time (bounds the chunk memory)
 
@@ -66,6 +66,11 @@ def _order(order: DrawOrder, seq: int, epochs: int) -> Iterator[Units]:
             base += len(rep)
 
 
+Trained = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""``trained(doc_id, start)``: int64 [n], in how many epochs each piece was already trained (a continuation's
+base, :class:`mixing.continuation.Used`); the draw skips a piece in those first epochs."""
+
+
 def draw_source(
     order: DrawOrder,
     n_docs: int,
@@ -73,10 +78,13 @@ def draw_source(
     seq: int,
     epochs: int,
     segments: list[SegmentQuota],
+    trained: Trained | None = None,
 ) -> Iterator[Units]:
     """The units of a source each segment takes, with their ``step``, at most ``epochs`` epochs.
 
     ``order``: the source's documents (doc_id, n_tokens) in each epoch's draw order; ``n_docs`` of them.
+    ``trained``: pieces a continuation's base trained already, skipped in the epochs it trained them in (so
+    the draw takes, in order, every piece the base had not: those it drew but carried past the switch first).
     A segment that runs out
     of units before its last step simply takes fewer tokens (the caller compares them to its demand).
     Deterministic; the result does not depend on :data:`CHUNK_DOCS`.
@@ -89,6 +97,8 @@ def draw_source(
         before, end = 0, 0  # tokens this segment drew before the chunk; first ord past its last unit
         for u in _order(order, seq, epochs):  # from the start: earlier segments skip units
             ok = u["doc_len"] <= limit
+            if trained is not None:
+                ok &= u["epoch"] >= trained(u["doc_id"], u["start"])
             for lim, past in taken:
                 ok &= ~((u["ord"] < past) & (u["doc_len"] <= lim))
             if not ok.all():

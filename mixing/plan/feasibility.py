@@ -55,29 +55,36 @@ def epochs_needed(
     need: dict[tuple[str, str], int],
     have: dict[str, tuple[int, int]],
     short: dict[tuple[int, str], tuple[int, int]],
+    spent: int = 0,
 ) -> tuple[int, list[str]]:
-    """Epochs of ``source`` to draw, and every way the caps make it infeasible (then 0 epochs)."""
-    total = sum(need.get((sp.name, source), 0) for sp in spans)
-    if total == 0:
+    """Epochs of ``source`` to draw, and every way the caps make it infeasible (then 0 epochs). ``spent``: its
+    tokens a continuation's base trained already (they count against ``max_epochs``; the draw skips them)."""
+    asked = sum(need.get((sp.name, source), 0) for sp in spans)
+    if asked == 0:
         return 0, []
+    total = asked + spent
     segments, seq = length_segments(spans), mix.sequence.length
     first = next(sp.name for sp in spans if need.get((sp.name, source), 0) > 0)
     avail = have.get(source, (0, 0))[0]
     cap = mix.sources[source].max_epochs
     if avail == 0:
-        return 0, [f"phase {first!r} needs {total} tokens of source {source!r}, but it has no documents"]
+        return 0, [f"phase {first!r} needs {asked} tokens of source {source!r}, but it has no documents"]
     problems = []
     if total > cap * avail:
-        run, at = 0, first
+        run, at = spent, first
         for sp in spans:
             run += need.get((sp.name, source), 0)
             if run > cap * avail:
                 at = sp.name
                 break
+        left = (
+            f"; {max(0, int(cap * avail) - spent)} tokens are left after the {spent} the base trained" if spent else ""
+        )
         problems.append(
-            f"source {source!r} runs out in phase {at!r}: the plan needs {total} tokens of it "
-            f"({total / avail:.2f} epochs) but it has {avail} tokens and max_epochs is {cap:g} "
-            f"({int(cap * avail)} tokens at most)"
+            f"source {source!r} runs out in phase {at!r}: the plan needs {asked} tokens of it "
+            f"({total / avail:.2f} epochs{' in all' if spent else ''}) but it has {avail} tokens and "
+            f"max_epochs is {cap:g} "
+            f"({int(cap * avail)} tokens at most){left}"
         )
     limited = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
     for lim in limited:
@@ -101,7 +108,7 @@ def epochs_needed(
         return 0, problems
     # Enough epochs that every segment finds its tokens: segments before g take at most their demand plus
     # half a unit (< S) each, so a stream holding Σ_{h ≤ g} (demand_h + S) tokens that g may draw suffices.
-    epochs, run = 1, 0
+    epochs, run = 1, spent
     for seg in segments:
         run += sum(need.get((sp.name, source), 0) for sp in seg) + seq
         seg_limit = seg[0].max_doc_tokens

@@ -244,7 +244,8 @@ def plan_mixture_error(db_path: Path, window: int = WINDOW) -> MixtureError:
     sources, phases, phase, planned = planned_tokens(quotas)
     realized = np.zeros_like(planned)
     col = {s: k for k, s in enumerate(sources)}
-    realized[drawn["step"].to_numpy(), [col[s] for s in drawn["source"].to_list()]] = drawn["tokens"].to_numpy()
+    first = int(quotas["step"].min()) if quotas.height else 0  # a continuation plans from its switch step on
+    realized[drawn["step"].to_numpy() - first, [col[s] for s in drawn["source"].to_list()]] = drawn["tokens"].to_numpy()
     return mixture_error(realized, planned, phase, sources, phases, window, float(unit))
 
 

@@ -109,14 +109,14 @@ def test_an_old_build_reads_with_the_contracts_defaults(tiny_build: Path, tmp_pa
             assert row == {k: v for k, v in sealed["per_source"][name].items() if k != "documents_dropped"}
 
 
-@pytest.mark.parametrize("version", [0, 4])
+@pytest.mark.parametrize("version", [0, 5])
 def test_an_unknown_version_is_refused_in_one_line_naming_it(tiny_build: Path, tmp_path: Path, version: int) -> None:
     copy = tmp_path / "b"
     shutil.copytree(tiny_build, copy)
     path = copy / "shards" / MANIFEST
     m = json.loads(path.read_text())
     path.write_text(json.dumps(seal({**m, "format_version": version}), indent=2, sort_keys=True) + "\n")
-    want = f"{path}: format_version {version}; this reader knows [1, 2, 3]"
+    want = f"{path}: format_version {version}; this reader knows [1, 2, 3, 4]"
     for read in (
         lambda: ShardSet(copy / "shards"),
         lambda: PackedDataset(copy, world=World(0, 1), reading=Reading(cache_dir=tmp_path / "c")),
