@@ -194,9 +194,12 @@ class LoaderConfig:
         """The settings for the build whose manifest is ``manifest``: every default the build's own."""
         cp = self.world.cp_size
         if self.cp_split != "zigzag" and manifest.seq_len % (2 * cp):
+            # the items cut every split but 'zigzag' by slots that depend on S alone ('thd' too: StepLoader
+            # cuts its documents), so S must split into 2·cp equal chunks
+            why = "its items cut each sequence as one segment" if self.cp_split == "thd" else "it cuts whole sequences"
             raise ValueError(
                 f"sequence length {manifest.seq_len} is not divisible by 2·cp_size {2 * cp} "
-                f"(cp_split {self.cp_split!r} cuts whole sequences; 'zigzag' cuts each document)"
+                f"(cp_split {self.cp_split!r}: {why}; 'zigzag' cuts each document)"
             )
         chunk = self.payload.chunk
         return LoaderSettings(

@@ -10,6 +10,15 @@ A document whose length is not a multiple of ``2·cp`` is padded with fewer than
 documents), and the chunk pair a rank takes rotates from one document to the next, so that what rounding
 leaves uneven on a short document lands on a different rank each time.
 
+:func:`thd` is the partition Transformer Engine's THD format uses (``thd_get_partitioned_indices``, which
+Megatron-core's ``get_batch_on_this_cp_rank`` calls for packed sequences): each segment padded at its *end* to
+a multiple of ``2·cp``, rank ``r`` taking chunks ``r`` and ``2·cp − 1 − r`` of every segment, no rotation.
+:func:`thd_slots` adds what a THD attention call takes beside the slots: ``cu_seqlens`` (real lengths) and
+``cu_seqlens_padded``, both over the whole sequence (Transformer Engine divides them by ``cp_size`` itself).
+:class:`loaders.PackedDataset` cuts each document only for ``"zigzag"``; its items under the other splits take
+slots that depend on ``S`` alone (``"thd"`` there cuts each sequence as one segment), and
+:class:`loaders.steps.StepLoader` cuts every document of a micro-batch for ``"thd"``.
+
 Every split returns, per rank, ``indices`` int64 [n]: the position in the sequence of each of the rank's
 slots, ``-1`` for a padding slot. All ranks get the same ``n`` for one sequence. The baselines
 (:func:`contiguous`, :func:`sequence_zigzag`) are kept for comparison (docs/design.md's B0 and B1).
@@ -23,13 +32,17 @@ import numpy as np
 
 __all__ = [
     "SPLITS",
+    "ThdSlots",
     "ZigzagRuns",
     "attention_work",
     "contiguous",
+    "cu_seqlens_padded",
     "document_zigzag",
     "expand_runs",
     "sequence_zigzag",
     "split",
+    "thd",
+    "thd_slots",
     "zigzag_runs",
 ]
 
@@ -125,7 +138,71 @@ def sequence_zigzag(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndar
     return np.concatenate([np.arange(a * m, (a + 1) * m), np.arange(b * m, (b + 1) * m)]).astype(np.int64)
 
 
-SPLITS = {"zigzag": document_zigzag, "contiguous": contiguous, "sequence_zigzag": sequence_zigzag}
+def cu_seqlens_padded(seg_lens: np.ndarray, cp_size: int) -> np.ndarray:
+    """Boundaries of the segments ``seg_lens`` (int [k]) each rounded up to a multiple of ``2·cp_size``, as
+    :func:`document_zigzag` and :func:`thd` pad them: int32 [k+1] from 0 (``cp_size == 1``: no padding, the
+    plain ``cu_seqlens``). Every rank holds ``[-1] / cp_size`` slots."""
+    seg_lens = np.asarray(seg_lens, dtype=np.int64)
+    two = 2 * cp_size if cp_size > 1 else 1
+    out = np.zeros(len(seg_lens) + 1, dtype=np.int64)
+    np.cumsum(-(-seg_lens // two) * two, out=out[1:])
+    return out.astype(np.int32)
+
+
+class ThdSlots(NamedTuple):
+    """One CP rank's slots of a sequence under Transformer Engine's THD partition (:func:`thd_slots`).
+
+    Per slot, int64 [n] (``n = cu_seqlens_padded[-1] / cp``, the same on every rank): ``padded``, its position
+    in the padded sequence (what ``thd_get_partitioned_indices`` returns for ``cu_seqlens_padded``);
+    ``indices``, its position in the unpadded sequence, ``-1`` for padding; ``position_ids``, its offset in
+    its padded segment (Transformer Engine's ``generate_positional_ids_for_cp``: 0 at the segment's start,
+    counting on through the padding at its end). Per segment, int32 [k+1], the whole sequence's (the same on
+    every rank, as Transformer Engine and Megatron-core take them): ``cu_seqlens`` (real lengths) and
+    ``cu_seqlens_padded`` (each length rounded up to a multiple of ``2·cp``)."""
+
+    padded: np.ndarray
+    indices: np.ndarray
+    position_ids: np.ndarray
+    cu_seqlens: np.ndarray
+    cu_seqlens_padded: np.ndarray
+
+
+def thd_slots(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> ThdSlots:
+    """Transformer Engine's THD partition of a sequence whose segments have ``seg_lens`` (int [k], ≥ 0 each).
+
+    Segment of ``l`` tokens → padded at its end to ``L = 2·cp·ceil(l / 2cp)`` (``L − l < 2·cp`` padding slots,
+    after its last token: causal attention keeps every real query off them), cut into ``2·cp`` chunks of
+    ``m = L / 2cp``; this rank holds chunks ``cp_rank`` and ``2cp − 1 − cp_rank`` of every segment, in order,
+    with no rotation (Transformer Engine's kernels assume this layout). ``cp_size == 1`` pads nothing and
+    keeps every slot, as Megatron-core does without context parallelism.
+    """
+    seg_lens = np.asarray(seg_lens, dtype=np.int64)
+    k = len(seg_lens)
+    cu = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(seg_lens, out=cu[1:])
+    pcu = cu_seqlens_padded(seg_lens, cp_size).astype(np.int64)
+    if cp_size == 1:  # one run per segment: all of it
+        run_seg, run_off, run_len = np.arange(k), np.zeros(k, dtype=np.int64), seg_lens
+    else:  # two runs of m slots per segment, at offsets r·m and (2cp − 1 − r)·m of the padded segment
+        two = 2 * cp_size
+        m = (pcu[1:] - pcu[:-1]) // two
+        run_seg = np.repeat(np.arange(k), 2)
+        run_off = (np.stack([np.full(k, cp_rank), np.full(k, two - 1 - cp_rank)], axis=1) * m[:, None]).reshape(-1)
+        run_len = np.repeat(m, 2)
+    head = np.cumsum(run_len) - run_len  # where each run begins among the rank's slots
+    seg = np.repeat(run_seg, run_len)
+    offset = np.arange(int(run_len.sum()), dtype=np.int64) - np.repeat(head - run_off, run_len)
+    indices = np.where(offset < seg_lens[seg], cu[:-1][seg] + offset, -1)
+    return ThdSlots(pcu[:-1][seg] + offset, indices, offset, cu.astype(np.int32), pcu.astype(np.int32))
+
+
+def thd(seg_lens: np.ndarray, cp_size: int, cp_rank: int) -> np.ndarray:
+    """The slots of ``cp_rank`` under Transformer Engine's THD partition (:func:`thd_slots`'s ``indices``):
+    int64 [Σ L / cp], ``-1`` for the padding at the end of each segment."""
+    return thd_slots(seg_lens, cp_size, cp_rank).indices
+
+
+SPLITS = {"zigzag": document_zigzag, "contiguous": contiguous, "sequence_zigzag": sequence_zigzag, "thd": thd}
 
 
 def split(seg_lens: np.ndarray, cp_size: int, cp_rank: int, how: str = "zigzag") -> np.ndarray:

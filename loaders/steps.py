@@ -31,7 +31,33 @@ aligned with those segments, and ``max_seqlen`` (int) is the longest segment: wh
 ``state_dict()`` after a step is the start of the next one (a step boundary: it resumes on this world or
 any other dp size); :meth:`StepLoader.state_at` gives the state at the start of any step, for a trainer
 whose framework reads batches ahead (it saves the state of the step it trained, not of what was read).
-Whole sequences only (``cp_size == 1``); with context parallelism use the item stream.
+
+With context parallelism (``cp_size > 1``) every micro-batch is this CP rank's share of the micro-batch the
+DP rank would get whole, ``"varlen"`` only (documents padded for the split make rows of unequal lengths; the
+trailing padding is left out), cut by the dataset's ``cp_split`` (:mod:`loaders.varlen`'s docstring has the
+fields)::
+
+    ds = PackedDataset(build, world=World.detect(cp_size=4), cp_split="thd")
+    for step in StepLoader(ds, micro_batch=2):
+        for mb in step.micro_batches:  # input_ids, labels, position_ids, indices [1, n]; n = cu_seqlens_padded[-1] / 4
+            # Transformer Engine: DotProductAttention(..., qkv_format="thd", attn_mask_type="padding_causal") with
+            # set_context_parallel_group(...), called with cu_seqlens_q = cu_seqlens_kv = mb["cu_seqlens"],
+            # cu_seqlens_q_padded = cu_seqlens_kv_padded = mb["cu_seqlens_padded"], max_seqlen_q/kv = mb["max_seqlen"]
+            (loss_sum / step.num_targets).backward()  # num_targets: all CP ranks' targets together
+
+- ``"thd"``: Transformer Engine's THD partition, as Megatron-core uses it for packed sequences (each
+  document padded at its end to a multiple of 2·cp, rank ``r`` holding chunks ``r`` and ``2·cp − 1 − r``);
+  ``cu_seqlens`` (real lengths), ``cu_seqlens_padded`` and ``max_seqlen`` (the longest padded document) are
+  the whole micro-batch's, as Transformer Engine takes them (it divides them by ``cp_size`` itself); the
+  padding's ``position_ids`` count on as Transformer Engine's ``generate_positional_ids_for_cp`` makes them.
+  The dataset's items cut each sequence as one segment, so for ``"thd"`` this rank's sequences are read
+  whole once more, in this process, and cut here.
+- ``"zigzag"``: weir's own per-document split (front padding, the chunk pair rotating from one document to
+  the next), balanced to ``cp_imbalance`` ≤ 1.01 but not a layout Transformer Engine's kernels assume: for
+  an attention that all-gathers K/V and masks by position (``indices``). The items as the loader cut them.
+
+``num_tokens`` and ``num_targets`` of a step or micro-batch are the whole DP rank's (every CP rank gets the
+same numbers), so that the losses summed over the CP ranks, over ``num_targets``, are the unsplit mean.
 """
 
 from __future__ import annotations
@@ -43,12 +69,17 @@ from typing import Any
 import torch
 
 from loaders.dataset import PackedDataset
+from loaders.feed import feed_for
+from loaders.fields import check_fields
+from loaders.items import ItemBuilder
 from loaders.loader import PackedLoader
-from loaders.varlen import PER_SEGMENT, PER_TOKEN, concat
+from loaders.varlen import PER_SEGMENT, PER_TOKEN, concat, concat_zigzag, thd_cut
+from loaders.world import World
 
-__all__ = ["LAYOUTS", "Step", "StepLoader", "stack"]
+__all__ = ["CP_SPLITS", "LAYOUTS", "Step", "StepLoader", "stack"]
 
 LAYOUTS = ("stacked", "varlen")
+CP_SPLITS = ("thd", "zigzag")  # the splits StepLoader cuts micro-batches by when cp_size > 1
 
 
 @dataclass(frozen=True)
@@ -100,6 +131,20 @@ def _varlen(items: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _cp_finish(out: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A CP micro-batch (:func:`loaders.varlen.thd_cut` or :func:`~loaders.varlen.concat_zigzag`) as
+    ``"varlen"`` lays it out: per-slot fields [1, n], ``max_seqlen`` the longest padded document (the
+    whole micro-batch's: Transformer Engine divides it by ``cp_size`` itself), ``num_targets`` all CP
+    ranks' targets together."""
+    for key in (*PER_TOKEN, "indices"):
+        if key in out:
+            out[key] = out[key].unsqueeze(0)
+    pcu = out["cu_seqlens_padded"]
+    out["max_seqlen"] = int((pcu[1:] - pcu[:-1]).max()) if len(pcu) > 1 else 0
+    out["num_targets"] = sum(_targets(it) for it in items)
+    return out
+
+
 class StepLoader:
     """Iterates :class:`Step` objects, one per remaining optimizer step of this DP rank.
 
@@ -117,16 +162,40 @@ class StepLoader:
         ds = loader.dataset if isinstance(loader, PackedLoader) else loader
         if not isinstance(ds, PackedDataset):
             raise TypeError(f"StepLoader takes a PackedLoader or PackedDataset, not {type(loader).__name__}")
-        if ds.world.cp_size != 1:
-            raise ValueError("StepLoader groups whole sequences (cp_size 1); with cp_size > 1 iterate the items")
         if "cu_seqlens" not in ds.settings.fields:
             raise ValueError("StepLoader needs the items' cu_seqlens; add 'cu_seqlens' to the dataset's payload fields")
-        layout = layout or ("stacked" if ds.settings.balance.micro_batches == "equal" else "varlen")
+        cp = ds.world.cp_size
+        if cp > 1 and ds.settings.cp_split not in CP_SPLITS:
+            raise ValueError(
+                f"StepLoader cuts micro-batches by cp_split {CP_SPLITS} when cp_size > 1, not "
+                f"{ds.settings.cp_split!r}; iterate the items for that split"
+            )
+        layout = layout or ("stacked" if ds.settings.balance.micro_batches == "equal" and cp == 1 else "varlen")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if cp > 1 and layout != "varlen":
+            raise ValueError(
+                f"layout {layout!r} needs whole sequences; with cp_size {cp} a micro-batch is 'varlen' (documents "
+                "padded for the CP split give every row its own length)"
+            )
         if micro_batch is not None and micro_batch < 1:
             raise ValueError(f"micro_batch must be ≥ 1 sequence, got {micro_batch}")
         self.loader, self.dataset, self.layout, self.micro_batch = loader, ds, layout, micro_batch
+        self._whole: ItemBuilder | None = None
+        if cp > 1 and ds.settings.cp_split == "thd":
+            # the items cut each sequence as one segment: read this DP rank's sequences whole (labels made
+            # before any cut) and cut their documents here
+            wanted = {"input_ids", "labels", "cu_seqlens"} | {
+                f for f in ds.settings.fields if f in PER_TOKEN or f in PER_SEGMENT
+            }
+            self._whole = ItemBuilder(
+                feed_for(ds.shards),
+                seq_len=ds.facts.seq_len,
+                pad_id=ds.facts.pad_id,
+                fields=check_fields(wanted, 1),
+                world=World(),
+                cp_split="zigzag",
+            )
 
     @property
     def facts(self) -> Any:
@@ -139,7 +208,8 @@ class StepLoader:
         return self.dataset.planner.steps - int(state["step"])
 
     def __iter__(self) -> Iterator[Step]:
-        ds, build = self.dataset, stack if self.layout == "stacked" else _varlen
+        ds = self.dataset
+        build = self._cut if ds.world.cp_size > 1 else stack if self.layout == "stacked" else _varlen
         group: list[dict[str, Any]] = []
         for item in self.loader:
             group.append(item)
@@ -155,6 +225,17 @@ class StepLoader:
                 num_targets=sum(_targets(it) for it in group),
             )
             group = []
+
+    def _cut(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """This CP rank's micro-batch of ``items`` (one step's, cut by the dataset's ``cp_split``)."""
+        world = self.dataset.world
+        if self._whole is None:  # 'zigzag': the items are this rank's slots already
+            return _cp_finish(concat_zigzag(items, world.cp_size, world.cp_rank), items)
+        whole = self._whole.build([int(it["sequence"]) for it in items])
+        for w, it in zip(whole, items, strict=True):
+            w["step"] = it["step"]  # the training step (regrouping moves sequences between the build's steps)
+        cut = thd_cut(concat(whole), world.cp_size, world.cp_rank, self.dataset.facts.pad_id)
+        return _cp_finish(cut, items)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position: after a step, the start of the next one."""

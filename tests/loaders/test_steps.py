@@ -1,7 +1,8 @@
 """``StepLoader``: each optimizer step is exactly this rank's items of the step, stacked or concatenated with
 flattened ``cu_seqlens`` and ``max_seqlen`` (and the provenance fields asked for, aligned with them); the
 state after every step resumes the rest (also on another world), ``state_at`` agrees with it, and a second
-pass is refused."""
+pass is refused. With ``cp_size > 1`` the CP ranks' micro-batches are the whole one cut: every real token on
+one rank with its label, and for ``"thd"`` Transformer Engine's slots and ``cu_seqlens_padded``."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from loaders import (
     StepLoader,
     World,
 )
+from loaders.context_parallel import cu_seqlens_padded
+from tests.loaders.test_context_parallel import te_padding, te_partitioned_indices
 from tests.loaders.test_micro_batches import budget_build
 
 
@@ -193,8 +196,10 @@ def test_a_second_pass_is_refused_and_rewind_repeats_the_first(tiny_build: Path)
 
 
 def test_what_step_loader_cannot_group_is_refused_up_front(tiny_build: Path) -> None:
-    with pytest.raises(ValueError, match="cp_size"):
-        StepLoader(PackedDataset(tiny_build, world=World(0, 1, 0, 2)))
+    with pytest.raises(ValueError, match="cp_split"):  # CP micro-batches are cut by 'thd' or 'zigzag' only
+        StepLoader(PackedDataset(tiny_build, world=World(0, 1, 0, 2), cp_split="contiguous"))
+    with pytest.raises(ValueError, match="'stacked' needs whole sequences"):
+        StepLoader(PackedDataset(tiny_build, world=World(0, 1, 0, 2)), layout="stacked")
     with pytest.raises(ValueError, match="cu_seqlens"):
         StepLoader(PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields=("input_ids",))))
     with pytest.raises(ValueError, match="layout"):
@@ -209,3 +214,58 @@ def test_what_step_loader_cannot_group_is_refused_up_front(tiny_build: Path) -> 
         ).micro_batches[0]["input_ids"],
         next(iter(StepLoader(PackedDataset(tiny_build, world=World(0, 1))))).micro_batches[0]["input_ids"],
     )
+
+
+def check_cut(parts: list[dict[str, Any]], whole: dict[str, Any], how: str, cp: int, pad_id: int) -> None:
+    """The CP ranks' ``parts`` of one micro-batch against the cp 1 ``"varlen"`` micro-batch ``whole``."""
+    cu = whole["cu_seqlens"]
+    padded = cu_seqlens_padded(np.diff(cu.numpy()), cp)
+    total = int(whole["num_tokens"])
+    seen = torch.zeros(total, dtype=torch.int64)
+    targets = 0
+    for r, mb in enumerate(parts):
+        n = mb["indices"].shape[1]
+        assert all(mb[k].shape == (1, n) for k in ("input_ids", "labels", "position_ids", "source_ids"))
+        assert torch.equal(mb["cu_seqlens"], cu) and mb["cu_seqlens_padded"].tolist() == padded.tolist()
+        assert n * cp == padded[-1] and mb["max_seqlen"] == int(np.diff(padded).max())
+        for k in ("seg_source", "seg_doc", "seg_offset", "sequences", "num_tokens", "num_targets", "step"):
+            assert (mb[k].tolist() if torch.is_tensor(mb[k]) else mb[k]) == (
+                whole[k].tolist() if torch.is_tensor(whole[k]) else whole[k]
+            ), k
+        idx = mb["indices"][0]
+        real = idx >= 0
+        seen.index_add_(0, idx[real], torch.ones(int(real.sum()), dtype=torch.int64))
+        for k in ("input_ids", "labels", "position_ids", "source_ids"):
+            assert torch.equal(mb[k][0][real], whole[k][0][idx[real]]), k  # labels: the unsplit document's
+        assert set(mb["labels"][0][~real].tolist()) <= {IGNORE_INDEX}
+        assert set(mb["source_ids"][0][~real].tolist()) <= {-1}
+        targets += int((mb["labels"] != IGNORE_INDEX).sum())
+        if how == "thd" and total:  # the slots Transformer Engine partitions for cu_seqlens_padded, and its positions
+            slots = te_partitioned_indices(padded.tolist(), int(padded[-1]), cp, r)
+            _, ids, pos = te_padding(np.diff(cu.numpy()).tolist(), 2 * cp)
+            assert idx.tolist() == [ids[p] for p in slots] and mb["position_ids"][0].tolist() == [pos[p] for p in slots]
+            assert set(mb["input_ids"][0][~real].tolist()) <= {pad_id}
+    assert seen.tolist() == [1] * total  # every real token on exactly one CP rank
+    assert targets == whole["num_targets"]  # the loss summed over the CP ranks has the unsplit loss's terms
+
+
+@pytest.mark.parametrize(("how", "cp"), [("thd", 2), ("zigzag", 2), ("thd", 4)])
+def test_cp_ranks_micro_batches_are_the_whole_one_cut(tiny_build: Path, how: str, cp: int) -> None:
+    payload = Payload(fields=FIELDS + PROVENANCE_FIELDS)
+    whole = {s.step: s for s in StepLoader(PackedDataset(tiny_build, world=World(0, 1), payload=payload), "varlen", 2)}
+    datasets = [PackedDataset(tiny_build, world=World(0, 1, r, cp), cp_split=how, payload=payload) for r in range(cp)]
+    items = by_step(PackedDataset(tiny_build, world=World(0, 1, 0, cp), cp_split=how, payload=payload))
+    ranks = [list(StepLoader(ds, micro_batch=2)) for ds in datasets]
+    assert [s.step for s in ranks[0]] == sorted(whole)
+    for parts in zip(*ranks, strict=True):
+        want = whole[parts[0].step]
+        for p in parts:
+            assert (p.sequences, p.num_tokens, p.num_targets) == (want.sequences, want.num_tokens, want.num_targets)
+        for k, mb in enumerate(want.micro_batches):
+            check_cut([p.micro_batches[k] for p in parts], mb, how, cp, datasets[0].facts.pad_id)
+        if how == "zigzag":  # the loader's own cut: each item's slots of its documents, in order
+            got = parts[0].micro_batches[0]["input_ids"][0].tolist()
+            mine = items[parts[0].step][:2]
+            docs = [int((it["cu_seqlens"][1:] <= it["num_tokens"]).sum()) for it in mine]
+            keep = [int(it["cu_seqlens_padded"][d]) // cp for it, d in zip(mine, docs, strict=True)]
+            assert got == [t for it, n in zip(mine, keep, strict=True) for t in it["input_ids"][:n].tolist()]
