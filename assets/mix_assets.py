@@ -7,6 +7,7 @@ stage table; the group is the mix name.
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import dagster as dg
 import polars as pl
@@ -16,6 +17,7 @@ from assets.engine import WeirEngine
 from assets.plots import length_histogram_md, mixture_area_md
 from assets.storage import WeirStorage
 from mixing import BuildLayout, Mix, stages
+from mixing.continuation import Base
 from mixing.ingest.records import chat_markers_warning
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureReport, goal_text, unit_goal
@@ -48,6 +50,39 @@ def _s3(mix: Mix, storage: WeirStorage) -> dict[str, object] | None:
     """The resource's fsspec options, only for mixes that read from a remote store."""
     remote = any("://" in mix.source_uri(n) and not mix.source_uri(n).startswith("file://") for n in mix.sources)
     return storage.storage_options() if remote else None
+
+
+def _base_options(mix: Mix, storage: WeirStorage) -> dict[str, object] | None:
+    """The resource's fsspec options when a continuation's base is in an object store."""
+    base = mix.continues.base if mix.continues is not None else ""
+    return storage.storage_options() if "://" in base and not base.startswith("file://") else None
+
+
+def _continuation(mix: Mix, layout: BuildLayout, storage: WeirStorage) -> tuple[dict[str, Any], list[Any]]:
+    """A continuation's metadata (its base, the switch step, the lineage) and its ``prefix_unchanged`` check;
+    nothing for a build of its own."""
+    if mix.continues is None:
+        return {}, []
+    base = Base(mix.continues.base, mix.continues.at, _base_options(mix, storage))
+    problems = base.prefix_problems(layout.shard_set())
+    at = mix.continues.at
+    meta = {
+        "continues": dg.MetadataValue.path(mix.continues.base),
+        "continues_build_id": base.build_id,
+        "switch_step": at,
+        "lineage": dg.MetadataValue.md(
+            "\n".join(f"- {e.base[:12]}… → this build at step {e.at} (base mix {e.base_mix})" for e in base.lineage())
+        ),
+    }
+    check = dg.AssetCheckResult(
+        check_name="prefix_unchanged",
+        passed=not problems,
+        description=f"steps 0..{at - 1} identical to the base ({at} digests, the base's shard files)"
+        if not problems
+        else "; ".join(problems),
+        metadata={"switch_step": at},
+    )
+    return meta, [check]
 
 
 def _check_specs(asset: dg.AssetKey, described: dict[str, str]) -> list[dg.AssetCheckSpec]:
@@ -238,7 +273,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
     )
     def plan(context: AssetExecutionContext, storage: WeirStorage) -> dg.MaterializeResult:
         layout = storage.layout(mix)
-        p = stages.plan(mix, layout)
+        p = stages.plan(mix, layout, storage_options=_base_options(mix, storage))
         audit = stages.plan_audit(mix, layout)
         me = audit.mixture
         short = audit.budget.filter(pl.col("short") > 0)
@@ -283,14 +318,20 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             "truncated_docs": "No document of length ≤ S is split across sequences.",
             "manifest_checksums": "Every shard file's size and sha256 match the manifest.",
             "mixture_error": "Realized shares in the shards: ≤ 0.01 per 10 steps, ≤ 0.002 per phase (WARN).",
+            **(
+                {"prefix_unchanged": "A continuation: its steps before the switch are its base's, digest for digest."}
+                if mix.continues is not None
+                else {}
+            ),
         },
     )
     def packed_shards(context: AssetExecutionContext, storage: WeirStorage, engine: WeirEngine) -> dg.MaterializeResult:
         layout = storage.layout(mix)
-        stages.pack(mix, layout, engine=engine.engine())
+        stages.pack(mix, layout, engine=engine.engine(), storage_options=_base_options(mix, storage))
         r = inspect_build(layout)  # hashes every shard (in threads) once; the CLI reads the saved figures
         write_report(layout, r)
         eff, trunc, bad, me = r.packing_efficiency, r.truncated_docs, r.corrupt_files, r.mixture_error
+        continued, prefix_check = _continuation(mix, layout, storage)
         return dg.MaterializeResult(
             metadata={
                 "path": dg.MetadataValue.path(layout.shards_url),
@@ -301,8 +342,10 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "mixture_error_window": me.window,
                 "mixture_error_phase": me.phase,
                 **stages.fingerprints(mix, layout),
+                **continued,
             },
             check_results=[
+                *prefix_check,
                 dg.AssetCheckResult(
                     check_name="packing_efficiency",
                     passed=eff >= MIN_PACKING_EFFICIENCY,

@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from contract.atomic import atomic_path
+from contract.digests import first_difference, read_step_digests
 from contract.errors import WeirError
 from contract.manifest import Lineage, Manifest, ShardEntry
 from contract.shards import ShardSet
@@ -247,6 +248,21 @@ class Base:
                 tmp.write_bytes(data)
             names.append(name.rsplit("/", 1)[-1])
         return names
+
+    def prefix_problems(self, shards: ShardSet) -> list[str]:
+        """What in the continuation ``shards`` differs from the base before the switch (empty: nothing): its
+        first shard entries must be :meth:`prefix` (the same files, sizes and sha256) and its step digests
+        before the switch the base's. (The files themselves are checked against those sha256 by every reader.)"""
+        out, prefix = [], self.prefix()
+        mine = list(shards.manifest.shards[: len(prefix)])
+        if mine != prefix:
+            out.append(f"its first {len(prefix)} shard entries are not the base's shards of steps before {self.at}")
+        ours, theirs = read_step_digests(shards), read_step_digests(self.shards)
+        if ours is None or theirs is None:
+            out.append("a build records no step digests")
+        elif (first := first_difference(ours[: self.at], theirs[: self.at])) is not None:
+            out.append(f"step {first} differs from the base's (digest)")
+        return out
 
     def lineage(self) -> tuple[Lineage, ...]:
         """The continuation's lineage: the base's, then this switch."""

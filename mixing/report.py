@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from contract.atomic import write_json_atomic
 from contract.errors import WeirError, first_line
-from contract.manifest import MANIFEST, PhaseSpan, Regroup, ShardError, parse_manifest
+from contract.manifest import MANIFEST, Lineage, PhaseSpan, Regroup, ShardError, parse_manifest
 from contract.shards import ShardSet
 from mixing.output.layout import BuildLayout
 from mixing.plan.mixture import MixtureError, MixtureReport, shards_mixture_error
@@ -100,7 +100,8 @@ class BuildReport(_Report):
     ``format_version``, ``dtype``, ``shards`` (how many), ``corrupt_files`` (shard files whose size or
     checksum does not match the manifest), ``file_problems`` (each of those → what is wrong),
     ``manifest_sealed`` (False for a manifest written before manifests carried their own checksum), and
-    ``mixture_error_stream`` when the mix file regroups steps (None: the stream is the build's steps).
+    ``mixture_error_stream`` when the mix file regroups steps (None: the stream is the build's steps), and
+    ``lineage``: the builds this one continues (:class:`contract.manifest.Lineage`, oldest first).
     """
 
     mix: str
@@ -124,6 +125,7 @@ class BuildReport(_Report):
     file_problems: dict[str, str]
     manifest_sealed: bool
     mixture_error_stream: StreamMixtureReport | None = None
+    lineage: tuple[Lineage, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object ``weir inspect --json`` prints (fields that are None left out)."""
@@ -261,6 +263,7 @@ def _figures(layout: BuildLayout, shards: ShardSet, problems: dict[str, str]) ->
         corrupt_files=tuple(problems),
         file_problems=problems,
         manifest_sealed=shards.sealed,
+        lineage=m.lineage,
     )
 
 

@@ -70,6 +70,13 @@ def print_summary(out: Console, r: BuildReport) -> list[str]:
             highlight=False,
             markup=False,
         )
+    for e in r.lineage:  # a continuation: whose steps it keeps, up to where
+        out.print(
+            f"continues build {e.base[:12]}… (mix {(e.base_mix or '?')[:12]}…): its steps 0..{e.at - 1}, then this "
+            f"mix{f' (base at {e.base_url})' if e.base_url else ''}",
+            highlight=False,
+            markup=False,
+        )
     t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
     for name, s in r.per_source.items():
         share = s.tokens_packed / r.tokens if r.tokens else 0.0

@@ -11,6 +11,7 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
+import dagster as dg
 import duckdb
 import numpy as np
 import polars as pl
@@ -19,6 +20,8 @@ import pytest
 from contract.digests import compute_step_digests, read_step_digests
 from contract.errors import WeirError
 from contract.shards import ShardSet
+from loaders import PackedDataset, Reading, StepLoader, World
+from loaders.state import StateError
 from mixing import load_mix
 from mixing.continuation import Base, documents_digest
 from mixing.plan.curriculum_plan import Past, PlanError, preview_plan, step_quotas
@@ -99,10 +102,16 @@ def _mix(base: Path, name: str, added: str, future: str) -> Path:
     return mix
 
 
+INSTANCE: list[dg.DagsterInstance] = []  # the module's builds' Dagster instance
+
+
 def _continue(base: Path, name: str, added: str, future: str, at: int = N) -> Path:
     out = base.parent / name
+    if not INSTANCE:
+        INSTANCE.append(dg.DagsterInstance.ephemeral())
     if not (out / "shards").is_dir():  # built once per module (the chain test continues an edit's build)
-        build_output(load_mix(_mix(base, name, added, future)).continuing(str(base), at), out, say=lambda _s: None)
+        mix = load_mix(_mix(base, name, added, future)).continuing(str(base), at)
+        build_output(mix, out, say=lambda _s: None, instance=INSTANCE[0])
     return out
 
 
@@ -164,7 +173,7 @@ def test_a_continuation_continues(base: Path) -> None:
     first = _continue(base, "weights_and_ramp_at_N", *EDITS["weights_and_ramp_at_N"])
     second = _continue(first, "chain", *EDITS["weights_and_ramp_at_N"], at=12)
     c1, c2 = ShardSet(first / "shards"), ShardSet(second / "shards")
-    assert [e.at for e in c2.manifest.lineage] == [N, 12]
+    assert [e.at for e in c2.manifest.lineage] == [N, 12] == [e.at for e in inspect_build(second).lineage]
     assert diff_builds(c1, c2).identical == 12
     assert np.array_equal(read_step_digests(c2)[:N], read_step_digests(ShardSet(base / "shards"))[:N])
 
@@ -234,3 +243,40 @@ def test_an_infeasible_continuation_names_phase_source_and_tokens_left(base: Pat
         preview_plan(m, base / "weir.duckdb", past=past)
     text = str(e.value)
     assert "source 'a'" in text and "phase 'late'" in text and "tokens are left after" in text
+
+
+def test_a_loader_state_of_the_base_switches_at_or_before_N(base: Path, tmp_path: Path) -> None:
+    """A run on the base saved at step s ≤ N resumes on the continuation: the base's steps s … N−1, then the
+    new ones; a state saved past N is refused naming N."""
+    out = _continue(base, "weights_and_ramp_at_N", *EDITS["weights_and_ramp_at_N"])
+    reading = Reading(cache_dir=tmp_path / "cache")
+
+    def steps(root: Path, state: dict | None = None) -> list[list[int]]:  # type: ignore[type-arg]
+        loader = StepLoader(PackedDataset(root, world=World(0, 1), reading=reading))
+        if state is not None:
+            loader.load_state_dict(state)
+        return [[int(i) for i in s.micro_batches[0]["sequences"]] for s in loader]
+
+    on_base = StepLoader(PackedDataset(base, world=World(0, 1), reading=reading))
+    whole_base, whole_cont = steps(base), steps(out)
+    assert whole_cont[:N] == whole_base[:N]
+    for s in (0, 5, N):
+        assert steps(out, on_base.state_at(s)) == whole_cont[s:]
+    with pytest.raises(StateError, match=f"continues at step {N}"):
+        steps(out, on_base.state_at(N + 1))
+
+
+def test_dagster_shows_the_continuation_with_its_base_and_prefix_check(base: Path) -> None:
+    instance = dg.DagsterInstance.ephemeral()  # its own: one continuation's materialization and checks in it
+    mix = load_mix(_mix(base, "dagster", *EDITS["shorter"])).continuing(str(base), N)
+    build_output(mix, base.parent / "dagster", say=lambda _s: None, instance=instance)
+    key = dg.AssetKey(["cont", "packed_shards"])
+    event = instance.get_latest_materialization_event(key)
+    assert event is not None and event.asset_materialization is not None
+    meta = event.asset_materialization.metadata
+    assert meta["switch_step"].value == N and meta["continues"].value == str(base)
+    assert meta["continues_build_id"].value == Base(str(base), N).build_id
+    check = dg.AssetCheckKey(key, "prefix_unchanged")
+    evaluation = instance.event_log_storage.get_latest_asset_check_execution_by_key([check])[check]
+    data = evaluation.event.dagster_event.event_specific_data  # type: ignore[union-attr]
+    assert data.passed and f"steps 0..{N - 1} identical" in data.description
