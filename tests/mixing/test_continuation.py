@@ -251,17 +251,19 @@ def test_a_loader_state_of_the_base_switches_at_or_before_N(base: Path, tmp_path
     out = _continue(base, "weights_and_ramp_at_N", *EDITS["weights_and_ramp_at_N"])
     reading = Reading(cache_dir=tmp_path / "cache")
 
-    def steps(root: Path, state: dict | None = None) -> list[list[int]]:  # type: ignore[type-arg]
-        loader = StepLoader(PackedDataset(root, world=World(0, 1), reading=reading))
+    def steps(root: Path, state: dict | None = None, world: World | None = None) -> list[list[int]]:  # type: ignore[type-arg]
+        loader = StepLoader(PackedDataset(root, world=world or World(0, 1), reading=reading))
         if state is not None:
             loader.load_state_dict(state)
-        return [[int(i) for i in s.micro_batches[0]["sequences"]] for s in loader]
+        return [sorted(int(i) for mb in s.micro_batches for i in mb["sequences"]) for s in loader]
 
     on_base = StepLoader(PackedDataset(base, world=World(0, 1), reading=reading))
     whole_base, whole_cont = steps(base), steps(out)
     assert whole_cont[:N] == whole_base[:N]
     for s in (0, 5, N):
         assert steps(out, on_base.state_at(s)) == whole_cont[s:]
+    halves = [steps(out, on_base.state_at(5), World(r, 2)) for r in range(2)]  # elastic: onto dp 2 at the switch
+    assert [sorted(a + b) for a, b in zip(*halves, strict=True)] == whole_cont[5:]
     with pytest.raises(StateError, match=f"continues at step {N}"):
         steps(out, on_base.state_at(N + 1))
 
