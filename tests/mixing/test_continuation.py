@@ -282,3 +282,23 @@ def test_dagster_shows_the_continuation_with_its_base_and_prefix_check(base: Pat
     evaluation = instance.event_log_storage.get_latest_asset_check_execution_by_key([check])[check]
     data = evaluation.event.dagster_event.event_specific_data  # type: ignore[union-attr]
     assert data.passed and f"steps 0..{N - 1} identical" in data.description
+
+
+def test_a_continuation_in_object_storage_continues_a_base_there(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Base and continuation in a real (local) S3 server: the base read through fsspec, its prefix shards copied
+    object to object with the base's checksums, the digests of steps < N equal."""
+    from tests.conftest import S3_BUCKET, s3_endpoint
+
+    with s3_endpoint() as s3:
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("WEIR_WORK_DIR", str(tmp_path / "work"))
+        old, new = f"s3://{S3_BUCKET}/base", f"s3://{S3_BUCKET}/next"
+        build_output(load_mix(base.parent / "base.yaml"), old, say=lambda _s: None)
+        mix = load_mix(_mix(base, "remote", *EDITS["source_added"])).continuing(old, N)
+        build_output(mix, new, say=lambda _s: None)
+        b, c = (ShardSet(f"{u}/shards", s3.options) for u in (old, new))
+        assert c.manifest.shards[0].files == b.manifest.shards[0].files and not c.verify()
+        assert diff_builds(b, c).identical == N and diff_builds(b, c).continues_at == N
