@@ -41,6 +41,7 @@ __all__ = [
     "NO_REGROUP",
     "READABLE",
     "BuildInfo",
+    "FeedbackNote",
     "Lineage",
     "Manifest",
     "PackingNote",
@@ -163,18 +164,34 @@ class Regroup(_Frozen):
 NO_REGROUP = Regroup(window=1, period=0)  # a build without regroup: training steps are the build's steps
 
 
+class FeedbackNote(_Frozen):
+    """Mixture weights a continuation took from a loss log (:mod:`mixing.feedback`): the ``policy`` by name, the
+    log's sha256, the steps ``[first, end)`` it averaged over, each source's loss per token there, the factor
+    the policy gave each source, and the resulting ``weights`` of each phase from the switch on (phase →
+    source → weight)."""
+
+    policy: str
+    losses_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    steps: tuple[_NonNeg, _NonNeg]
+    loss: dict[str, float]
+    factor: dict[str, float]
+    weights: dict[str, dict[str, float]]
+
+
 class Lineage(_Frozen):
     """One switch in a build's history: steps before ``at`` are those of the build ``base`` (the sha256 of its
-    ``manifest.json``'s bytes, the build_id loaders know it by), byte for byte; from ``at`` on the build follows its own
-    mix. ``base_mix``: the base's
-    ``mix_fingerprint``; ``base_phases``: the base's phases (a loader state saved on the base is judged against
-    them, :mod:`loaders.switch`); ``base_url``: where the base was read from (for people)."""
+    ``manifest.json``'s bytes, the build_id loaders know it by), byte for byte; from ``at`` on the build follows its
+    own mix. ``base_mix``: the base's ``mix_fingerprint``; ``base_phases``: the base's phases (a loader state saved
+    on the base is judged against them, :mod:`loaders.switch`); ``base_url``: where the base was read from (for
+    people); ``feedback``: the weights from N on taken from a loss log, with the policy's inputs (None: the mix
+    file's own)."""
 
     base: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     at: _Pos
     base_mix: str | None = None
     base_phases: tuple[PhaseSpan, ...] = ()
     base_url: str | None = None
+    feedback: FeedbackNote | None = None
 
 
 class PackingNote(_Frozen):

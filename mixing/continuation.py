@@ -38,7 +38,7 @@ import polars as pl
 from contract.atomic import atomic_path
 from contract.digests import first_difference, read_step_digests
 from contract.errors import WeirError
-from contract.manifest import Lineage, Manifest, ShardEntry
+from contract.manifest import FeedbackNote, Lineage, Manifest, ShardEntry
 from contract.shards import ShardSet
 from contract.store import Store
 from mixing.mixfile.mix import Mix
@@ -264,11 +264,16 @@ class Base:
             out.append(f"step {first} differs from the base's (digest)")
         return out
 
-    def lineage(self) -> tuple[Lineage, ...]:
-        """The continuation's lineage: the base's, then this switch."""
+    def lineage(self, feedback: FeedbackNote | None = None) -> tuple[Lineage, ...]:
+        """The continuation's lineage: the base's, then this switch (with the ``feedback`` its weights came from)."""
         m = self.manifest
         own = Lineage(
-            base=self.build_id, at=self.at, base_mix=m.mix_fingerprint, base_phases=m.phases or (), base_url=self.url
+            base=self.build_id,
+            at=self.at,
+            base_mix=m.mix_fingerprint,
+            base_phases=m.phases or (),
+            base_url=self.url,
+            feedback=feedback,
         )
         return (*m.lineage, own)
 

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from contract.cost import CostModel
+from contract.manifest import FeedbackNote
 from contract.manifest import Regroup as _Recorded
 
 __all__ = [
@@ -380,3 +381,11 @@ class Continues(FrozenModel):
 
     base: Annotated[str, Field(min_length=1)]
     at: Annotated[int, Field(ge=1, le=MAX_STEPS)]
+    feedback: FeedbackNote | None = None  # set by mixing.feedback.apply_feedback, never written in a mix file
+
+    @field_validator("feedback", mode="before")
+    @classmethod
+    def _not_in_a_file(cls, v: object) -> object:
+        if v is not None:
+            raise ValueError("feedback comes from weir build --feedback LOSSES --policy NAME, not from a mix file")
+        return v

@@ -31,6 +31,7 @@ from contract.manifest import (
     CONTINUATION_FORMAT,
     FORMAT_VERSION,
     BuildInfo,
+    FeedbackNote,
     Manifest,
     PackingNote,
     PhaseSpan,
@@ -235,7 +236,8 @@ def write_packed(
     digests = _step_digests([written[f] for f in sorted(written)], mix.total_steps, base)
     if base is not None:
         base.link_into(store)
-        info = _continued(info, base, stream.sources, stream.seq_len)
+        feedback = mix.continues.feedback if mix.continues is not None else None
+        info = _continued(info, base, stream.sources, stream.seq_len, feedback)
     info = info.model_copy(update={"step_digests": write_step_digests(store, digests)})
     version = CONTINUATION_FORMAT if base is not None else FORMAT_VERSION
     return seal_shards(store, info, prefix + ordered, stream.global_batch, stream.seq_len, dtype, version)
@@ -252,7 +254,9 @@ def _step_digests(written: list[WrittenShard], steps: int, base: Base | None) ->
     return out
 
 
-def _continued(info: BuildInfo, base: Base, sources: tuple[str, ...], seq_len: int) -> BuildInfo:
+def _continued(
+    info: BuildInfo, base: Base, sources: tuple[str, ...], seq_len: int, feedback: FeedbackNote | None
+) -> BuildInfo:
     """``info`` of a continuation: its lineage, and the base's tokens and documents before the switch counted
     in ``per_source`` as planned and packed (every source of ``sources``, removed ones included)."""
     used = base.used(seq_len)
@@ -268,7 +272,7 @@ def _continued(info: BuildInfo, base: Base, sources: tuple[str, ...], seq_len: i
                 "documents_packed": c.documents_packed + docs,
             }
         )
-    return info.model_copy(update={"lineage": base.lineage(), "per_source": per_source})
+    return info.model_copy(update={"lineage": base.lineage(feedback), "per_source": per_source})
 
 
 def _build_info(

@@ -24,6 +24,7 @@ from loaders import PackedDataset, Reading, StepLoader, World
 from loaders.state import StateError
 from mixing import load_mix
 from mixing.continuation import Base, documents_digest
+from mixing.feedback import apply_feedback
 from mixing.plan.curriculum_plan import Past, PlanError, preview_plan, step_quotas
 from mixing.report import inspect_build
 from pipelines.diff import diff_builds
@@ -302,3 +303,29 @@ def test_a_continuation_in_object_storage_continues_a_base_there(
         b, c = (ShardSet(f"{u}/shards", s3.options) for u in (old, new))
         assert c.manifest.shards[0].files == b.manifest.shards[0].files and not c.verify()
         assert diff_builds(b, c).identical == N and diff_builds(b, c).continues_at == N
+
+
+def test_feedback_reweights_the_future_and_is_recorded(base: Path) -> None:
+    """Weights from a loss log: c's loss is highest, so from N on c is drawn more than without the feedback; the
+    manifest records the policy's inputs and the weights."""
+    plain = _continue(base, "weights_and_ramp_at_N", *EDITS["weights_and_ramp_at_N"])
+    log = base.parent / "losses.csv"
+    log.write_text(
+        "step,source,loss_sum,tokens\n"
+        + "".join(f"{t},{s},{v},100\n" for t in range(N) for s, v in (("a", 200), ("b", 250), ("c", 600)))
+    )
+    mix = load_mix(_mix(base, "feedback", *EDITS["weights_and_ramp_at_N"])).continuing(str(base), N)
+    mix = apply_feedback(mix, log, "loss_proportional")
+    build_output(mix, base.parent / "feedback", say=lambda _s: None)
+    c = ShardSet(base.parent / "feedback" / "shards")
+    note = c.manifest.lineage[-1].feedback
+    assert note is not None and note.policy == "loss_proportional" and note.weights == mix.continues.feedback.weights  # type: ignore[union-attr]
+
+    def late_share(shards: ShardSet, source: str) -> float:
+        offs, segs = shards.segments
+        late = segs[np.repeat(shards.steps >= N, np.diff(offs))]
+        mine = late[late[:, 0] == (shards.manifest.sources or ()).index(source)]
+        return float(mine[:, 3].sum() / late[:, 3].sum())
+
+    assert late_share(c, "c") > late_share(ShardSet(plain / "shards"), "c") + 0.05
+    assert np.array_equal(read_step_digests(c)[:N], read_step_digests(ShardSet(base / "shards"))[:N])

@@ -1,0 +1,141 @@
+"""Feedback that stays a build: a continuation's mixture weights from step N on, taken from the run's loss log.
+
+``weir build NEW --continue BASE --at N --feedback LOSSES --policy NAME`` reads LOSSES, the per-source loss log
+the training examples write (one row per step and source: ``step, source, loss_sum, tokens``; CSV with that
+header, or JSON lines), averages each source's loss per token over the last :data:`WINDOW` logged steps before
+N, and lets the named policy turn those losses into a factor per source. Every phase of NEW that starts at or
+after N gets its weights multiplied by the factors and renormalized (rounded to 1e-6, so that the same log
+and policy give the same mix, and so the same build_id); the phases before N are the base's. The inputs and
+the result are recorded in the continuation's manifest (:class:`contract.manifest.FeedbackNote`, in its
+lineage). An online mixer changes sampling while the run runs, so what a step saw depends on timing; here
+the reweighted future is a build like any other, checked, digested and replayable.
+
+Policies (:data:`POLICIES`):
+
+- ``loss_proportional``: factor = (loss_s ÷ mean loss)^1, clipped to [1/2, 2]: a source whose loss per token
+  is above the token-weighted mean of all sources is drawn more, one below it less, never more than twice
+  or less than half its weight. A source with no logged tokens in the window keeps factor 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from contract.errors import WeirError
+from contract.manifest import FeedbackNote
+from mixing.mixfile.mix import Mix
+
+__all__ = ["POLICIES", "WINDOW", "FeedbackError", "apply_feedback", "read_losses"]
+
+WINDOW = 100  # logged steps before the switch that the losses are averaged over
+_COLUMNS = ("step", "source", "loss_sum", "tokens")
+
+Policy = Callable[[dict[str, float]], dict[str, float]]
+"""``policy(loss per token by source)`` → factor by source (every source given, > 0)."""
+
+
+class FeedbackError(WeirError, ValueError):
+    """A loss log that cannot be read (names file and line), an unknown policy, or a mix it cannot reweight."""
+
+
+def _loss_proportional(loss: dict[str, float]) -> dict[str, float]:
+    mean = sum(loss.values()) / len(loss) if loss else 0.0
+    return {s: min(2.0, max(0.5, v / mean)) if mean > 0 else 1.0 for s, v in loss.items()}
+
+
+POLICIES: dict[str, Policy] = {"loss_proportional": _loss_proportional}
+
+
+def read_losses(path: Path) -> dict[tuple[int, str], tuple[float, int]]:
+    """(step, source) → (loss_sum, tokens), summed over rows of the same step and source. Raises
+    :class:`FeedbackError` naming the file and line of the first malformed row."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise FeedbackError(f"{path}: cannot read the loss log ({e}); pass the file the trainer wrote") from None
+    rows: list[tuple[int, dict[str, object]]] = []
+    if text.lstrip().startswith("{"):
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append((n, json.loads(line)))
+                except ValueError:
+                    raise FeedbackError(f"{path}:{n}: not a JSON object; expected {', '.join(_COLUMNS)}") from None
+    else:
+        reader = csv.DictReader(io.StringIO(text))
+        if reader.fieldnames is None or not set(_COLUMNS) <= set(reader.fieldnames):
+            raise FeedbackError(f"{path}:1: the header is {reader.fieldnames}; expected {', '.join(_COLUMNS)}")
+        rows = [(n + 2, dict(r)) for n, r in enumerate(reader)]
+    out: dict[tuple[int, str], tuple[float, int]] = {}
+    for n, row in rows:
+        try:
+            step, source = int(str(row["step"])), str(row["source"])
+            loss, tokens = float(str(row["loss_sum"])), int(str(row["tokens"]))
+        except (KeyError, TypeError, ValueError):
+            raise FeedbackError(f"{path}:{n}: expected {', '.join(_COLUMNS)} (integers, a number) in {row}") from None
+        if step < 0 or tokens < 0 or not math.isfinite(loss) or loss < 0:
+            raise FeedbackError(f"{path}:{n}: step, tokens and loss_sum must be finite and ≥ 0")
+        old = out.get((step, source), (0.0, 0))
+        out[(step, source)] = (old[0] + loss, old[1] + tokens)
+    return out
+
+
+def apply_feedback(mix: Mix, losses: Path, policy: str) -> Mix:
+    """``mix`` (a continuation: :meth:`Mix.continuing`) with the weights of its phases from the switch on taken
+    from the loss log ``losses`` under ``policy``, and the :class:`FeedbackNote` in ``mix.continues``.
+    Deterministic: the same log and policy give the same mix."""
+    if mix.continues is None:
+        raise FeedbackError("--feedback reweights a continuation: give --continue BASE --at N too")
+    if policy not in POLICIES:
+        raise FeedbackError(f"--policy {policy!r}: unknown; policies are {sorted(POLICIES)}")
+    at = mix.continues.at
+    log = read_losses(losses)
+    logged = sorted({step for step, _ in log if step < at})
+    if not logged:
+        raise FeedbackError(f"{losses}: no step before the switch {at} is logged; pass the log of the base's run")
+    first = logged[max(0, len(logged) - WINDOW)]
+    sums: dict[str, list[float]] = {}
+    for (step, source), (loss, tokens) in log.items():
+        if first <= step < at and tokens:
+            acc = sums.setdefault(source, [0.0, 0.0])
+            acc[0] += loss
+            acc[1] += tokens
+    per_token = {s: round(v[0] / v[1], 6) for s, v in sorted(sums.items())}
+    factor = {s: round(f, 6) for s, f in POLICIES[policy](per_token).items()}
+    curriculum, weights, start = [], {}, 0
+    for ph, n in zip(mix.curriculum, mix.phase_steps, strict=True):
+        if start >= at:
+            w = _reweighted(ph.shares, factor)
+            weights[ph.phase] = w
+            ph = ph.model_copy(update={"mixture": w, "normalize": None})
+        curriculum.append(ph)
+        start += n
+    if not weights:
+        raise FeedbackError(f"no phase starts at or after step {at}: start one there for the feedback to reweight")
+    note = FeedbackNote(
+        policy=policy,
+        losses_sha256=hashlib.sha256(losses.read_bytes()).hexdigest(),
+        steps=(first, max(logged) + 1),
+        loss=per_token,
+        factor=factor,
+        weights=weights,
+    )
+    out = mix.model_copy(update={"curriculum": curriculum})
+    object.__setattr__(out, "continues", mix.continues.model_copy(update={"feedback": note}))
+    return out
+
+
+def _reweighted(shares: dict[str, float], factor: dict[str, float]) -> dict[str, float]:
+    """``shares`` × ``factor`` (1 where none), renormalized and rounded to 1e-6, summing to 1 within 1e-6."""
+    raw = {s: w * factor.get(s, 1.0) for s, w in shares.items()}
+    total = sum(raw.values())
+    out = {s: round(v / total, 6) for s, v in sorted(raw.items())}
+    top = max(out, key=lambda s: (out[s], s))
+    out[top] = round(out[top] + 1.0 - sum(out.values()), 6)
+    return out

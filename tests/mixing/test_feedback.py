@@ -1,0 +1,91 @@
+"""``mixing/feedback.py``: a continuation's weights from the switch on, from a per-source loss log under a named
+policy: read in either format with a bad row named by file and line, the same log giving the same mix, the
+phases before the switch untouched, the policy's bounds held. (A build with feedback: test_continuation.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mixing import load_mix
+from mixing.feedback import FeedbackError, apply_feedback, read_losses
+
+MIX = """\
+name: fb
+tokenizer: {kind: bytes}
+sequence: {length: 64, global_batch: 4}
+sources:
+  a: {uri: "x/*.txt", format: text}
+  b: {uri: "y/*.txt", format: text}
+  c: {uri: "z/*.txt", format: text}
+curriculum:
+  - {phase: first, steps: 10, mixture: {a: 0.5, b: 0.25, c: 0.25}}
+  - {phase: later, steps: 10, mixture: {a: 0.5, b: 0.25, c: 0.25}}
+"""
+
+
+def _log(path: Path, losses: dict[str, float], steps: range = range(10)) -> Path:
+    rows = [f"{t},{s},{v * 100:.3f},100" for t in steps for s, v in losses.items()]
+    path.write_text("step,source,loss_sum,tokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_both_formats_read_alike_and_a_bad_row_is_named(tmp_path: Path) -> None:
+    csv_log = _log(tmp_path / "l.csv", {"a": 2.0, "b": 3.0}, range(2))
+    jsonl = tmp_path / "l.jsonl"
+    jsonl.write_text(
+        "\n".join(
+            json.dumps({"step": t, "source": s, "loss_sum": v * 100, "tokens": 100})
+            for t in range(2)
+            for s, v in {"a": 2.0, "b": 3.0}.items()
+        )
+    )
+    assert read_losses(csv_log) == read_losses(jsonl)
+    csv_log.write_text(csv_log.read_text() + "3,a,nan?,100\n")
+    with pytest.raises(FeedbackError, match=r"l\.csv:6:"):
+        read_losses(csv_log)
+    jsonl.write_text(jsonl.read_text() + "\n{broken")
+    with pytest.raises(FeedbackError, match=r"l\.jsonl:5:"):
+        read_losses(jsonl)
+
+
+def test_the_future_is_reweighted_within_bounds_and_the_past_kept(tmp_path: Path) -> None:
+    (tmp_path / "fb.yaml").write_text(MIX)
+    base = tmp_path / "base"
+    mix = load_mix(tmp_path / "fb.yaml").continuing(str(base), 10)
+    log = _log(tmp_path / "l.csv", {"a": 2.0, "b": 3.0, "c": 100.0})  # c's loss far above: its factor stops at 2
+    out = apply_feedback(mix, log, "loss_proportional")
+    assert out.curriculum[0] == mix.curriculum[0]
+    w = out.curriculum[1].mixture
+    assert abs(sum(w.values()) - 1.0) < 1e-6
+    mean = (2.0 + 3.0 + 100.0) / 3
+    raw = {"a": 0.5 * max(0.5, 2.0 / mean), "b": 0.25 * max(0.5, 3.0 / mean), "c": 0.25 * 2.0}
+    assert w == pytest.approx({s: v / sum(raw.values()) for s, v in raw.items()}, abs=2e-6)
+    assert out.continues is not None and out.continues.feedback is not None
+    assert out.continues.feedback.weights == {"later": w} and out.continues.feedback.steps == (0, 10)
+    again = apply_feedback(mix, log, "loss_proportional")
+    assert again.fingerprint() == out.fingerprint() != mix.fingerprint()
+
+
+def test_what_cannot_be_reweighted_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "fb.yaml").write_text(MIX)
+    log = _log(tmp_path / "l.csv", {"a": 2.0})
+    mix = load_mix(tmp_path / "fb.yaml")
+    with pytest.raises(FeedbackError, match="--continue"):
+        apply_feedback(mix, log, "loss_proportional")
+    with pytest.raises(FeedbackError, match="unknown"):
+        apply_feedback(mix.continuing(str(tmp_path), 10), log, "magic")
+    with pytest.raises(FeedbackError, match="no phase starts at or after step 12"):
+        apply_feedback(mix.continuing(str(tmp_path), 12), log, "loss_proportional")
+    with pytest.raises(FeedbackError, match="no step before the switch"):
+        apply_feedback(
+            mix.continuing(str(tmp_path), 10),
+            _log(tmp_path / "late.csv", {"a": 1.0}, range(10, 12)),
+            "loss_proportional",
+        )
+    bad = MIX.replace("curriculum:", "continues: {base: b, at: 5, feedback: {policy: x}}\ncurriculum:")
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(Exception, match="not from a mix file"):
+        load_mix(tmp_path / "bad.yaml")
