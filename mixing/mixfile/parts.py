@@ -12,9 +12,18 @@ import json
 import math
 import re
 import string
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from contract.cost import CostModel
 from contract.manifest import FeedbackNote
@@ -319,16 +328,47 @@ class Phase(FrozenModel):
         return round(float(m.group(1)) * _SUFFIX[m.group(2).upper()])
 
 
+_CostWeight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_Bandwidths = Annotated[
+    tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...], Field(min_length=1, max_length=32)
+]
+_MODEL = CostModel()  # the hybrid fields' defaults live once, in the build contract
+
+
 class Cost(FrozenModel):
     """The mix file's ``balance.cost``: the build's cost model (:class:`contract.cost.CostModel`, a
-    document of ``l`` tokens costs ``attention·l² + linear·l``), here with the mix file's defaults."""
+    document of ``l`` tokens costs ``attention·l² + linear·l``), here with the mix file's defaults.
 
-    attention: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
-    linear: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 8192.0
+    The other fields price a document split over ``d`` ranks for the hybrid deal (``loaders.hybrid``) and
+    default to the build contract's (FlexSP's measurements): ``per_document`` and ``per_micro_batch`` (cost
+    units), ``unit_seconds`` (seconds per cost unit, > 0), ``comm_bytes`` (bytes per token),
+    ``intra_bandwidth`` and ``inter_bandwidth`` (lists of bytes/s, > 0, by block size inside a node and by
+    nodes spanned), ``group_latency`` (seconds). A field left at its default stays out of the mix's
+    fingerprint and the manifest, so a mix that sets none builds what it built before.
+    """
+
+    attention: _CostWeight = 1.0
+    linear: _CostWeight = 8192.0
+    per_document: _CostWeight = _MODEL.per_document
+    per_micro_batch: _CostWeight = _MODEL.per_micro_batch
+    unit_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = _MODEL.unit_seconds
+    comm_bytes: _CostWeight = _MODEL.comm_bytes
+    intra_bandwidth: _Bandwidths = _MODEL.intra_bandwidth
+    inter_bandwidth: _Bandwidths = _MODEL.inter_bandwidth
+    group_latency: _CostWeight = _MODEL.group_latency
+
+    @model_serializer(mode="wrap")
+    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        for name in type(self).model_fields:
+            if name not in ("attention", "linear") and getattr(self, name) == getattr(_MODEL, name):
+                out.pop(name, None)
+        return out
 
     def model(self) -> CostModel:
         """The cost model these weights make (what the build packs with and records)."""
-        return CostModel(self.attention, self.linear)
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return CostModel(**fields)
 
 
 _RECORDED = _Recorded()  # the defaults live once, in the build contract

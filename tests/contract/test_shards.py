@@ -61,7 +61,7 @@ def test_round_trip_and_manifest_fields(tmp_path: Path, high: int) -> None:
     assert np.allclose(s.seq_cost, cum[offs[1:]] - cum[offs[:-1]])
     assert np.array_equal(s.steps, step) and s.verify() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f.name for sh in m.shards for f in sh.files.both()] + ["manifest.json"]
+        [f.name for sh in m.shards for f in sh.files.both()] + ["manifest.json", "step_digests.bin"]
     )
 
 
@@ -121,7 +121,7 @@ def test_sigkill_while_writing_leaves_nothing_trusted_and_a_rerun_completes(
     again = ShardSet(layout.shards_dir)
     assert again.verify() == [] and again.manifest.shards == clean.shards
     assert sorted(p.name for p in layout.shards_dir.iterdir()) == sorted(
-        [f.name for sh in clean.shards for f in sh.files.both()] + ["manifest.json"]
+        [f.name for sh in clean.shards for f in sh.files.both()] + ["manifest.json", "step_digests.bin"]
     )
 
 

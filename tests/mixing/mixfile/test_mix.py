@@ -190,7 +190,7 @@ def test_a_duplicate_key_of_whitespace_is_named_on_one_line(tmp_path: Path) -> N
             ("name: m", "name: m\ncolour: red"),
             2,
             "colour: unknown field 'colour'; expected one of: name, seed, tokenizer, sequence, sources, curriculum, "
-            "balance, normalize (see docs/mix-file.md).",
+            "balance, normalize, continues (see docs/mix-file.md).",
         ),
     ],
 )
