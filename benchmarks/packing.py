@@ -53,6 +53,8 @@ from mixing.pack.packed import write_packed
 from mixing.pack.packing import pack_plan, stream_plan
 from mixing.pack.pool import default_engine
 from mixing.pack.result import Packing
+from mixing.plan.curriculum_plan import make_plan
+from mixing.plan.database import duckdb_config
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureError, mixture_error, plan_mixture_error
 from mixing.report import inspect_build
 from tests.mixing.pack import reference as _packing_v1
@@ -173,6 +175,22 @@ def packing_figures(p: Packing, quotas: pl.DataFrame, doc_len: dict[str, np.ndar
     }
 
 
+def document_share(p: Packing, window: int = 10) -> float:
+    """The largest share of any one document (source, doc_id) in the tokens of any ``window`` consecutive steps
+    of the packing: how much of what the trainer sees over a window one long document can be."""
+    steps = np.repeat(p.seq_step, np.diff(p.seg_offsets))
+    segs = p.segments
+    key = segs[:, 0] * (int(segs[:, 1].max()) + 1 if len(segs) else 1) + segs[:, 1]
+    n_steps = int(p.seq_step.max()) + 1 if len(p.seq_step) else 0
+    worst = 0.0
+    for start in range(max(1, n_steps - window + 1)):
+        sel = (steps >= start) & (steps < start + window)
+        if sel.any():
+            tokens = np.bincount(np.unique(key[sel], return_inverse=True)[1], weights=segs[sel, 3])
+            worst = max(worst, float(tokens.max() / tokens.sum()))
+    return worst
+
+
 def _timed_best(fn, repeat: int) -> tuple[Packing, float]:  # type: ignore[no-untyped-def]
     best, out = float("inf"), None
     for _ in range(repeat):
@@ -257,6 +275,7 @@ def main() -> int:
         )
         report = inspect_build(layout.root)
         plan_me = plan_mixture_error(layout.duckdb)
+        spread_share = document_share(packing)
         with duckdb.connect(str(layout.duckdb), read_only=True) as con:
             rows = con.sql(
                 "SELECT u.length, u.start, d.n_tokens, u.source FROM plan_units u JOIN documents d "
@@ -267,6 +286,8 @@ def main() -> int:
                 "SELECT source, count(*), median(n_tokens), max(n_tokens) FROM documents GROUP BY 1 ORDER BY 1"
             ).fetchall()
             docs = con.sql("SELECT source, doc_id, n_tokens FROM documents").pl()
+        make_plan(mix, layout.duckdb, duckdb_config(), spread=False)  # the pieces of a document consecutive
+        consecutive_share = document_share(pack_plan(db, S, B, cost, chunk_units=args.chunk_units))
     doc_len = {}
     for (name,), d in docs.group_by("source"):
         doc_len[str(name)] = np.zeros(int(d["doc_id"].max()) + 1, np.int64)
@@ -320,6 +341,10 @@ def main() -> int:
         ("mixture_error phase", "phase", b_mix[1], plan_me.phase, GOAL_PHASE),
     ):
         print(f"{label:28s}{now[key]:12.4f}{before[key]:13.4f}{base_v:18.4f}   (plan {plan_v:.4f}; goal ≤ {goal})")
+    print(
+        f"{'one document in a window':28s}{spread_share:12.4f}{consecutive_share:13.4f}{'':18s}   (the largest "
+        "share of any one document in any 10-step window; 'before': its pieces consecutive in the draw order)"
+    )
     print(f"same packing as before, unit for unit: {same}; weir's figures match inspect_build of its shards: "
           f"{shards_agree}")  # fmt: skip
     print(f"\npacking throughput, {n_units:,} units, best of {args.repeat}:")

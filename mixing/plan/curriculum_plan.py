@@ -108,7 +108,11 @@ def step_quotas(mix: Mix) -> pl.DataFrame:
 
 
 def make_plan(
-    mix: Mix, db_path: Path, config: Mapping[str, str | int | bool] | None = None, past: Past | None = None
+    mix: Mix,
+    db_path: Path,
+    config: Mapping[str, str | int | bool] | None = None,
+    past: Past | None = None,
+    spread: bool = True,
 ) -> Plan:
     """Plan ``mix`` over the ``documents`` table of ``db_path`` and write the plan tables there.
 
@@ -120,10 +124,11 @@ def make_plan(
     A phase that the draw itself leaves short (possible only under a ``max_epochs``) is raised after the draw.
     Nothing is written in either case. ``config``: DuckDB settings for the connection (e.g.
     ``memory_limit``, ``threads``, ``temp_directory``): the draw streams, and DuckDB spills past its limit.
-    ``past``: a continuation's (see :class:`Past`).
+    ``past``: a continuation's (see :class:`Past`). ``spread``: the pieces of a long document spread over the
+    order (the plan's way, :mod:`mixing.plan.draws`); False keeps them consecutive, for comparison.
     """
     with duckdb.connect(str(db_path), config=dict(config or {})) as con:
-        return _plan(con, mix, persist=True, past=past)
+        return _plan(con, mix, persist=True, past=past, spread=spread)
 
 
 def preview_plan(
@@ -146,7 +151,9 @@ def preview_plan(
         return _plan(con, mix, persist=False, past=past)
 
 
-def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool, past: Past | None = None) -> Plan:
+def _plan(
+    con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool, past: Past | None = None, spread: bool = True
+) -> Plan:
     demand = phase_demand(mix)
     spans, names = demand.spans, list(demand.sources)
     need = demand.tokens()
@@ -166,7 +173,7 @@ def _plan(con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool, past: Past | 
 
     if quotas is None:
         quotas = step_quotas(mix)
-    _draw(con, mix, quotas, spans, epochs, past)
+    _draw(con, mix, quotas, spans, epochs, past, spread)
     got = {(spans[r[0]].name, names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
     _refuse(shortfalls(mix, spans, need, got, have, epochs))
     per_source, phases = _summaries(con, mix, spans, need, have)
@@ -224,6 +231,7 @@ def _draw(
     spans: tuple[PhaseSpan, ...],
     epochs: dict[str, int],
     past: Past | None = None,
+    spread: bool = True,
 ) -> None:
     """Temp table ``_taken(step, ph, src, doc_id, piece, start, length, epoch, ord)``: the units each step
     draws, ``ph`` and ``src`` indices into ``spans`` and the sources by name.
@@ -255,7 +263,13 @@ def _draw(
             pending: list[dict[str, np.ndarray]] = []
             trained = past.trained.get(s) if past is not None else None
             draws = draw_source(
-                order, n_docs, seq=mix.sequence.length, epochs=epochs[s], segments=segments, trained=trained
+                order,
+                n_docs,
+                seq=mix.sequence.length,
+                epochs=epochs[s],
+                segments=segments,
+                trained=trained,
+                spread=spread,
             )
             for u in draws:
                 pending.append(u)

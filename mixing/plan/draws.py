@@ -2,7 +2,8 @@
 assigned to steps against the source's cumulative quota, streamed in bounded memory.
 
 The order is a fresh order of the source's documents per epoch (:mod:`mixing.plan.order`: sorted by DuckDB
-on seeded 64-bit keys, read a chunk at a time), cut into pieces; a unit's ``ord`` is its place in that order
+on seeded 64-bit keys, read a chunk at a time), cut into pieces, the pieces of a long document spread over
+its block of :data:`SPREAD_DOCS` documents (:func:`_order`); a unit's ``ord`` is its place in that order
 counted across epochs. Each length segment (consecutive phases
 with the same ``max_doc_tokens``) walks the order from the start: the units whose document fits its limit
 and that no earlier segment took, in order, go to the first step whose cumulative quota (from the
@@ -10,9 +11,9 @@ segment's start) exceeds the unit's midpoint in the cumulative draw, so through 
 stay within half a unit of the quota. A segment takes a prefix of what it may draw, so what earlier
 segments took is named by (limit, first ord not taken) pairs, not by a set of units.
 
-Memory: one chunk of :data:`CHUNK_DOCS` documents and its units, whatever the number of documents (the
-order's sort is DuckDB's, within its ``memory_limit``). The units come out per source, segment by segment,
-in (step, ord) order.
+Memory: one chunk of :data:`CHUNK_DOCS` documents, one block of :data:`SPREAD_DOCS` documents and its
+units, whatever the number of documents (the order's sort is DuckDB's, within its ``memory_limit``). The
+units come out per source, segment by segment, in (step, ord) order.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import numpy as np
 
 from mixing.plan.order import DrawOrder
 
-__all__ = ["CHUNK_DOCS", "SegmentQuota", "Trained", "draw_source"]
+__all__ = ["CHUNK_DOCS", "SPREAD_DOCS", "SegmentQuota", "Trained", "draw_source"]
 
-CHUNK_DOCS = 1 << 19  # documents of the permutation expanded into units at a time (bounds the chunk memory)
+CHUNK_DOCS = 1 << 19  # documents of the order read at a time
+SPREAD_DOCS = 1 << 16  # documents of the order a long document's pieces are spread over (bounds the memory)
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,47 @@ class SegmentQuota:
 Units = dict[str, np.ndarray]  # step, doc_id, piece, start, length, epoch, ord: int64 columns of equal length
 
 
-def _order(order: DrawOrder, seq: int, epochs: int) -> Iterator[Units]:
-    """The source's units in draw order, chunk by chunk: doc_id, piece, start, length, doc_len, epoch, ord."""
+def _blocks(order: DrawOrder, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The epoch's order as (doc_id, n_tokens) blocks of :data:`SPREAD_DOCS` documents (the last may be shorter),
+    whatever :data:`CHUNK_DOCS` the order is read by."""
+    held_ids: list[np.ndarray] = []
+    held_lens: list[np.ndarray] = []
+    n = 0
+    for ids, lens in order(epoch, CHUNK_DOCS):
+        held_ids.append(ids)
+        held_lens.append(lens)
+        n += len(ids)
+        while n >= SPREAD_DOCS:
+            all_ids, all_lens = np.concatenate(held_ids), np.concatenate(held_lens)
+            yield all_ids[:SPREAD_DOCS], all_lens[:SPREAD_DOCS]
+            held_ids, held_lens, n = [all_ids[SPREAD_DOCS:]], [all_lens[SPREAD_DOCS:]], n - SPREAD_DOCS
+    if n:
+        yield np.concatenate(held_ids), np.concatenate(held_lens)
+
+
+def _order(order: DrawOrder, seq: int, epochs: int, spread: bool = True) -> Iterator[Units]:
+    """The source's units in draw order, a block of documents at a time: doc_id, piece, start, length, doc_len,
+    epoch, ord.
+
+    With ``spread`` (the plan's way) the pieces of a long document are spread evenly over its block of
+    :data:`SPREAD_DOCS` documents of the order (piece ``p`` of the document at place ``r`` of ``n`` goes to place
+    ``⌊r + p·n/pieces⌋ mod n``; ties by place, document, piece), so that they reach the trainer far apart, not in
+    consecutive steps (one book back to back over a short run); without it they follow one another (the order
+    before spreading, kept for ``benchmarks/packing.py``'s comparison). Blocks are cut by documents, not by
+    :data:`CHUNK_DOCS`, so the order does not depend on how the order is read.
+    """
     base = 0
     for e in range(epochs):
-        for ids, lens in order(e, CHUNK_DOCS):
-            n_p = np.maximum(1, -(-lens // seq))  # per chunk: no array of pieces to hold
+        for ids, lens in _blocks(order, e):
+            n_p = np.maximum(1, -(-lens // seq))  # per block: no array of pieces to hold
             rep = np.repeat(np.arange(len(ids)), n_p)
             first = np.repeat(np.cumsum(n_p) - n_p, n_p)
             piece = np.arange(len(rep), dtype=np.int64) - first
+            if spread and len(rep) > len(ids):  # some document has several pieces: spread them
+                n = len(ids)
+                place = (rep * n_p[rep] + piece * n) // n_p[rep] % n  # ⌊r + p·n/pieces⌋ mod n, exact in int64
+                at = np.lexsort((piece, rep, place))
+                rep, piece = rep[at], piece[at]
             start = piece * seq
             doc_len = lens[rep]
             yield {
@@ -79,12 +113,14 @@ def draw_source(
     epochs: int,
     segments: list[SegmentQuota],
     trained: Trained | None = None,
+    spread: bool = True,
 ) -> Iterator[Units]:
     """The units of a source each segment takes, with their ``step``, at most ``epochs`` epochs.
 
     ``order``: the source's documents (doc_id, n_tokens) in each epoch's draw order; ``n_docs`` of them.
     ``trained``: pieces a continuation's base trained already, skipped in the epochs it trained them in (so
     the draw takes, in order, every piece the base had not: those it drew but carried past the switch first).
+    ``spread``: the pieces of a long document spread over the order (see :func:`_order`).
     A segment that runs out
     of units before its last step simply takes fewer tokens (the caller compares them to its demand).
     Deterministic; the result does not depend on :data:`CHUNK_DOCS`.
@@ -95,7 +131,7 @@ def draw_source(
             continue
         limit = seg.limit if seg.limit is not None else 1 << 62
         before, end = 0, 0  # tokens this segment drew before the chunk; first ord past its last unit
-        for u in _order(order, seq, epochs):  # from the start: earlier segments skip units
+        for u in _order(order, seq, epochs, spread):  # from the start: earlier segments skip units
             ok = u["doc_len"] <= limit
             if trained is not None:
                 ok &= u["epoch"] >= trained(u["doc_id"], u["start"])

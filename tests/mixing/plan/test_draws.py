@@ -85,14 +85,20 @@ def eligible(every: dict[str, np.ndarray], taken: np.ndarray, limit: int | None)
 
 
 def full_order(case: Case) -> dict[str, np.ndarray]:
-    """Every unit of the order across ``case.epochs`` epochs, in order (its index is the unit's ``ord``)."""
+    """Every unit of the order across ``case.epochs`` epochs, in order (its index is the unit's ``ord``): each
+    epoch's documents (fewer than one spread block here), the pieces of document ``r`` of ``n`` placed at
+    ``⌊r + p·n/pieces⌋ mod n``, ties by document then piece."""
     cols: dict[str, list[int]] = {"doc_id": [], "piece": [], "start": [], "length": [], "epoch": [], "doc_len": []}
     for e in range(case.epochs):
         for ids, lens in case.order(e, max(1, len(case.lengths))):
-            for d, n in zip(ids.tolist(), lens.tolist(), strict=True):
-                for p in range(max(1, -(-n // case.seq))):
-                    for key, v in zip(cols, (d, p, p * case.seq, min(case.seq, n - p * case.seq), e, n), strict=True):
-                        cols[key].append(v)
+            n_docs, units = len(ids), []
+            for r, (d, n) in enumerate(zip(ids.tolist(), lens.tolist(), strict=True)):
+                pieces = max(1, -(-n // case.seq))
+                for p in range(pieces):
+                    units.append(((r * pieces + p * n_docs) // pieces % n_docs, r, p, d, n))
+            for _place, _r, p, d, n in sorted(units):
+                for key, v in zip(cols, (d, p, p * case.seq, min(case.seq, n - p * case.seq), e, n), strict=True):
+                    cols[key].append(v)
     return {k: np.array(v, np.int64) for k, v in cols.items()}
 
 
