@@ -5,12 +5,27 @@ A :class:`~loaders.dataset.PackedDataset` yields single packed sequences; a trai
 
     steps = StepLoader(PackedLoader(ds, num_workers=2))      # or StepLoader(ds)
     for step in steps:                                       # Step: one optimizer step of this rank
-        for mb in step.micro_batches:                        # one unless micro_batch= splits the step
+        for mb in step.micro_batches:                        # ≤ 8192 tokens each by default (below)
             logits = model(mb["input_ids"], cu_seqlens=mb["cu_seqlens"], max_seqlen=mb["max_seqlen"])
             loss = cross_entropy(logits.flatten(0, 1), mb["labels"].flatten(), reduction="sum")
             (loss / step.num_targets).backward()            # or all-reduce num_targets for a global mean
         opt.step(); sched.step()                             # ds.facts.steps steps in the whole run
         ckpt["loader"] = steps.state_dict()                  # exact here: the next step's start, any world
+
+Micro-batch size. A micro-batch's logits are its tokens × the vocabulary, and a rank's whole step is
+often far more than a GPU holds: at S = 4096 and 32 sequences per rank, 131,072 tokens × a 129,280-token
+vocabulary are 33.9 GB of bf16 logits, 67.8 GB in fp32. So by default a micro-batch holds at most
+``micro_batch_tokens`` = :data:`MICRO_BATCH_TOKENS` = 8192 token slots: 8192 × 131,072 (a 128k vocabulary) ×
+2 bytes = 2 GiB of bf16 logits (4 GiB once a loss upcasts them to fp32, as much again for their gradient).
+Slots, not real tokens, are counted: ``S`` per sequence, ``S / cp_size`` per sequence on a CP rank, so that a
+micro-batch holds ``max(1, micro_batch_tokens // (S / cp_size))`` sequences on every DP and CP rank alike
+(with equal counts every rank runs the same number of micro-batches, as FSDP and pipeline schedules need;
+with ``micro_batches: unequal`` the ranks' numbers differ as their sequences do, so such a trainer passes
+``micro_batch_tokens=None`` and bounds the step by the mix's ``balance.max_tokens``), and never less than one
+sequence (at S = 32768 without CP a micro-batch is one 32,768-token sequence: 8 GiB of bf16 logits at a 128k
+vocabulary; use CP or a chunked loss there). ``micro_batch=k`` sets the sequences per micro-batch instead,
+``micro_batch_tokens=None`` makes the rank's whole step one micro-batch.
+:attr:`StepLoader.micro_batch` is the number in force (``None``: the whole step).
 
 Micro-batch layouts (``layout``; default ``"stacked"`` with the mix's ``micro_batches: equal``, else
 ``"varlen"``):
@@ -76,10 +91,12 @@ from loaders.loader import PackedLoader
 from loaders.varlen import PER_SEGMENT, PER_TOKEN, concat, concat_zigzag, thd_cut
 from loaders.world import World
 
-__all__ = ["CP_SPLITS", "LAYOUTS", "Step", "StepLoader", "stack"]
+__all__ = ["CP_SPLITS", "LAYOUTS", "MICRO_BATCH_TOKENS", "Step", "StepLoader", "stack"]
 
 LAYOUTS = ("stacked", "varlen")
 CP_SPLITS = ("thd", "zigzag")  # the splits StepLoader cuts micro-batches by when cp_size > 1
+# token slots of one micro-batch by default: 8192 × a 128k vocabulary × 2 bytes = 2 GiB of bf16 logits
+MICRO_BATCH_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -151,13 +168,23 @@ class StepLoader:
     ``loader``: a :class:`~loaders.loader.PackedLoader` (workers, pinned memory) or a
     :class:`~loaders.dataset.PackedDataset` (read in this process); its items need ``cu_seqlens``.
     ``layout``: ``"stacked"`` or ``"varlen"`` (default by the dataset's ``micro_batches``).
-    ``micro_batch``: sequences per micro-batch (gradient accumulation; default: all of the rank's step in
-    one); a step's last micro-batch holds the rest. Like the loader, a second pass after the last step
-    raises :class:`~loaders.dataset.ExhaustedError`; :meth:`rewind` starts one on purpose.
+    ``micro_batch``: sequences per micro-batch (gradient accumulation); when set, ``micro_batch_tokens`` is
+    not used. ``micro_batch_tokens``: when ``micro_batch`` is None, the token slots one micro-batch may hold
+    (default :data:`MICRO_BATCH_TOKENS`; ``S / cp_size`` slots per sequence, at least one sequence per
+    micro-batch; the module's docstring has the arithmetic); None: the rank's whole step in one micro-batch.
+    A step's last micro-batch holds the rest. :attr:`micro_batch` is the sequences per micro-batch in force
+    (None: the whole step). Like the loader, a second pass after the last step raises
+    :class:`~loaders.dataset.ExhaustedError`; :meth:`rewind` starts one on purpose.
+    Raises ``ValueError`` for a ``micro_batch`` or ``micro_batch_tokens`` below 1.
     """
 
     def __init__(
-        self, loader: PackedLoader | PackedDataset, layout: str | None = None, micro_batch: int | None = None
+        self,
+        loader: PackedLoader | PackedDataset,
+        layout: str | None = None,
+        micro_batch: int | None = None,
+        *,
+        micro_batch_tokens: int | None = MICRO_BATCH_TOKENS,
     ) -> None:
         ds = loader.dataset if isinstance(loader, PackedLoader) else loader
         if not isinstance(ds, PackedDataset):
@@ -180,7 +207,14 @@ class StepLoader:
             )
         if micro_batch is not None and micro_batch < 1:
             raise ValueError(f"micro_batch must be ≥ 1 sequence, got {micro_batch}")
-        self.loader, self.dataset, self.layout, self.micro_batch = loader, ds, layout, micro_batch
+        if micro_batch_tokens is not None and micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens must be ≥ 1 token, got {micro_batch_tokens}")
+        if micro_batch is None and micro_batch_tokens is not None:
+            slots = -(-ds.facts.seq_len // cp)  # a sequence's slots on this CP rank (its documents' CP padding aside)
+            micro_batch = max(1, micro_batch_tokens // slots)
+        self.loader, self.dataset, self.layout = loader, ds, layout
+        self.micro_batch: int | None = micro_batch  # sequences per micro-batch; None: the rank's whole step
+        self.micro_batch_tokens = micro_batch_tokens
         self._whole: ItemBuilder | None = None
         if cp > 1 and ds.settings.cp_split == "thd":
             # the items cut each sequence as one segment: read this DP rank's sequences whole (labels made

@@ -28,6 +28,7 @@ from loaders import (
     World,
 )
 from loaders.context_parallel import cu_seqlens_padded
+from loaders.steps import MICRO_BATCH_TOKENS
 from tests.loaders.test_context_parallel import te_padding, te_partitioned_indices
 from tests.loaders.test_micro_batches import budget_build
 
@@ -269,3 +270,36 @@ def test_cp_ranks_micro_batches_are_the_whole_one_cut(tiny_build: Path, how: str
             docs = [int((it["cu_seqlens"][1:] <= it["num_tokens"]).sum()) for it in mine]
             keep = [int(it["cu_seqlens_padded"][d]) // cp for it, d in zip(mine, docs, strict=True)]
             assert got == [t for it, n in zip(mine, keep, strict=True) for t in it["input_ids"][:n].tolist()]
+
+
+@pytest.mark.parametrize(
+    ("cp", "budget", "micro_batch", "want"),
+    [
+        (1, MICRO_BATCH_TOKENS, None, MICRO_BATCH_TOKENS // 64),  # the default: 8192 slots of S = 64
+        (1, 128, None, 2),  # two sequences of 64 slots
+        (1, 191, None, 2),  # whole sequences only, rounded down
+        (1, 10, None, 1),  # never less than one sequence
+        (2, 64, None, 2),  # on a CP rank a sequence is S / cp = 32 slots
+        (1, 128, 1, 1),  # micro_batch overrides the budget
+        (1, None, None, None),  # no budget: the rank's whole step
+    ],
+)
+def test_a_micro_batch_holds_at_most_micro_batch_tokens_slots(
+    tiny_build: Path, cp: int, budget: int | None, micro_batch: int | None, want: int | None
+) -> None:
+    def make(**kw: Any) -> list[Step]:
+        return list(StepLoader(PackedDataset(tiny_build, world=World(0, 1, 0, cp)), micro_batch=micro_batch, **kw))
+
+    ds = PackedDataset(tiny_build, world=World(0, 1, 0, cp))
+    steps = StepLoader(ds, micro_batch=micro_batch, micro_batch_tokens=budget)
+    assert steps.micro_batch == want
+    got = make(micro_batch_tokens=budget)
+    k = want or 4  # 4 sequences per step on one DP rank
+    for step in got:
+        assert [mb["sequences"] for mb in step.micro_batches] == [
+            list(step.sequences[i : i + k]) for i in range(0, len(step.sequences), k)
+        ]
+    if budget == MICRO_BATCH_TOKENS:  # what the default gives
+        assert [s.sequences for s in make()] == [s.sequences for s in got]
+    with pytest.raises(ValueError, match="micro_batch_tokens must be ≥ 1"):
+        StepLoader(PackedDataset(tiny_build, world=World(0, 1)), micro_batch_tokens=0)

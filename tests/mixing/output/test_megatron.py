@@ -45,6 +45,13 @@ def test_export_matches_the_documented_layout(tiny_mix_path: Path, tmp_path: Pat
     assert np.array_equal(idx["pointers"], np.concatenate([[0], np.cumsum(idx["lengths"][:-1]) * item]))
     assert idx["docs"][0] == 0 and idx["docs"][-1] == len(idx["lengths"]) and (np.diff(idx["docs"]) >= 0).all()
     assert len(idx["docs"]) == len(shards) + 1
+    # the counts in weir's words (sequences: packed sequences, documents: their segments), Megatron's beside them
+    segments = len(shards.segments[1])
+    assert (r["sequences"], r["documents"], r["unit"]) == (len(shards), segments, unit)
+    assert r["megatron"] == {"sequences": len(idx["lengths"]), "documents": len(idx["docs"]) - 1}
+    assert r["megatron"]["sequences"] == (segments if unit == "segment" else len(shards))
+    assert r["summary"].startswith(f"{r['prefix']}.bin/.idx: {len(shards):,} packed sequences holding {segments:,} ")
+    assert f"Megatron's index counts {r['megatron']['sequences']:,} sequences" in r["summary"]
     tokens = np.frombuffer(bin_, "<u2")
     for i in range(len(shards)):
         v = shards.sequence(i)
@@ -61,7 +68,11 @@ def test_large_vocabularies_export_as_int32(tmp_path: Path) -> None:
     tokens = np.array([[70000, 5, 1, 1], [3, 4, 99999, 1]], dtype=token_dtype(100000))
     offs, segs = np.array([0, 1, 3]), np.array([[0, 0, 0, 2], [0, 1, 0, 2], [0, 2, 0, 1]])
     write_shards(tmp_path / "s", tokens, np.zeros(2, np.int64), offs, segs, 1, {"cost": {}})
-    export_megatron(ShardSet(tmp_path / "s"), tmp_path / "m")
+    r = export_megatron(ShardSet(tmp_path / "s"), tmp_path / "m")
+    assert r["summary"] == (
+        f"{tmp_path / 'm'}.bin/.idx: 2 packed sequences holding 3 documents, 5 tokens, padding left out (int32); "
+        "Megatron's index counts 3 sequences (one per weir document) in 2 documents (one per packed sequence)"
+    )
     idx = _parse_idx(tmp_path / "m.idx")
     assert idx["code"] == 4 and idx["lengths"].tolist() == [2, 2, 1] and idx["docs"].tolist() == [0, 1, 3]
     assert np.frombuffer((tmp_path / "m.bin").read_bytes(), "<i4").tolist() == [70000, 5, 3, 4, 99999]
@@ -71,7 +82,7 @@ def test_megatron_core_reads_the_export(tiny_mix_path: Path, tmp_path: Path) -> 
     """Megatron-Core's own reader, when importable (it is not a dependency of weir).
 
     Run it with: pip install --no-deps --target /tmp/mcore-site megatron-core==0.16.1, then
-    PYTHONPATH=/tmp/mcore-site .venv/bin/python -m pytest tests/contract/test_megatron.py
+    PYTHONPATH=/tmp/mcore-site .venv/bin/python -m pytest tests/mixing/output/test_megatron.py
     """
     pytest.importorskip("megatron.core.datasets.indexed_dataset", reason="megatron-core is not installed")
     from megatron.core.datasets.indexed_dataset import IndexedDataset
