@@ -144,8 +144,9 @@ class Payload:
 class Reading:
     """How the build's files are read. ``cache_dir`` (default ``~/.cache/weir``): the node's index of a local
     build, the verdicts on checked files, and a streamed build's shards (``s3://``/fsspec URIs: at most
-    ``cache_bytes`` of shard files per process; ``storage_options`` go to fsspec, e.g.
-    ``{"endpoint_url": ...}``). ``verify``: every shard file is checked against the manifest's size and sha256
+    ``cache_bytes`` of shard files on the node, shared by its processes; ``storage_options`` go to fsspec, e.g.
+    ``{"endpoint_url": ...}``; an outage of the store shorter than ``outage_s`` seconds is waited out,
+    :mod:`loaders.remote`). ``verify``: every shard file is checked against the manifest's size and sha256
     before any of its data is used (:class:`loaders.integrity.CorruptShardError` names a damaged one);
     ``False`` trusts the files as they are (files fetched from object storage are checked either way)."""
 
@@ -153,10 +154,13 @@ class Reading:
     cache_bytes: int = 8 << 30
     storage_options: Mapping[str, Any] | None = None
     verify: bool = True
+    outage_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.cache_bytes < 1:
             raise ValueError(f"Reading: cache_bytes must be ≥ 1, got {self.cache_bytes}")
+        if not self.outage_s >= 0:
+            raise ValueError(f"Reading: outage_s must be ≥ 0 seconds, got {self.outage_s}")
 
     @property
     def cache(self) -> Path:

@@ -279,7 +279,9 @@ def _open(path: str | Path, reading: Reading) -> tuple[VerifiedShardSet, bytes]:
     if isinstance(path, str) and "://" in path and not path.startswith("file://"):
         from loaders.remote import open_remote
 
-        return open_remote(path, reading.cache, reading.cache_bytes, reading.storage_options, verifier)
+        return open_remote(
+            path, reading.cache, reading.cache_bytes, reading.storage_options, verifier, reading.outage_s
+        )
     root = Path(str(path).removeprefix("file://"))
     shards = VerifiedShardSet(root / "shards" if (root / "shards" / "manifest.json").exists() else root, verifier)
     open_index(shards, reading.cache)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import re
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from contract.shards import ShardError
 from loaders import Balance, PackedDataset, PackedLoader, Payload, Reading, World
 from tests.conftest import moto_endpoint
 
@@ -57,7 +63,9 @@ def test_s3_missing_build_is_a_clear_error(s3: dict) -> None:
         PackedDataset("s3://weir-test/nothing", world=World(0, 1), reading=Reading(storage_options=s3["opts"]))
 
 
-def test_s3_with_workers_each_in_its_own_cache_folder(s3: dict, sharded_build: Path, tmp_path: Path) -> None:
+def test_s3_workers_and_restarts_share_the_nodes_cache(s3: dict, sharded_build: Path, tmp_path: Path) -> None:
+    """Two DataLoader workers and then a second pass (a restart) read one copy of each shard: the cache holds the
+    build's shard bytes once, and the second pass downloads nothing (every cached file is the same inode)."""
     s3["fs"].put(str(sharded_build / "shards"), "weir-test/tiny2/shards", recursive=True)
     local = [i["sequence"] for i in PackedDataset(sharded_build, world=World(0, 2), balance=Balance(seed=1))]
     remote = PackedDataset(
@@ -68,7 +76,20 @@ def test_s3_with_workers_each_in_its_own_cache_folder(s3: dict, sharded_build: P
     )
     got = [i["sequence"] for i in PackedLoader(remote, num_workers=2)]
     assert got == local
-    assert len([p for p in next(tmp_path.iterdir()).iterdir() if (p / "manifest.json").exists()]) == 3
+    (folder,) = [p for p in tmp_path.iterdir() if (p / "manifest.json").exists()]
+    files = {p.name: p.stat() for p in folder.glob("shard-*")}
+    build_bytes = sum(f.bytes for s in remote.shards.manifest.shards for f in s.files.both())
+    assert sum(st.st_size for st in files.values()) == build_bytes == remote.shards.cached_bytes()
+    again = PackedDataset(
+        "s3://weir-test/tiny2",
+        world=World(0, 2),
+        balance=Balance(seed=1),
+        reading=Reading(cache_dir=tmp_path, storage_options=s3["opts"]),
+    )
+    assert [i["sequence"] for i in PackedLoader(again, num_workers=2)] == local
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.glob("shard-*")} == {
+        n: (st.st_ino, st.st_mtime_ns) for n, st in files.items()
+    }
 
 
 def test_s3_damaged_object_or_cached_file_is_named_before_its_tokens(
@@ -100,3 +121,44 @@ def test_s3_damaged_object_or_cached_file_is_named_before_its_tokens(
         for item in ds:
             seen.append(item["sequence"])
     assert len(seen) == 8 * DAMAGED  # every item before that shard, none of it
+
+
+def test_an_unreachable_store_is_one_line_naming_the_build(sharded_build: Path, tmp_path: Path) -> None:
+    """Nothing listens at the endpoint: the loader retries for outage_s, then says so in one line."""
+    pytest.importorskip("s3fs")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free, and nothing will listen there
+    opts = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+    opts |= {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+    t = time.monotonic()
+    with pytest.raises(ShardError) as e:
+        PackedDataset(
+            "s3://weir-test/gone",
+            world=World(0, 1),
+            reading=Reading(cache_dir=tmp_path, storage_options=opts, outage_s=1),
+        )
+    assert "s3://weir-test/gone: unreachable for 1 s" in str(e.value) and "\n" not in str(e.value)
+    assert time.monotonic() - t < 30
+
+
+def test_a_full_cache_disk_names_cache_dir_and_cache_bytes(s3: dict, sharded_build: Path, tmp_path: Path) -> None:
+    """The cache on a small tmpfs, filled once the dataset is open: the first fetch fails naming where and what
+    to change."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        s3["fs"].put(str(sharded_build / "shards"), "weir-test/full/shards", recursive=True)
+        reading = Reading(cache_dir=small, storage_options=s3["opts"])
+        PackedDataset("s3://weir-test/full", world=World(0, 1), reading=reading)  # its manifest and index fit
+        for p in small.rglob("shard-*"):
+            p.unlink()  # the shards it fetched to open: fetched again below
+        free = os.statvfs(small)
+        (small / "filler").write_bytes(b"\0" * (free.f_bavail * free.f_frsize))
+        with pytest.raises(ShardError, match=r"the disk is full while caching .*cache_bytes"):
+            list(PackedDataset("s3://weir-test/full", world=World(0, 1), reading=reading))
+    finally:
+        gc.collect()
+        subprocess.run(["umount", "-l", str(small)], check=False)
