@@ -20,8 +20,8 @@ def stream_report(root: str | Path | BuildLayout) -> StreamMixtureReport:
     ``regroup``: the keys of :func:`mixing.report.inspect_build`'s ``mixture_error`` plus ``regroup``
     (the window, period and slack it was measured with)."""
     layout = BuildLayout.of(root if isinstance(root, BuildLayout) else Path(root))
-    quotas = build_quotas(layout)
     shards = layout.shard_set()
+    quotas = build_quotas(layout, bool(shards.manifest.lineage))
     steps = stream_compositions(stream_planner(shards))
     me = compositions_mixture_error(steps, list(shards.manifest.sources or ()), quotas, unit=largest_sequence(shards))
     return StreamMixtureReport(**dict(me.report()), regroup=shards.manifest.regrouping)

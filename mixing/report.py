@@ -137,7 +137,7 @@ def build_mixture_error(root: Path | BuildLayout, shards: ShardSet | None = None
     gets) against the plan's quotas in the build's DuckDB file (``shards`` default: the build's)."""
     layout = BuildLayout.of(root)
     shards = layout.shard_set() if shards is None else shards
-    quotas = build_quotas(layout)
+    quotas = build_quotas(layout, bool(shards.manifest.lineage))
     planned = set(quotas["source"].to_list())
     steps = int(quotas["step"].max() or 0) + 1 if len(quotas) else 0  # type: ignore[arg-type]
     sources = list(shards.manifest.sources or ())
@@ -149,12 +149,12 @@ def build_mixture_error(root: Path | BuildLayout, shards: ShardSet | None = None
     return shards_mixture_error(shards, quotas)
 
 
-def build_quotas(layout: BuildLayout) -> pl.DataFrame:
-    """The plan's quotas of every step of the build (step, phase, source, quota): ``plan/quotas.parquet``, which
-    of a continuation holds its base's steps before the switch too (its DuckDB ``plan_quotas`` starts at the
-    switch), else the DuckDB table of a build made before that file was written."""
+def build_quotas(layout: BuildLayout, continued: bool = False) -> pl.DataFrame:
+    """The plan's quotas of every step of the build (step, phase, source, quota): the DuckDB table
+    ``plan_quotas``; of a continuation (``continued``), whose table starts at its switch, ``plan/quotas.parquet``,
+    which holds its base's steps before the switch too."""
     path = layout.plan_dir / "quotas.parquet"
-    if path.is_file():
+    if continued and path.is_file():
         return pl.read_parquet(path, columns=["step", "phase", "source", "quota"])
     return _query(layout, lambda con: con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl())
 

@@ -1,0 +1,482 @@
+"""``HybridStepLoader``: each build step dealt to the ``dp × cp`` ranks by the hybrid layout
+(:func:`loaders.hybrid.deal`), as the micro-batches one rank runs.
+
+::
+
+    world = HybridWorld(dp=8, cp=4, capacity=16384, gpus_per_node=8)   # 32 ranks, ≤ 16384 tokens each per micro-batch
+    steps = HybridStepLoader("build/demo", world, rank=dist.get_rank())
+    for step in steps:                                    # HybridStep: one optimizer step, the build's step
+        for mb in step.micro_batches:                     # the same number on every rank (some may be empty)
+            logits = model(mb)                            # per block of mb["blocks"]: varlen attention on its group
+            loss = cross_entropy(logits[0], mb["labels"][0], reduction="sum", ignore_index=-100)
+            (loss / step.num_targets).backward()          # num_targets: the whole step's, all ranks together
+        all_reduce(grads, op=SUM)                         # a SUM over all dp·cp ranks: the step's exact mean loss
+        opt.step()
+        ckpt["loader"] = steps.state_dict()               # the next step's start; resumes on any world
+
+**The steps are the build's.** Every build step is one optimizer step, and its documents are the build's
+segments of that step (documents whole, or the S-token pieces of a longer one), so no token moves between
+steps and the trainer's stream is the plan's mixture exactly. Each step's documents are dealt with
+:func:`loaders.hybrid.deal` (``seed`` relabels ranks per step), computed alike on every rank from the build's
+metadata: no collective. A document is whole on one rank (degree 1), or split over an aligned block of ``d =
+2^k`` ranks (``first_rank % d == 0``) by Transformer Engine's THD partition inside the block (the document
+padded at its end to a multiple of ``2·d``, local rank ``r`` holding chunks ``r`` and ``2d − 1 − r``,
+:func:`loaders.context_parallel.thd_slots`), all ranks of the block meeting it in the same micro-batch.
+
+**A micro-batch** (one dict per rank and micro-batch; ``n`` this rank's slots, ``k`` its documents):
+
+- ``input_ids``, ``labels``, ``position_ids``, ``indices`` int64 [1, n] and ``source_ids`` int32 [1, n]: the
+  rank's slots of its documents, in order; labels are the next token inside the document (-100 at each
+  document's last token), made on the unsplit document, so a split document's chunk ends with the label of a
+  token another rank holds; CP padding holds ``pad_id``, -100, the THD position (counting on through the
+  padding, as Transformer Engine's ``generate_positional_ids_for_cp`` makes it), index -1 and source -1;
+  ``indices`` is each slot's position among the micro-batch's documents laid whole end to end (the
+  coordinates of ``cu_seqlens``);
+- per document, int [k] or [k + 1]: ``documents`` (the document's index in the step, the deal's index),
+  ``degree``, ``first_rank``, ``cu_seqlens`` int32 [k + 1] (real lengths), ``cu_seqlens_padded`` int32 [k + 1]
+  (each rounded up to a multiple of ``2·degree``, unpadded at degree 1), ``cu_slots`` int32 [k + 1] (where
+  each document's slots begin among this rank's: its padded length ÷ its degree), ``seg_source`` int32,
+  ``seg_doc`` int64, ``seg_offset`` int64 [k] (source index, document id, offset of the piece in its document);
+  ``max_seqlen`` (int): the longest padded document, 0 for none;
+- ``blocks``: a tuple of :class:`HybridBlock`, one per degree present, largest first: the block's global
+  ``ranks``, ``local_cp_size``, this rank's ``local_cp_rank``, its documents' and slots' ranges in the
+  micro-batch, and the ``cu_seqlens``, ``cu_seqlens_padded``, ``max_seqlen`` that a THD attention call over
+  the block's process group takes (Transformer Engine's ``DotProductAttention`` with ``cp_group`` the block's
+  ranks; degree 1: plain varlen attention over ``cu_seqlens``);
+- ``step``, ``micro_batch`` (its index), ``num_tokens`` (real tokens among this rank's slots) and
+  ``num_targets`` (labels that are not -100 among them).
+
+Ranks of one block reach their shared documents in the same micro-batch and in the same order (documents
+by degree, largest first, then by index: a rank is in exactly one aligned block of each degree), so the
+collectives of a micro-batch's blocks run in one order on every rank; a trainer that runs them
+synchronously keeps that order, and the backward pass's in reverse. Every rank runs
+``deal.micro_batches`` micro-batches, an empty one (``n = 0``, no blocks) where it holds nothing.
+
+**Loss.** :attr:`HybridStep.num_targets` is the whole step's targets (every rank's, the same number
+everywhere: Σ over its documents of ``length − 1``), so each rank's summed loss over it, with gradients
+summed over all ranks, is the step's exact mean; :attr:`HybridStep.rank_targets` is this rank's share.
+
+**Resume.** ``state_dict()`` after a step is the next step's start (``{"layout": "hybrid", "version",
+"build_id", "seed", "step"}``); the deal is recomputed on load, so it resumes on any world (another ``dp``,
+``cp``, capacity or rank), only on the same build and seed (:class:`~loaders.state.StateError` otherwise).
+A :class:`~loaders.dataset.PackedDataset` state saved at a step boundary with regrouping off (``window`` 1:
+its training steps are the build's) resumes here too, at its step: a run may move to the hybrid layout there.
+
+Megatron-core's hybrid context parallelism takes the same deal through :mod:`loaders.megatron_hybrid`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from numbers import Integral
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from contract.cost import CostModel
+from loaders.config import Balance, Payload, Reading
+from loaders.context_parallel import thd_slots
+from loaders.dataset import ExhaustedError, PackedDataset
+from loaders.feed import feed_for
+from loaders.fields import IGNORE_INDEX, check_fields
+from loaders.hybrid import Deal, HybridWorld, deal
+from loaders.items import ItemBuilder
+from loaders.state import LoaderState, StateError
+from loaders.varlen import concat
+from loaders.world import World
+
+__all__ = ["HYBRID_STATE_VERSION", "HybridBlock", "HybridStep", "HybridStepLoader", "StepDocuments", "step_seed"]
+
+HYBRID_STATE_VERSION = 1
+_STATE_KEYS = ("layout", "version", "build_id", "seed", "step")
+# what the step's documents are read with: tokens, labels made on the unsplit sequences, and where each came from
+_FIELDS = ("input_ids", "labels", "cu_seqlens", "source_ids", "seg_source", "seg_doc", "seg_offset")
+_T = TypeVar("_T")
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The deal's seed for build ``step`` of a run seeded ``seed``: a different rank relabelling every step
+    (so the heaviest blocks do not land on the same ranks step after step), the same on every rank."""
+    return (int(seed) << 32) + int(step)
+
+
+@dataclass(frozen=True)
+class StepDocuments:
+    """A build step's ``n`` documents: its sequences' segments in order (whole documents, or pieces of longer
+    ones), read whole. ``sequences`` int64 [g]: the step's global sequence indices; ``cu`` int64 [n + 1]:
+    document ``j`` is ``input_ids[cu[j]:cu[j+1]]``; ``input_ids``, ``labels`` int64 [T] and ``source_ids``
+    int32 [T] (``T = cu[-1]``, the step's real tokens; labels -100 at each document's last token);
+    ``seg_source`` int32, ``seg_doc`` int64, ``seg_offset`` int64 [n]: each document's source index, id and
+    offset of the piece in its document."""
+
+    step: int
+    sequences: np.ndarray
+    cu: np.ndarray
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    source_ids: torch.Tensor
+    seg_source: torch.Tensor
+    seg_doc: torch.Tensor
+    seg_offset: torch.Tensor
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 [n]: each document's tokens."""
+        return np.diff(self.cu)
+
+    @property
+    def num_targets(self) -> int:
+        """Labels of the step that are not -100: each document's tokens but its last."""
+        return int(self.cu[-1]) - (len(self.cu) - 1)
+
+
+@dataclass(frozen=True)
+class HybridBlock:
+    """The documents of one micro-batch that this rank shares with the same ranks (one degree).
+
+    ``ranks``: the block's global ranks (``local_cp_size`` of them, aligned: the first a multiple of the
+    size); ``local_cp_rank``: this rank's place in it; ``documents`` / ``slots``: ``[start, stop)`` of the
+    block's documents among the micro-batch's ``k`` and of their slots among its ``n``; ``cu_seqlens`` /
+    ``cu_seqlens_padded`` int32 [documents + 1] (real lengths / each rounded up to a multiple of
+    ``2·local_cp_size``, from 0) and ``max_seqlen`` (the longest padded one): the whole documents', the same on
+    every rank of the block, as Transformer Engine's THD attention takes them (it divides them by the CP size
+    itself)."""
+
+    ranks: tuple[int, ...]
+    local_cp_size: int
+    local_cp_rank: int
+    documents: tuple[int, int]
+    slots: tuple[int, int]
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor
+    max_seqlen: int
+
+
+@dataclass(frozen=True)
+class HybridStep:
+    """One optimizer step of one rank under the hybrid layout (see the module's docstring).
+
+    ``micro_batches``: ``deal.micro_batches`` dicts, in order; ``deal``: the step's whole deal (every rank's);
+    ``lengths`` int64 [n]: every document's tokens; ``num_tokens`` / ``num_targets``: the whole step's real
+    tokens / targets (all ranks); ``rank_tokens`` / ``rank_targets``: this rank's share of them."""
+
+    step: int
+    rank: int
+    micro_batches: tuple[dict[str, Any], ...]
+    deal: Deal
+    lengths: np.ndarray
+    num_tokens: int
+    num_targets: int
+    rank_tokens: int
+    rank_targets: int
+
+
+class HybridStepLoader:
+    """Iterates :class:`HybridStep` objects of ``rank`` in ``world``, one per remaining build step.
+
+    ``build``: a build folder or URI (opened with regrouping off, ``reading`` as given), or an open
+    :class:`~loaders.dataset.PackedDataset` (its shards and facts are used; its world and balance are not).
+    ``world``: the ``dp × cp`` ranks and each rank's ``capacity`` of tokens per micro-batch; ``rank``: this
+    process's global rank among them (``0 ≤ rank < dp·cp``; in Megatron-core, its rank in the data-parallel
+    group with context parallelism). ``cost``: the deal's cost model (default: the build's, with the
+    communication defaults of :mod:`contract.cost`). ``seed``: relabels the ranks of each step's deal
+    (:func:`step_seed`; default: the build's seed). Raises ``ValueError`` for a rank outside the world or a
+    capacity too small for the build's longest piece (``seq_len`` tokens on the largest aligned block).
+    A second pass after the last step raises :class:`~loaders.dataset.ExhaustedError`; :meth:`rewind` starts
+    one on purpose.
+    """
+
+    def __init__(
+        self,
+        build: str | Path | PackedDataset,
+        world: HybridWorld,
+        rank: int,
+        *,
+        cost: CostModel | None = None,
+        seed: int | None = None,
+        reading: Reading = Reading(),
+    ) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < world.size:
+            raise ValueError(
+                f"rank {rank!r} is outside the world of {world.size} ranks (dp {world.dp} × cp {world.cp})"
+            )
+        if isinstance(build, PackedDataset):
+            ds = build
+        else:
+            # the build's own steps: no regrouping, so that the planner does nothing it would not use
+            ds = PackedDataset(
+                build,
+                world=World(),
+                balance=Balance(window=1, period=0, slack=0.0),
+                payload=Payload(fields=("input_ids", "cu_seqlens")),
+                reading=reading,
+            )
+        top = 1 << (world.size.bit_length() - 1)  # the largest aligned block
+        if world.capacity * top < ds.facts.seq_len:
+            raise ValueError(
+                f"capacity {world.capacity} tokens × the largest aligned block of {top} ranks holds less than one "
+                f"{ds.facts.seq_len}-token piece of this build; raise capacity to ≥ {-(-ds.facts.seq_len // top)}"
+            )
+        self.dataset: PackedDataset = ds
+        self.world: HybridWorld = world
+        self.rank: int = int(rank)
+        self.cost: CostModel = cost if cost is not None else ds.facts.cost
+        self.seed: int = int(seed) if seed is not None else int(ds.facts.seed)
+        self.build_id: str = ds.build_id
+        self.pad_id: int = int(ds.facts.pad_id)
+        self.steps: int = len(ds.planner.first) - 1  # the build's steps (planner.first: their first sequences)
+        self._step: int = 0
+        self._builder: ItemBuilder = ItemBuilder(
+            feed_for(ds.shards),
+            seq_len=ds.facts.seq_len,
+            pad_id=self.pad_id,
+            fields=check_fields(_FIELDS, 1),
+            world=World(),
+            cp_split="zigzag",
+        )
+
+    @property
+    def facts(self) -> Any:
+        """The run's facts (:class:`loaders.facts.RunFacts`), as the dataset's."""
+        return self.dataset.facts
+
+    def __len__(self) -> int:
+        """Steps left from the loader's position."""
+        return self.steps - self._step
+
+    # -- one step -----------------------------------------------------------------------------------------
+
+    def documents(self, step: int) -> StepDocuments:
+        """Build ``step``'s documents, read whole (the same on every rank)."""
+        self._check_step(step)
+        first = self.dataset.planner.first
+        seqs = np.arange(int(first[step]), int(first[step + 1]), dtype=np.int64)
+        items: list[dict[str, Any]] = []
+        feed = self._builder.feed
+        for chunk in feed.chunks(((int(s),) for s in seqs), self.dataset.settings.chunk):
+            items += self._builder.build([s for (s,) in chunk])
+        whole = concat(items)  # new tensors: the builder's pooled arrays are not held
+        cu = whole["cu_seqlens"].to(torch.int64).numpy()
+        return StepDocuments(
+            step=step,
+            sequences=seqs,
+            cu=cu,
+            input_ids=whole["input_ids"],
+            labels=whole["labels"],
+            source_ids=whole["source_ids"],
+            seg_source=whole["seg_source"],
+            seg_doc=whole["seg_doc"],
+            seg_offset=whole["seg_offset"],
+        )
+
+    def lengths(self, step: int) -> np.ndarray:
+        """int64 [n]: build ``step``'s documents' lengths, from the build's metadata (no token is read)."""
+        self._check_step(step)
+        first = self.dataset.planner.first
+        return self.dataset.shards.span(int(first[step]), int(first[step + 1])).segments[:, 3].astype(np.int64)
+
+    def deal_of(self, step: int, lengths: np.ndarray | None = None) -> Deal:
+        """The deal of build ``step``, every rank's (``lengths``: its documents' lengths, when already read;
+        else :meth:`lengths`)."""
+        lens = self.lengths(step) if lengths is None else np.asarray(lengths, dtype=np.int64)
+        return deal(lens, self.world, self.cost, seed=step_seed(self.seed, step))
+
+    def get_step(self, step: int) -> HybridStep:
+        """Build ``step`` for this rank, wherever the loader stands (the position does not move)."""
+        docs = self.documents(step)
+        lengths = docs.lengths
+        d = self.deal_of(step, lengths)
+        mbs = tuple(self._micro_batch(docs, d, m, held) for m, held in enumerate(d.rank_documents(self.rank)))
+        return HybridStep(
+            step=step,
+            rank=self.rank,
+            micro_batches=mbs,
+            deal=d,
+            lengths=lengths,
+            num_tokens=int(lengths.sum()),
+            num_targets=docs.num_targets,
+            rank_tokens=sum(int(mb["num_tokens"]) for mb in mbs),
+            rank_targets=sum(int(mb["num_targets"]) for mb in mbs),
+        )
+
+    def _micro_batch(self, docs: StepDocuments, d: Deal, m: int, held: np.ndarray) -> dict[str, Any]:
+        """This rank's micro-batch ``m``: its documents ``held`` (degree descending, then index) cut for it."""
+        lengths = docs.lengths[held]
+        degree, first = d.degree[held], d.first_rank[held]
+        k = len(held)
+        # per slot: where its token lies among the step's tokens (T: a padding slot), its THD position and
+        # its position among the micro-batch's documents laid whole end to end
+        where, position, index = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        cu_slots, blocks = [0], []
+        slot0, real0, T = 0, 0, int(docs.cu[-1])
+        bounds = np.flatnonzero(np.diff(degree)) + 1  # degree descending: each run is one block
+        for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), k], strict=True):
+            if a == b:
+                continue
+            size, start = int(degree[a]), int(first[a])
+            local = self.rank - start
+            s = thd_slots(lengths[a:b], size, local)
+            seg = np.searchsorted(s.cu_seqlens_padded[1:], s.padded, side="right")  # each slot's document
+            real = s.indices >= 0
+            where.append(np.where(real, docs.cu[held[a:b]][seg] + s.position_ids, T))
+            position.append(s.position_ids)
+            index.append(np.where(real, s.indices + real0, -1))
+            padded = np.diff(s.cu_seqlens_padded.astype(np.int64))
+            cu_slots += (slot0 + np.cumsum(padded // size)).tolist()
+            blocks.append(
+                HybridBlock(
+                    ranks=tuple(range(start, start + size)),
+                    local_cp_size=size,
+                    local_cp_rank=local,
+                    documents=(a, b),
+                    slots=(slot0, slot0 + len(s.padded)),
+                    cu_seqlens=torch.from_numpy(s.cu_seqlens),
+                    cu_seqlens_padded=torch.from_numpy(s.cu_seqlens_padded),
+                    max_seqlen=int(padded.max()),
+                )
+            )
+            slot0 += len(s.padded)
+            real0 += int(s.cu_seqlens[-1])
+        gather = torch.from_numpy(np.concatenate(where))
+
+        def take(values: torch.Tensor, fill: int) -> torch.Tensor:
+            # one gather per field; the appended slot T is what a padding slot reads
+            return torch.cat([values, values.new_full((1,), fill)])[gather].unsqueeze(0)
+
+        labels = take(docs.labels, IGNORE_INDEX)
+        two = np.where(degree > 1, 2 * degree, 1)
+        pcu = np.zeros(k + 1, np.int64)
+        np.cumsum(-(-lengths // two) * two, out=pcu[1:])
+        cu = np.zeros(k + 1, np.int64)
+        np.cumsum(lengths, out=cu[1:])
+        sel = torch.from_numpy(held)
+        return {
+            "input_ids": take(docs.input_ids, self.pad_id),
+            "labels": labels,
+            "position_ids": torch.from_numpy(np.concatenate(position)).unsqueeze(0),
+            "indices": torch.from_numpy(np.concatenate(index)).unsqueeze(0),
+            "source_ids": take(docs.source_ids, -1),
+            "documents": sel.clone(),
+            "degree": torch.from_numpy(degree.copy()),
+            "first_rank": torch.from_numpy(first.copy()),
+            "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+            "cu_seqlens_padded": torch.from_numpy(pcu.astype(np.int32)),
+            "cu_slots": torch.tensor(cu_slots, dtype=torch.int32),
+            "max_seqlen": int(np.diff(pcu).max()) if k else 0,
+            "seg_source": docs.seg_source[sel],
+            "seg_doc": docs.seg_doc[sel],
+            "seg_offset": docs.seg_offset[sel],
+            "blocks": tuple(blocks),
+            "step": docs.step,
+            "micro_batch": m,
+            "num_tokens": int((gather < T).sum()),
+            "num_targets": int((labels != IGNORE_INDEX).sum()),
+        }
+
+    # -- iteration and resume ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[HybridStep]:
+        return self.map_steps(self.get_step)
+
+    def map_steps(self, make: Callable[[int], _T]) -> Iterator[_T]:
+        """``make(step)`` for each remaining build step, in order, the position moving past each step before
+        it is yielded (so that ``state_dict()`` while it trains is the next step's start); how other forms of
+        a step (:mod:`loaders.megatron_hybrid`) are iterated with this loader's position and resume."""
+        if 0 < self.steps <= self._step:
+            raise ExhaustedError(
+                f"all {self.steps} steps of this build were already read; a build is one pass of the training run: "
+                "call rewind() to read it again from step 0, or load_state_dict() a saved state"
+            )
+        return self._map(make)
+
+    def _map(self, make: Callable[[int], _T]) -> Iterator[_T]:
+        while self._step < self.steps:
+            out = make(self._step)
+            self._step += 1
+            yield out
+
+    def rewind(self) -> None:
+        """Start another pass over the whole build, from step 0."""
+        self._step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position: after a step, the start of the next one (resumes on any world)."""
+        return self.state_at(self._step)
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The state at the start of build ``step`` (``0 ≤ step ≤ steps``): what a trainer that reads ahead
+        saves after training ``step − 1``."""
+        if not 0 <= step <= self.steps:
+            raise ValueError(f"step {step} is outside this build's 0…{self.steps} steps")
+        return {
+            "layout": "hybrid",
+            "version": HYBRID_STATE_VERSION,
+            "build_id": self.build_id,
+            "seed": self.seed,
+            "step": int(step),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the step ``state`` names (takes effect at the next ``iter``), on this world or any other.
+
+        Takes this loader's own state, or a :class:`~loaders.dataset.PackedDataset` /
+        :class:`~loaders.steps.StepLoader` state saved at a step boundary with regrouping off (``window`` 1).
+        Raises :class:`~loaders.state.StateError` (one line naming the field) for a malformed state, another
+        build or seed, a step past the build's end, or a fixed-layout state saved inside a step or regrouped.
+        """
+        if not isinstance(state, dict):
+            raise StateError(f"loader state is a {type(state).__name__}; expected a dict")
+        if state.get("layout") != "hybrid":
+            self._step = self._from_fixed(state)
+            return
+        if sorted(state) != sorted(_STATE_KEYS):
+            raise StateError(f"hybrid loader state has fields {sorted(state)}; expected {sorted(_STATE_KEYS)}")
+        if state["version"] != HYBRID_STATE_VERSION:
+            raise StateError(
+                f"hybrid loader state version {state['version']!r}; this loader reads {HYBRID_STATE_VERSION}"
+            )
+        for key in ("seed", "step"):
+            v = state[key]
+            if isinstance(v, bool) or not isinstance(v, Integral) or (key == "step" and v < 0):
+                raise StateError(
+                    f"hybrid loader state field {key!r} is {v!r}; expected a whole number" + " ≥ 0" * (key == "step")
+                )
+        if state["build_id"] != self.build_id:
+            raise StateError(
+                f"this state comes from another build (build_id {str(state['build_id'])[:12]}…, this build is "
+                f"{self.build_id[:12]}…); resume with the build the run started on"
+            )
+        if state["seed"] != self.seed:
+            raise StateError(f"state was saved with seed {state['seed']}; this loader has seed {self.seed}")
+        if state["step"] > self.steps:
+            raise StateError(f"loader state is at step {state['step']}; this build has {self.steps} steps")
+        self._step = int(state["step"])
+
+    def _from_fixed(self, state: dict[str, Any]) -> int:
+        """The step a fixed-layout state (:class:`~loaders.state.LoaderState`) resumes at here."""
+        s = LoaderState.from_dict(state)  # every field checked (StateError)
+        if s.build_id != self.build_id:
+            raise StateError(
+                f"this state comes from another build (build_id {s.build_id[:12]}…, this build is "
+                f"{self.build_id[:12]}…); resume with the build the run started on"
+            )
+        if s.window != 1:
+            raise StateError(
+                f"a fixed-layout state with window {s.window} counts regrouped training steps; the hybrid layout "
+                "runs the build's steps, so it resumes only a state saved with window 1"
+            )
+        if s.consumed:
+            raise StateError(
+                f"a fixed-layout state saved inside step {s.step} ({s.consumed} sequences delivered) resumes only on "
+                "its own layout; resume from a state saved at a step boundary"
+            )
+        if s.step > self.steps:
+            raise StateError(f"loader state is at step {s.step}; this build has {self.steps} steps")
+        return s.step
+
+    def _check_step(self, step: int) -> None:
+        if not 0 <= step < self.steps:
+            raise ValueError(f"step {step} is outside this build's steps 0…{self.steps - 1}")

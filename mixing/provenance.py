@@ -1,0 +1,513 @@
+"""Every token's provenance: the documents behind a step of a build, and how often each source was seen.
+
+A build's shards name, per sequence, its segments: (source index, doc_id, start, length)
+(:mod:`contract.shards`); each source's document index ``sources/<name>/docs.parquet``
+(:data:`mixing.ingest.doc_index.INDEX_SCHEMA`) names each document's file and record. :class:`Provenance`
+joins the two, lazily: a lookup reads the shards holding the sequences asked for, and of each source's
+``docs.parquet`` only the footer and the row groups holding the documents asked for (``doc_id`` is the row's
+position in the source's index: the index is written in that order). ``weir lookup`` and ``weir epochs``
+print what it returns.
+
+**Steps.** Everything here is in the *build's* steps, as packed: build step ``t`` is sequences
+``t·g … (t+1)·g − 1`` (``g`` the build's sequences per step). The *training* step a loader hands out, and which
+DP rank reads which of its sequences, is :mod:`loaders.planner`'s, and ``mixing`` never imports the loader
+(tests/test_layers.py): a caller that can (the ``weir`` CLI, in ``pipelines``) asks the planner which
+sequences make a training step or a rank's share of one, and passes them to :meth:`Provenance.lookup`; the
+CP rank's slots come the same way, as a function of a sequence's segment lengths (``slots``).
+
+**Records.** A document's ``line`` means what the source's format made of it
+(:class:`mixing.ingest.records.Record`): the 1-based line of a jsonl file, the 1-based row of a parquet or
+csv file, the 1-based piece of a text file cut by a ``separator`` or member of a code ``.tar``, 0 for a
+whole file (a text or code file that is one document). The build does not record the format (the mix file is
+not part of it), so :func:`record_label` tells it from the file's name, compression suffix left out: ``.jsonl``,
+``.json``, ``.ndjson`` → ``line N``; ``.parquet``, ``.pq``, ``.csv``, ``.tsv`` → ``row N``; a tar →
+``member N (path)``; any other name → ``whole file`` for line 0, else ``piece N``.
+
+**Text.** A piece's text is its tokens as the shards hold them (what was trained on) decoded by the build's
+tokenizer (``tokenizer/spec.json`` and ``tokenizer.json``), without the document's BOS and EOS tokens, so that a
+whole document's text is the source's record as rendered (its ``template`` applied). A piece that cuts a
+character's bytes (byte-level BPE, ``bytes``) shows U+FFFD for the cut bytes.
+
+**Epochs.** Per source, over build steps ``[A, B)``: ``tokens_seen`` (all its segments' lengths),
+``unique_tokens`` (each piece, by (doc_id, start), counted once), ``repeated_tokens`` (seen − unique), and
+``epochs`` = seen ÷ the source's tokens (``n_tokens`` summed over its ``docs.parquet``), fractional.
+
+Every failure is a :class:`ProvenanceError` of one line that names the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from contract.errors import WeirError, first_line
+from contract.shards import ShardError
+from mixing.ingest.formats import TAR_SUFFIXES
+from mixing.output.layout import BuildLayout
+
+__all__ = [
+    "EpochsReport",
+    "Piece",
+    "Provenance",
+    "ProvenanceError",
+    "Slots",
+    "SourceEpochs",
+    "record_label",
+    "step_range",
+]
+
+_COMPRESSED = (".gz", ".zst", ".bz2", ".xz")  # what the readers infer from a name (fsspec compression="infer")
+_LINES = (".jsonl", ".json", ".ndjson")
+_ROWS = (".parquet", ".pq", ".csv", ".tsv")
+_READ = ("file", "line", "n_tokens", "meta")  # what a lookup reads of a source's index
+# and what it checks by the row groups' statistics alone: doc_id is the row's position, one tokenizer made them all
+_DOC_COLUMNS = ("doc_id", *_READ, "tokenizer")
+
+
+class ProvenanceError(WeirError, ValueError):
+    """A build, step or source that cannot be looked up; the message says which and what to do."""
+
+
+def record_label(file: str, line: int, meta: str | None = None) -> str:
+    """How a document's ``line`` reads for its file (see the module's docstring): ``"line 12"``, ``"row 3"``,
+    ``"piece 2"``, ``"member 4 (pkg/m.py)"`` or ``"whole file"``."""
+    name = file.lower()
+    for suffix in _COMPRESSED:
+        if name.endswith(suffix) and not name.endswith(TAR_SUFFIXES):
+            name = name[: -len(suffix)]
+            break
+    if name.endswith(TAR_SUFFIXES):
+        path = _meta_path(meta)
+        return f"member {line}" + (f" ({path})" if path else "")
+    if name.endswith(_LINES):
+        return f"line {line}"
+    if name.endswith(_ROWS):
+        return f"row {line}"
+    return "whole file" if line == 0 else f"piece {line}"
+
+
+def _meta_path(meta: str | None) -> str | None:
+    """A code document's ``path`` from its metadata JSON (the tar member's name), else None."""
+    if not meta:
+        return None
+    try:
+        found = json.loads(meta)
+    except ValueError:
+        return None
+    path = found.get("path") if isinstance(found, dict) else None
+    return path if isinstance(path, str) else None
+
+
+def step_range(text: str | None, steps: int) -> tuple[int, int]:
+    """``"A:B"`` (either side may be left out: ``"A:"``, ``":B"``; ``None``: all) as build steps ``[A, B)`` of a
+    build of ``steps`` steps; :class:`ProvenanceError` for another form or a range outside ``[0, steps]``."""
+    if text is None:
+        return 0, steps
+    m = re.fullmatch(r"\s*(\d*)\s*:\s*(\d*)\s*", text)
+    if m is None:
+        raise ProvenanceError(f"--steps {text!r}: expected A:B (build steps A to B-1; A: or :B for open ends)")
+    a = int(m[1]) if m[1] else 0
+    b = int(m[2]) if m[2] else steps
+    if not a < b <= steps:
+        raise ProvenanceError(
+            f"--steps {text!r}: the build has steps 0..{steps - 1}; give A:B with 0 ≤ A < B ≤ {steps}"
+        )
+    return a, b
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One segment of a sequence: tokens ``start … end − 1`` of document ``doc_id`` of ``source``.
+
+    ``sequence`` (global index in the build), ``step`` (its build step), ``position`` (its first slot in the
+    sequence); ``file`` and ``line`` from the source's index, ``record`` as :func:`record_label` reads them,
+    ``n_tokens`` (the whole document's, EOS included), ``meta`` (the kept metadata JSON, or None). ``held``:
+    with a CP rank's slots, the token ranges ``(a, b)`` of the document (same coordinates as ``start``) that
+    rank holds, in order (empty: none of it); None without. ``text``: when asked, the piece's tokens decoded
+    (see the module's docstring), else None.
+    """
+
+    sequence: int
+    step: int
+    position: int
+    source: str
+    doc_id: int
+    file: str
+    line: int
+    record: str
+    start: int
+    length: int
+    n_tokens: int
+    meta: str | None = None
+    held: tuple[tuple[int, int], ...] | None = None
+    text: str | None = None
+
+    @property
+    def end(self) -> int:
+        """One past the piece's last token in its document (``start + length``)."""
+        return self.start + self.length
+
+    def as_json(self) -> dict[str, Any]:
+        """The piece for machines: every field (``step`` as ``build_step``), ``end`` too; ``held``, ``text`` and
+        ``meta`` only when set."""
+        out: dict[str, Any] = {
+            "sequence": self.sequence,
+            "build_step": self.step,
+            "position": self.position,
+            "source": self.source,
+            "doc_id": self.doc_id,
+            "file": self.file,
+            "line": self.line,
+            "record": self.record,
+            "start": self.start,
+            "end": self.end,
+            "length": self.length,
+            "n_tokens": self.n_tokens,
+        }
+        if self.meta is not None:
+            out["meta"] = self.meta
+        if self.held is not None:
+            out["held"] = [list(r) for r in self.held]
+        if self.text is not None:
+            out["text"] = self.text
+        return out
+
+
+@dataclass(frozen=True)
+class SourceEpochs:
+    """One source over a span of build steps: see the module's docstring. ``tokens``: the source's own
+    tokens (its documents', EOS included); ``epochs`` is 0 for a source without any."""
+
+    source: str
+    tokens: int
+    tokens_seen: int
+    unique_tokens: int
+
+    @property
+    def repeated_tokens(self) -> int:
+        return self.tokens_seen - self.unique_tokens
+
+    @property
+    def epochs(self) -> float:
+        return self.tokens_seen / self.tokens if self.tokens else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "tokens_seen": self.tokens_seen,
+            "unique_tokens": self.unique_tokens,
+            "repeated_tokens": self.repeated_tokens,
+            "epochs": self.epochs,
+        }
+
+
+@dataclass(frozen=True)
+class EpochsReport:
+    """Every source of the build (the manifest's order) over build steps ``first … stop − 1``."""
+
+    first: int
+    stop: int
+    sources: tuple[SourceEpochs, ...] = field(default_factory=tuple)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"steps": [self.first, self.stop], "sources": {s.source: s.as_json() for s in self.sources}}
+
+
+Slots = Callable[[np.ndarray], np.ndarray]
+"""A CP rank's slots of a sequence: its real segments' lengths (int64 [k]) → the positions in the sequence the
+rank holds (int64; ``-1`` for padding), as :mod:`loaders.context_parallel`'s splits return them."""
+
+
+class Provenance:
+    """A finished build opened for lookups: its shards now, each source's index and the tokenizer when first
+    needed (kept for the next lookup). ``root``: a local build folder (or its ``shards/``), or a
+    :class:`~mixing.output.layout.BuildLayout` (a build in object storage read with its driver's working folder).
+
+    Raises :class:`ProvenanceError` when the build has no readable manifest or does not record how many
+    sequences make a step.
+    """
+
+    def __init__(self, root: Path | str | BuildLayout) -> None:
+        if isinstance(root, BuildLayout):
+            self.layout = root
+        else:
+            local = Path(root)
+            self.layout = BuildLayout(local.parent if local.name == "shards" else local)
+        try:
+            self.shards = self.layout.shard_set()
+        except ShardError as e:
+            raise ProvenanceError(f"{e}; give the folder weir build wrote (its --out)") from None
+        m = self.shards.manifest
+        per_step = m.sequences_per_step or m.global_batch
+        if not per_step:
+            raise ProvenanceError(
+                f"{self.layout.shards_url}/manifest.json records no sequences per step; rebuild it with this weir"
+            )
+        self.per_step = per_step
+        self.steps = m.steps if m.steps is not None else len(self.shards) // per_step
+        self.sources: tuple[str, ...] = tuple(m.sources or ())
+        self._docs: dict[int, pq.ParquetFile] = {}
+        self._starts: dict[int, np.ndarray] = {}
+        self._decode: Callable[[list[list[int]]], list[str]] | None = None
+        self._bounds: tuple[bool, bool] = (False, True)  # (BOS first, EOS last) of every document
+
+    def step_sequences(self, step: int) -> np.ndarray:
+        """The global sequences of build step ``step`` (int64, in the build's order); :class:`ProvenanceError`
+        naming the build's steps when it has no such step (a loader hands out as many training steps)."""
+        if not 0 <= step < self.steps:
+            raise ProvenanceError(
+                f"{self.layout.url} has no step {step}: its steps are 0..{self.steps - 1}; pick one of those"
+            )
+        return np.arange(step * self.per_step, (step + 1) * self.per_step, dtype=np.int64)
+
+    def lookup(
+        self, sequences: Sequence[int] | np.ndarray, *, text: bool = False, slots: Slots | None = None
+    ) -> list[Piece]:
+        """Every segment of ``sequences`` (global indices, in the order given), in order inside each: see
+        :class:`Piece`. ``text``: decode each piece's tokens; ``slots``: a CP rank's slots (:data:`Slots`), which
+        sets each piece's ``held``. Reads only the shards holding ``sequences`` and, per source, the row groups
+        of its ``docs.parquet`` holding their documents. :class:`ProvenanceError` when a source's index is gone
+        or does not fit the shards (another tokenizer, fewer documents or tokens than the shards name)."""
+        views = []
+        for i in (int(s) for s in sequences):
+            if not 0 <= i < len(self.shards):
+                raise ProvenanceError(
+                    f"{self.layout.url} has no sequence {i}: it has {len(self.shards)} (steps 0..{self.steps - 1})"
+                )
+            try:
+                views.append(self.shards.sequence(i))
+            except ShardError as e:
+                raise ProvenanceError(f"{e}; check the build with weir inspect, or rebuild it") from None
+        wanted: dict[int, set[int]] = {}
+        for v in views:
+            for src, doc in v.segments[:, :2].tolist():
+                wanted.setdefault(src, set()).add(doc)
+        rows = {src: self._documents(src, sorted(docs)) for src, docs in wanted.items()}
+        if text:
+            self._tokenizer()
+        pieces, contents = [], []
+        for v in views:
+            lengths = v.segments[:, 3]
+            cu = np.concatenate([[0], np.cumsum(lengths)])
+            held = _held(cu, v.segments[:, 2], slots(lengths)) if slots is not None else None
+            for j, (src, doc, start, length) in enumerate(v.segments.tolist()):
+                file, line, n_tokens, meta = rows[src][doc]
+                if start + length > n_tokens:
+                    raise self._misfit(
+                        src, f"document {doc} has {n_tokens} tokens, the shards take {start}..{start + length}"
+                    )
+                pieces.append(
+                    Piece(
+                        sequence=v.index,
+                        step=v.step,
+                        position=int(cu[j]),
+                        source=self.sources[src],
+                        doc_id=doc,
+                        file=file,
+                        line=line,
+                        record=record_label(file, line, meta),
+                        start=start,
+                        length=length,
+                        n_tokens=n_tokens,
+                        meta=meta,
+                        held=None if held is None else held[j],
+                    )
+                )
+                if text:
+                    contents.append(self._content(v.tokens[cu[j] : cu[j + 1]], start, n_tokens))
+        if not text:
+            return pieces
+        assert self._decode is not None
+        return [replace(p, text=t) for p, t in zip(pieces, self._decode(contents), strict=True)]
+
+    def epochs(self, first: int = 0, stop: int | None = None) -> EpochsReport:
+        """Per source, what build steps ``first … stop − 1`` (default: all) took of it (:class:`SourceEpochs`).
+        Reads the segments of those steps' shards and each source's ``n_tokens`` column."""
+        stop = self.steps if stop is None else stop
+        if not 0 <= first < stop <= self.steps:
+            raise ProvenanceError(
+                f"build steps {first}..{stop - 1} are not in {self.layout.url}: it has 0..{self.steps - 1}"
+            )
+        try:
+            span = self.shards.span(first * self.per_step, stop * self.per_step)
+        except ShardError as e:
+            raise ProvenanceError(f"{e}; check the build with weir inspect, or rebuild it") from None
+        segs = span.segments
+        out = []
+        for k, name in enumerate(self.sources):
+            mine = segs[segs[:, 0] == k]
+            # a piece is (doc_id, start): the same piece drawn again in a later epoch is a repeat
+            _, first_at = np.unique(mine[:, 1:3], axis=0, return_index=True)
+            out.append(
+                SourceEpochs(
+                    source=name,
+                    tokens=self._source_tokens(k),
+                    tokens_seen=int(mine[:, 3].sum()),
+                    unique_tokens=int(mine[first_at, 3].sum()),
+                )
+            )
+        return EpochsReport(first, stop, tuple(out))
+
+    # --- the sources' indexes -------------------------------------------------------------------------------
+
+    def _index(self, src: int) -> pq.ParquetFile:
+        """Source ``src``'s ``docs.parquet``, opened (its footer read) once."""
+        if src not in self._docs:
+            if not 0 <= src < len(self.sources):
+                raise ProvenanceError(
+                    f"{self.layout.shards_url}/manifest.json names {len(self.sources)} sources, the shards source "
+                    f"{src}; rebuild the build"
+                )
+            path = self.layout.source_dir(self.sources[src]) / "docs.parquet"
+            try:
+                # file and meta repeat across rows: read as dictionaries, a row group costs its distinct values
+                pf = pq.ParquetFile(path, read_dictionary=["file", "meta"])
+            except FileNotFoundError:
+                raise ProvenanceError(
+                    f"{path}: missing, the document index of source {self.sources[src]!r} is gone; build the mix "
+                    f"again into {self.layout.url} (weir build MIX --out {self.layout.url})"
+                ) from None
+            except Exception as e:  # pyarrow's own errors on a damaged file: name it
+                raise ProvenanceError(
+                    f"{path}: not a readable parquet file ({first_line(e)}); build the mix again into {self.layout.url}"
+                ) from None
+            sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+            starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            self._check_index(src, pf, starts)
+            self._docs[src], self._starts[src] = pf, starts
+        return self._docs[src]
+
+    def _check_index(self, src: int, pf: pq.ParquetFile, starts: np.ndarray) -> None:
+        """That source ``src``'s index fits the shards, from its row groups' statistics alone (no column read):
+        ``doc_id`` is the row's position, and every document was tokenized by the shards' tokenizer."""
+        names = pf.schema_arrow.names
+        missing = [c for c in _DOC_COLUMNS if c not in names]
+        if missing:
+            raise self._misfit(src, f"it lacks the columns {missing}")
+        fp = self.shards.manifest.tokenizer_fingerprint
+        for g in range(pf.metadata.num_row_groups):
+            group = pf.metadata.row_group(g)
+            ids = group.column(names.index("doc_id")).statistics
+            if ids is not None and ids.has_min_max and (ids.min, ids.max) != (starts[g], starts[g + 1] - 1):
+                raise self._misfit(src, "its doc_id column is not the row order")
+            tok = group.column(names.index("tokenizer")).statistics
+            if fp is not None and tok is not None and tok.has_min_max and not tok.min == tok.max == fp:
+                raise self._misfit(src, "its documents were tokenized by another tokenizer than the shards'")
+
+    def _documents(self, src: int, docs: list[int]) -> dict[int, tuple[str, int, int, str | None]]:
+        """``doc_id → (file, line, n_tokens, meta)`` of source ``src``'s ``docs`` (sorted): the row groups
+        holding them read, nothing else."""
+        pf = self._index(src)
+        starts = self._starts[src]
+        ids = np.asarray(docs, dtype=np.int64)
+        if len(ids) and ids[-1] >= starts[-1]:
+            raise self._misfit(src, f"it has {starts[-1]} documents, the shards name document {ids[-1]}")
+        groups = np.searchsorted(starts, ids, side="right") - 1
+        needed = sorted(set(groups.tolist()))
+        table = pf.read_row_groups(needed, columns=list(_READ), use_threads=False)
+        # row positions in the table read: each group's rows follow the previous group's
+        picked = np.array(needed, dtype=np.int64)
+        base = np.cumsum(starts[picked + 1] - starts[picked]) - (starts[picked + 1] - starts[picked])
+        at = base[np.searchsorted(picked, groups)] + ids - starts[groups]
+        taken = table.take(at).to_pydict()
+        return {
+            d: (f, int(line), int(n), meta)
+            for d, f, line, n, meta in zip(
+                docs, taken["file"], taken["line"], taken["n_tokens"], taken["meta"], strict=True
+            )
+        }
+
+    def _source_tokens(self, src: int) -> int:
+        """The tokens of source ``src``'s documents, one row group of ``n_tokens`` at a time."""
+        pf = self._index(src)
+        total = 0
+        for g in range(pf.metadata.num_row_groups):
+            col = pf.read_row_group(g, columns=["n_tokens"], use_threads=False).column(0)
+            total += int(np.asarray(col.to_numpy(), dtype=np.int64).sum())
+        return total
+
+    def _misfit(self, src: int, why: str) -> ProvenanceError:
+        path = self.layout.source_dir(self.sources[src]) / "docs.parquet"
+        return ProvenanceError(
+            f"{path} does not fit the shards ({why}); it is from another build: build the mix again into "
+            f"{self.layout.url}"
+        )
+
+    # --- text ----------------------------------------------------------------------------------------------
+
+    def _tokenizer(self) -> None:
+        """The build's decoder (from ``tokenizer/spec.json``), loaded once."""
+        if self._decode is not None:
+            return
+        folder = self.layout.tokenizer_dir
+        try:
+            spec = json.loads((folder / "spec.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ProvenanceError(
+                f"{folder}/spec.json: cannot read it ({first_line(e)}); build the mix again into {self.layout.url}"
+            ) from None
+        self._decode = _decoder(spec, folder)
+        self._bounds = (bool(spec.get("bos", False)), bool(spec.get("eos", True)))
+
+    def _content(self, tokens: np.ndarray, start: int, n_tokens: int) -> list[int]:
+        """A piece's tokens (``tokens``, of its document from ``start``) less the document's BOS (its first
+        token) and EOS (its last)."""
+        bos, eos = self._bounds
+        a = 1 if bos and start == 0 else 0
+        b = len(tokens) - 1 if eos and start + len(tokens) == n_tokens else len(tokens)
+        return np.asarray(tokens[a : max(a, b)], dtype=np.int64).tolist()
+
+
+def _decoder(spec: dict[str, Any], folder: Path) -> Callable[[list[list[int]]], list[str]]:
+    """Lists of token ids → their texts, for the tokenizer ``spec`` (``tokenizer/spec.json``) prepared in
+    ``folder``; bytes that are no whole character decode to U+FFFD."""
+    kind = spec.get("kind")
+    if kind == "bytes":  # ids 0..255 are the bytes; 256 is the EOS
+        return lambda batch: [bytes(i for i in ids if i < 256).decode("utf-8", "replace") for ids in batch]
+    if kind in ("bpe", "hf"):
+        from tokenizers import Tokenizer
+
+        path = folder / "tokenizer.json"
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on a missing or bad file
+            raise ProvenanceError(
+                f"{path}: cannot load it ({first_line(e)}); build the mix again to restore the tokenizer"
+            ) from None
+        return lambda batch: tok.decode_batch(batch, skip_special_tokens=False)
+    if kind == "tiktoken":
+        import tiktoken
+
+        try:
+            enc = tiktoken.get_encoding(str(spec.get("name")))
+        except Exception as e:  # unknown name, or offline without TIKTOKEN_CACHE_DIR
+            raise ProvenanceError(
+                f"tiktoken encoding {spec.get('name')!r} cannot be loaded ({first_line(e)}); offline, set "
+                "TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cache files"
+            ) from None
+        return lambda batch: [enc.decode(ids, errors="replace") for ids in batch]
+    raise ProvenanceError(f"{folder}/spec.json: unknown tokenizer kind {kind!r}; build the mix again with this weir")
+
+
+def _held(cu: np.ndarray, starts: np.ndarray, positions: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
+    """Per segment (boundaries ``cu``, int64 [k+1]; first document token ``starts`` [k]), the document ranges
+    the slots ``positions`` (``-1``: padding; at or past ``cu[-1]``: the trailing padding) cover, merged."""
+    pos = np.sort(positions[(positions >= 0) & (positions < cu[-1])])
+    out: list[list[tuple[int, int]]] = [[] for _ in range(len(cu) - 1)]
+    if not len(pos):
+        return [tuple(r) for r in out]
+    seg = np.searchsorted(cu, pos, side="right") - 1
+    # a run ends where the next slot is not the next position, or is another segment's
+    cut = np.flatnonzero((np.diff(pos) != 1) | (np.diff(seg) != 0)) + 1
+    for a, b in zip(np.r_[0, cut].tolist(), np.r_[cut, len(pos)].tolist(), strict=True):
+        j = int(seg[a])
+        base = int(starts[j]) - int(cu[j])
+        out[j].append((int(pos[a]) + base, int(pos[b - 1]) + 1 + base))
+    return [tuple(r) for r in out]
