@@ -132,6 +132,15 @@ def build(
         ),
     ] = None,
     at: Annotated[int | None, typer.Option("--at", help="the first step that follows MIX (with --continue)")] = None,
+    feedback: Annotated[
+        Path | None,
+        typer.Option(
+            "--feedback", help="a per-source loss log (step, source, loss_sum, tokens): MIX reweighted from --at"
+        ),
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", help="how --feedback turns losses into weights (loss_proportional)")
+    ] = "loss_proportional",
 ) -> None:
     """Build MIX into a folder by materializing its Dagster assets in-process.
 
@@ -153,6 +162,8 @@ def build(
     With --continue BASE --at N the build is a continuation: its steps before N are BASE's, byte for byte (its
     shard files, linked), and from N on it follows MIX, each source's draw going on where BASE left it. A
     change of MIX that would alter steps before N is refused, naming the field. `weir diff BASE OUT` proves it.
+    With --feedback LOSSES (the per-source loss log the training examples write) the weights of MIX's phases from
+    N on come from the run's losses under --policy, recorded in the manifest: the same log, the same build.
     """
     import dagster as dg
 
@@ -175,6 +186,19 @@ def build(
         except MixError as e:
             err.print(f"[bold red]invalid continuation[/]: {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+    if feedback is not None:
+        from mixing.feedback import FeedbackError, apply_feedback
+
+        try:
+            m = apply_feedback(m, feedback, policy)
+        except FeedbackError as e:
+            err.print(f"[bold red]invalid feedback[/]: {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        note = m.continues.feedback if m.continues is not None else None
+        if note is not None:
+            for phase, weights in note.weights.items():
+                shown = ", ".join(f"{s} {w:.4f}" for s, w in weights.items())
+                out.print(f"feedback ({policy}): phase {phase!r} weights {shown}", highlight=False, markup=False)
     _check_paths(m, list_sources=False)  # the build lists the sources first thing
     remote = out_dir is not None and not is_local(out_dir)
     dest: Path | str = out_dir if out_dir and remote else Path(out_dir or Path("build") / m.name).resolve()

@@ -242,3 +242,19 @@ def test_build_and_plan_refuse_a_missing_tokenizer_before_any_work(tmp_path: Pat
         "tokenizer.json (a relative path starts at the mix file's folder)\n"
     )
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["cfg"]
+
+
+def test_build_continuation_flags_are_checked_in_one_line_before_building(tiny_mix_path: Path, tmp_path: Path) -> None:
+    """--continue without --at, --feedback without a continuation, an --at past the run: exit 2, one line, nothing
+    built. (Continuations themselves: tests/mixing/test_continuation.py.)"""
+    log = tmp_path / "losses.csv"
+    log.write_text("step,source,loss_sum,tokens\n0,notes,1.0,10\n")
+    out = tmp_path / "out"
+    for flags, said in (
+        (["--continue", str(tmp_path)], "--continue and --at go together"),
+        (["--feedback", str(log)], "--feedback reweights a continuation"),
+        (["--continue", str(tmp_path), "--at", "99"], "step 99 is not before the run's end"),
+    ):
+        r = weir("build", str(tiny_mix_path), "--out", str(out), *flags)
+        assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not out.exists()
