@@ -2,9 +2,16 @@
 and bringing them up to date (``weir plan --compute``).
 
 A folder's documents fit a mix when it holds documents of exactly the mix's sources, was tokenized with the
-mix's tokenizer, lists the same files with the same fingerprints, and holds the chunk of every file as the
-mix renders it now (:func:`mixing.ingest.chunks.chunk_keys` hashes files, tokenizer and rendering). Each
+mix's tokenizer, lists the same files with the same contents, and holds the chunk of every file as the mix
+renders it now (:func:`mixing.ingest.chunks.chunk_keys` hashes files, tokenizer and rendering). Each
 difference is named in one line, so an old build never plans a mix it was not made from.
+
+Files are compared by name (their path below the source's fixed folder), so a mix moved or copied elsewhere
+with its data, or reaching it through a link, still fits the folder it built: a file at another path, or
+with another fingerprint (a copy's new mtime), is the same file when its bytes are
+(:func:`mixing.ingest.sources.file_digest` against the digest its chunk recorded), and a chunk under another
+key is there when its content key is (:func:`mixing.ingest.chunks.content_key`), as a build would relocate
+it. Only such files are read (hashed); an unmoved, unchanged folder is judged from listings alone.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from contract.store import sha256_file
+from contract.store import Store, sha256_file
 from mixing import Mix
-from mixing.ingest.chunks import chunk_keys
-from mixing.ingest.sources import SourceIndexError, index_source
-from mixing.ingest.tokenizer import TokenizerError, load_tokenizer
+from mixing.ingest.chunk_store import chunk_reports
+from mixing.ingest.chunks import chunk_groups, content_key, describe_files
+from mixing.ingest.sources import SourceIndexError, file_digest, file_name, index_source
+from mixing.ingest.tokenizer import TextTokenizer, TokenizerError, load_tokenizer
 from mixing.mixfile import envvars
+from mixing.mixfile.mix import SourceSpec
 from mixing.output.layout import BuildLayout
 from mixing.stages import stages_until
 from pipelines.build import step_line
@@ -97,14 +106,16 @@ def differences(mix: Mix, root: Path, storage_options: dict[str, Any] | None = N
             found.append(f"files: {e}")
             continue
         then = pl.read_parquet(layout.source_dir(name) / "index.parquet")
-        a, b = _fingerprints(now), _fingerprints(then)
+        chunks = layout.source_dir(name) / "chunks"
+        content = _Contents(chunks, _by_name(then))
+        a, b = _by_name(now), content.then
         added, removed = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
-        changed = sorted(p for p in a.keys() & b.keys() if a[p] != b[p])
+        changed = sorted(n for n in a.keys() & b.keys() if content.changed(a[n]))
         if added or removed or changed:
-            first = (added or removed or changed)[0]
+            first = a[added[0]] if added else b[removed[0]] if removed else a[changed[0]]
             found.append(
                 f"files: source {name!r} matches {len(a)} files now, {root} tokenized {len(b)}: {len(added)} new, "
-                f"{len(removed)} gone, {len(changed)} changed (e.g. {first})"
+                f"{len(removed)} gone, {len(changed)} changed (e.g. {first['path']})"
             )
         elif same_tokenizer:
             try:
@@ -112,10 +123,74 @@ def differences(mix: Mix, root: Path, storage_options: dict[str, Any] | None = N
             except TokenizerError as e:
                 found.append(f"tokenizer: {root}/tokenizer: {e}")
                 continue
-            chunks = layout.source_dir(name) / "chunks"
-            if any(not (chunks / k / "report.json").is_file() for k in chunk_keys(now, tok, mix.sources[name])):
+            rendering = mix.sources[name]
+            groups = chunk_groups(now, tok, rendering)
+            missing = [g for g, k in groups if not (chunks / k / "report.json").is_file()]
+            if missing and not all(content.there(g, tok, rendering) for g in missing):
                 found.append(f"rendering: source {name!r} makes other documents now (format, field, template, ...)")
     return found
+
+
+def _by_name(index: pl.DataFrame) -> dict[str, dict[str, Any]]:
+    """The rows of an index that are read (not skipped) by file name (:func:`file_name`)."""
+    if "skipped" in index.columns:
+        index = index.filter(pl.col("skipped").is_null())
+    return {file_name(row): row for row in index.iter_rows(named=True)}
+
+
+class _Contents:
+    """What one source's chunks in a folder recorded of their files' contents, read once, when first needed.
+
+    ``then``: the folder's index rows by name. A file now at the path and with the fingerprint it had then is the
+    same file (what the chunk keys trust too); any other is compared by its bytes.
+    """
+
+    def __init__(self, chunks: Path, then: dict[str, dict[str, Any]]) -> None:
+        self.chunks = chunks
+        self.then = then
+        self._reports: dict[str, dict[str, Any]] | None = None
+        self._recorded_by_path: dict[str, str | None] | None = None
+        self._hashed: dict[str, str | None] = {}
+
+    def reports(self) -> dict[str, dict[str, Any]]:
+        """The sound reports of the chunks in the folder, by key."""
+        if self._reports is None:
+            keys = [p.name for p in self.chunks.iterdir() if p.is_dir()] if self.chunks.is_dir() else []
+            self._reports = chunk_reports(Store(self.chunks), keys)
+        return self._reports
+
+    def _recorded(self) -> dict[str, str | None]:
+        """Each tokenized file's digest by the path it had then."""
+        if self._recorded_by_path is None:
+            reports = self.reports().values()
+            self._recorded_by_path = {f["path"]: f["digest"] for rep in reports for f in rep.get("files") or []}
+        return self._recorded_by_path
+
+    def _unmoved(self, row: dict[str, Any]) -> bool:
+        was = self.then.get(file_name(row))
+        return was is not None and (was["path"], was["fingerprint"]) == (row["path"], row["fingerprint"])
+
+    def digest(self, row: dict[str, Any]) -> str | None:
+        """``row``'s content digest: the one recorded for it when it is unmoved, else its bytes hashed (once)."""
+        if self._unmoved(row) and (known := self._recorded().get(row["path"])):
+            return known
+        if row["path"] not in self._hashed:
+            self._hashed[row["path"]] = file_digest(row)
+        return self._hashed[row["path"]]
+
+    def changed(self, row: dict[str, Any]) -> bool:
+        """Whether the file of ``row`` (now) holds other bytes than the file of its name did then."""
+        if self._unmoved(row):
+            return False
+        was = self._recorded().get(self.then[file_name(row)]["path"])
+        return was is None or self.digest(row) != was
+
+    def there(self, group: list[dict[str, Any]], tok: TextTokenizer, spec: SourceSpec) -> bool:
+        """Whether the documents of chunk ``group`` are in the folder under another key (its files moved)."""
+        for row in group:
+            row["digest"] = self.digest(row)
+        want = content_key(describe_files(group), tok, spec)
+        return want is not None and any(rep.get("content") == want for rep in self.reports().values())
 
 
 def _index(mix: Mix, name: str, storage_options: dict[str, Any] | None) -> pl.DataFrame:
@@ -124,12 +199,6 @@ def _index(mix: Mix, name: str, storage_options: dict[str, Any] | None) -> pl.Da
     for value, placeholder in envvars.replacements():
         df = df.with_columns(pl.col(pl.String).str.replace_all(value, placeholder, literal=True))
     return df
-
-
-def _fingerprints(index: pl.DataFrame) -> dict[str, str | None]:
-    if "skipped" in index.columns:
-        index = index.filter(pl.col("skipped").is_null())
-    return dict(zip(index["path"].to_list(), index["fingerprint"].to_list(), strict=True))
 
 
 def _tok_diff(mix: Mix, had: dict[str, Any] | None, prepared: Path, root: Path) -> str | None:

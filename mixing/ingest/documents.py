@@ -9,7 +9,11 @@ sample), both written from the chunks one at a time (:func:`mixing.ingest.doc_in
 :func:`open_documents` reads a document's tokens through the index, from a local build or any fsspec root.
 
 Incremental: a chunk whose key is already in the root is reused (never submitted again), so a rebuild after
-one file changed tokenizes only that file's chunk; the index equals a clean build's.
+one file changed tokenizes only that file's chunk; the index equals a clean build's. A chunk whose files
+moved (the mix and its data moved or copied elsewhere, the data reached through a link) has another key, yet
+its documents are found by their content under the old one and renamed to it, naming the files where they
+are now (:func:`mixing.ingest.chunk_store.relocate_chunks`): nothing is tokenized again unless a file's
+contents changed.
 
 Integrity: before the index is written, every reused chunk's files are checked against the checksums its
 ``report.json`` recorded (on a distributed engine by its workers, in parallel); a damaged chunk is removed,
@@ -41,6 +45,7 @@ from mixing.ingest.chunk_store import (
     ahead_since,
     is_ahead,
     present_keys,
+    relocate_chunks,
     submit_ahead,
     tokenize_missing,
     verify_chunks,
@@ -73,7 +78,8 @@ class DocumentsError(WeirError, RuntimeError):
 class TokenizeReport:
     """What tokenizing one source saw: ``docs_seen == docs_kept + docs_quarantined``.
 
-    ``chunks_reused`` of ``chunks`` came from a previous build. ``quarantine_sample`` holds up to
+    ``chunks_reused`` of ``chunks`` came from a previous build, ``chunks_relocated`` of those found by content
+    under the key their files had at another place (by this call). ``quarantine_sample`` holds up to
     20 ``{file, line, reason}`` per reason; ``tokenizer`` is its fingerprint.
     ``missing_fields`` counts records per field they lack (``"template field 'q'"``); ``chunks_damaged``
     names each reused chunk that failed its checksum and was tokenized again; ``warnings`` are one-line
@@ -89,6 +95,7 @@ class TokenizeReport:
     quarantine_sample: list[dict[str, Any]] = field(default_factory=list)
     chunks: int = 0
     chunks_reused: int = 0
+    chunks_relocated: int = 0
     tokenizer: str = ""
     seconds: float = 0.0
     missing_fields: dict[str, int] = field(default_factory=dict)
@@ -168,7 +175,7 @@ def tokenize_source(
         files = pl.DataFrame({"path": list(files)}, schema={"path": pl.String})
     out_dir.mkdir(parents=True, exist_ok=True)
     chunks = chunks or Store(out_dir / "chunks")
-    job, groups, todo = _chunk_work(spec, files, tokenizer, chunks, storage_options, engine)
+    job, groups, todo, relocated = _chunk_work(spec, files, tokenizer, chunks, storage_options, engine)
     keys = [k for _g, k in groups]
     tokenized = {k for _g, k in todo}
     distributed = not isinstance(engine, LocalEngine)
@@ -225,6 +232,7 @@ def tokenize_source(
         quarantine_sample=counts.sample,
         chunks=len(keys),
         chunks_reused=len(set(keys) - tokenized),
+        chunks_relocated=len(set(relocated) - tokenized),
         tokenizer=tokenizer.fingerprint,
         seconds=time.perf_counter() - started,
         missing_fields=dict(counts.missing),
@@ -270,7 +278,7 @@ def tokenize_ahead(
     (:meth:`AheadWork.submit`): its call collects the results, so the work of several sources runs side by
     side on a cluster while their stages still run one after another. Largest chunks first: the last tasks
     to run are the small ones, so workers finish together."""
-    job, groups, todo = _chunk_work(spec, files, tokenizer, chunks, storage_options, engine)
+    job, groups, todo, _relocated = _chunk_work(spec, files, tokenizer, chunks, storage_options, engine)
     missing = {k for _g, k in todo}
     reused = sorted({k for _g, k in groups} - missing)
     return AheadWork(job, sorted(todo, key=lambda gk: -_bytes(gk[0])), reused)
@@ -287,13 +295,16 @@ def _chunk_work(
     chunks: Store,
     storage_options: dict[str, Any] | None,
     engine: Engine,
-) -> tuple[ChunkJob, list[tuple[Group, str]], list[tuple[Group, str]]]:
-    """The source's chunk job, its chunks (rows, key) in order, and those to tokenize: not in ``chunks``, or
-    being tokenized ahead on ``engine`` (a listing may show one an ahead task has just written)."""
+) -> tuple[ChunkJob, list[tuple[Group, str]], list[tuple[Group, str]], list[str]]:
+    """The source's chunk job, its chunks (rows, key) in order, those to tokenize: not in ``chunks``, or
+    being tokenized ahead on ``engine`` (a listing may show one an ahead task has just written), and the keys of
+    those just found by content under another key (:func:`relocate_chunks`: files that moved)."""
     job = ChunkJob(spec, tokenizer, chunks.url, chunks.storage_options, storage_options)
     groups = chunk_groups(files, tokenizer, spec)
     have = present_keys(chunks)
-    return job, groups, [(g, k) for g, k in groups if k not in have or is_ahead(engine, k)]
+    relocated = relocate_chunks(chunks, groups, have, tokenizer, spec, busy=lambda k: is_ahead(engine, k))
+    have |= set(relocated)
+    return job, groups, [(g, k) for g, k in groups if k not in have or is_ahead(engine, k)], relocated
 
 
 def _no_documents(name: str, r: TokenizeReport) -> str:

@@ -1,4 +1,9 @@
-"""Source index: the files a source's URI matches, each with a fingerprint, and reading their records."""
+"""Source index: the files a source's URI matches, each with a fingerprint, and reading their records.
+
+Two identities of an indexed file: its ``fingerprint`` (size + mtime or ETag, from the listing alone: where a
+file is and when it was written) and its content digest (:func:`file_digest`: what it holds, wherever it is),
+which the chunk cache uses to find a file's tokens again after the file moved or was copied elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +11,43 @@ import contextlib
 import errno
 import hashlib
 import os
+import posixpath
 import queue
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fsspec
 import polars as pl
 
 from contract.errors import WeirError
-from mixing.ingest.filenames import shown_path
+from mixing.ingest.filenames import real_path, shown_path
 from mixing.ingest.formats import is_code_file, read_file
 from mixing.ingest.records import Record, bad
+from mixing.mixfile import envvars
 from mixing.mixfile.mix import Mix, SourceSpec
 
-__all__ = ["Record", "SourceIndexError", "index_source", "read_ahead", "read_records", "skipped_record"]
+__all__ = [
+    "INDEX_SCHEMA",
+    "Record",
+    "SourceIndexError",
+    "file_digest",
+    "file_name",
+    "index_source",
+    "read_ahead",
+    "read_records",
+    "skipped_record",
+]
+
+INDEX_SCHEMA = {
+    "path": pl.String,
+    "size": pl.Int64,
+    "fingerprint": pl.String,
+    "skipped": pl.String,
+    "name": pl.String,
+    "content": pl.String,
+}
 
 
 class SourceIndexError(WeirError, RuntimeError):
@@ -31,8 +57,12 @@ class SourceIndexError(WeirError, RuntimeError):
 def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = None) -> pl.DataFrame:
     """List the files of source ``name`` with a fingerprint each.
 
-    Returns columns ``path`` (full URI, sorted), ``size`` (bytes), ``fingerprint`` (hex of size + mtime or
-    etag: a file rewritten with other bytes gets another one) and ``skipped``: null for a file to read,
+    Returns the columns of :data:`INDEX_SCHEMA`: ``path`` (full URI, sorted), ``size`` (bytes),
+    ``fingerprint`` (hex of size + mtime or etag: a file rewritten with other bytes gets another one),
+    ``name`` (the path below the URI's fixed folder: the part before its first glob, a single file's folder,
+    a ``code`` folder; the same wherever that folder is moved, copied or linked), ``content`` (a digest of
+    the contents the listing gives for free: size + ETag of an object store's object; null for a local
+    file, which :func:`file_digest` hashes when asked) and ``skipped``: null for a file to read,
     else why the matched path is not read (``"dangling symlink: ..."``, ``"symlink loop: ..."``, ``"is a
     directory: ..."``, ``"not a regular file: ..."``; a reason of :data:`mixing.ingest.records.REASONS` and its
     detail), so that every path the URI matched is accounted for (the documents stage quarantines skipped
@@ -56,6 +86,7 @@ def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = N
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     local = protocol in ("file", "local")
     walked = pattern.rstrip("/").endswith("**")  # folders a ** glob walks through are not "matches"
+    base = _fixed_folder(pattern)
     rows: list[dict[str, Any]] = []
     for p, listed in sorted(infos.items()):
         if spec.format == "code" and not is_code_file(p, spec):
@@ -70,9 +101,21 @@ def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = N
         if skipped is None and full != p and os.path.lexists(full):
             skipped = "unreadable file: its name is not UTF-8, and its escaped form names another file"
         stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
-        fp = hashlib.sha256((skipped or f"{info.get('size')}|{stamp}").encode()).hexdigest()[:16]
+        fp = _fingerprint(skipped or f"{info.get('size')}|{stamp}")
         size = 0 if skipped else int(info.get("size") or 0)
-        rows.append({"path": full, "size": size, "fingerprint": fp, "skipped": skipped})
+        name = p[len(base) + 1 :] if base and p.startswith(base + "/") else p
+        etag = None if local or skipped else info.get("ETag")
+        content = hashlib.sha256(f"etag|{size}|{etag}".encode()).hexdigest()[:32] if etag else None
+        rows.append(
+            {
+                "path": full,
+                "size": size,
+                "fingerprint": fp,
+                "skipped": skipped,
+                "name": shown_path(name) if local else name,
+                "content": content,
+            }
+        )
     if not any(r["skipped"] is None for r in rows):
         why = "; ".join(f"{r['path']}: {r['skipped']}" for r in rows[:3])
         why = f" (skipped: {why})" if why else ""
@@ -80,8 +123,66 @@ def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = N
             f"source {name!r}: no file matches {uri!r}{why}; expected at least one "
             "(for the demo mix, run `weir demo-data` first)"
         )
-    schema = {"path": pl.String, "size": pl.Int64, "fingerprint": pl.String, "skipped": pl.String}
-    return pl.DataFrame(rows, schema=schema)
+    return pl.DataFrame(rows, schema=INDEX_SCHEMA)
+
+
+def _fixed_folder(pattern: str) -> str:
+    """The folder of ``pattern`` (an fsspec path) that holds no glob: the parts before the first that has one,
+    or the folder of a single path. Matched paths are named below it, so that moving, copying or linking that
+    folder elsewhere keeps every file's name."""
+    parts = pattern.rstrip("/").split("/")
+    fixed = next((i for i, part in enumerate(parts) if _is_glob(part)), None)
+    return "/".join(parts[:fixed]) if fixed is not None else posixpath.dirname(pattern.rstrip("/"))
+
+
+def file_name(row: Mapping[str, Any]) -> str:
+    """An index row's ``name`` (its path below the source's fixed folder), or its ``path`` when the index has no
+    names (an index made by hand, or by a version of weir before names)."""
+    return str(row.get("name") or row["path"])
+
+
+def file_digest(row: Mapping[str, Any]) -> str | None:
+    """The content digest of an index row: equal digests, equal bytes, wherever the files are.
+
+    A local file's sha256 (reading it whole: a pass at disk speed, far cheaper than tokenizing it), an object's
+    ``content`` from its listing (size + ETag), a skipped path's reason. None when it cannot be known
+    without downloading the object (a listing without ETag), when the file cannot be read, when the row has no
+    ``fingerprint`` (a file the index could not identify is never reused, whatever it holds), or when a local
+    file's size or mtime is not what the row lists, before or after the hashing: a file written since it was
+    listed may have been read (tokenized) before or after, so its digest could describe other bytes than its
+    chunk's; without one its chunk is never found by content, only tokenized again.
+    """
+    if not row.get("fingerprint"):
+        return None
+    if row.get("skipped"):
+        return hashlib.sha256(f"skipped|{row['skipped']}".encode()).hexdigest()[:32]
+    if row.get("content"):
+        return str(row["content"])
+    path = str(row["path"])
+    if "://" in path:
+        return None
+    h = hashlib.sha256()
+    try:
+        with open(real_path(envvars.expand(path)), "rb") as f:
+            if _stat_fingerprint(os.fstat(f.fileno())) != row["fingerprint"]:
+                return None
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+            if _stat_fingerprint(os.fstat(f.fileno())) != row["fingerprint"]:
+                return None
+    except OSError:  # unreadable (or an {env_NAME} not set): tokenizing it will say why
+        return None
+    return h.hexdigest()[:32]
+
+
+def _fingerprint(text: str) -> str:
+    """A file's fingerprint in the index from its ``size|stamp`` (or why it is skipped)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _stat_fingerprint(st: os.stat_result) -> str:
+    """The fingerprint :func:`index_source` gives a local file of this stat (fsspec's ``mtime`` is ``st_mtime``)."""
+    return _fingerprint(f"{st.st_size}|{st.st_mtime or ''}")
 
 
 def _classify(path: str, info: dict[str, Any], local: bool) -> tuple[dict[str, Any], str | None]:

@@ -17,6 +17,7 @@ from mixing import Mix, load_mix
 from mixing.output.layout import BuildLayout
 from pipelines.freshness import compute_stats, differences, has_documents, stats_folders
 from pipelines.transaction import BuildBusy, output_lock, work_cache
+from tests.conftest import TINY_MIX, write_tiny_sources
 
 
 def digests(root: Path) -> dict[str, str]:
@@ -122,3 +123,27 @@ def test_an_hf_tokenizer_is_compared_by_content_not_by_the_path_naming_it(tiny_m
     shutil.copyfile(tmp_path / "other-bpe" / "tokenizer.json", tok)  # another tokenizer at the same path
     (found,) = differences(mix, root)
     assert found == f"tokenizer: path: {str(tok)!r} holds another tokenizer than the one {root} was tokenized with"
+
+
+def test_a_mix_moved_copied_or_linked_with_its_data_still_fits_and_a_changed_file_does_not(tmp_path: Path) -> None:
+    write_tiny_sources(tmp_path / "old" / "data")
+    (tmp_path / "old" / "tiny.yaml").write_text(TINY_MIX.format(root="data"))
+    root = tmp_path / "b"
+    compute_stats(load_mix(tmp_path / "old" / "tiny.yaml"), root, None, lambda _s: None)
+    (tmp_path / "old").rename(tmp_path / "moved")
+    assert differences(load_mix(tmp_path / "moved" / "tiny.yaml"), root) == []  # other paths, the same files
+
+    shutil.copytree(tmp_path / "moved", tmp_path / "copy", copy_function=shutil.copyfile)  # new mtimes too
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "data").symlink_to(tmp_path / "copy" / "data", target_is_directory=True)
+    shutil.copy(tmp_path / "copy" / "tiny.yaml", tmp_path / "linked" / "tiny.yaml")
+    for folder in ("copy", "linked"):
+        assert differences(load_mix(tmp_path / folder / "tiny.yaml"), root) == [], folder
+
+    note = tmp_path / "copy" / "data" / "notes" / "n04.txt"
+    note.write_text(note.read_text().replace("word", "wort"))  # the same size, other bytes
+    (found,) = differences(load_mix(tmp_path / "linked" / "tiny.yaml"), root)
+    assert found.startswith(
+        f"files: source 'notes' matches 12 files now, {root} tokenized 12: 0 new, 0 gone, 1 changed"
+    )
+    assert found.endswith(f"(e.g. {tmp_path / 'linked' / 'data' / 'notes' / 'n04.txt'})")

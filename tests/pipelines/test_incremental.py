@@ -6,12 +6,14 @@ import json
 import os
 from pathlib import Path
 
+import dagster as dg
 import polars as pl
 
 from mixing import load_mix
 from mixing.output.layout import BuildLayout
 from pipelines.build import build_mix
 from pipelines.transaction import reuse_previous
+from tests.conftest import TINY_MIX, write_tiny_sources
 
 
 def build(mix_path: Path, out: Path, previous: Path | None = None) -> BuildLayout:
@@ -67,3 +69,43 @@ def test_one_changed_file_rebuilds_only_its_chunk_and_equals_a_clean_build(tiny_
     third = build(tiny_mix_path, tmp_path / "third", previous=second.root)
     assert not set(chunk_inodes(third, "qa")) & set(chunk_inodes(second, "qa"))
     same_outputs(third, build(tiny_mix_path, tmp_path / "clean2"), ["notes", "qa"])
+
+
+def documents_counts(instance: dg.DagsterInstance) -> dict[str, tuple[int, int]]:
+    """(chunks, chunks reused) of each source's newest ``documents`` materialization in ``instance``."""
+    records = instance.fetch_materializations(dg.AssetKey(["tiny", "documents"]), limit=100).records
+    newest: dict[str, tuple[int, int]] = {}
+    for r in sorted(records, key=lambda r: r.timestamp):
+        m = r.asset_materialization
+        assert m is not None and m.partition is not None
+        chunks, reused = m.metadata["chunks"].value, m.metadata["chunks_reused"].value
+        assert isinstance(chunks, int) and isinstance(reused, int)
+        newest[m.partition] = (chunks, reused)
+    return newest
+
+
+def test_a_mix_moved_with_its_data_reuses_every_chunk_and_builds_the_same_shards(tmp_path: Path) -> None:
+    # The mix names its data relative to itself, as a mix carried with its data does.
+    old = tmp_path / "old"
+    write_tiny_sources(old / "data")
+    (old / "tiny.yaml").write_text(TINY_MIX.format(root="data"))
+    first = build(old / "tiny.yaml", tmp_path / "first")
+    new = tmp_path / "elsewhere" / "new"
+    new.parent.mkdir()
+    old.rename(new)  # the mix and its data, moved together
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        reuse_previous(first.root, tmp_path / "second")
+        build_mix(load_mix(new / "tiny.yaml"), tmp_path / "second", say=lambda _s: None, instance=instance)
+        counts = documents_counts(instance)
+    second = BuildLayout(tmp_path / "second")
+    assert counts and all(reused == chunks for chunks, reused in counts.values()), counts  # 0 tokenized
+    for s in ("notes", "qa"):
+        before = set(chunk_inodes(first, s).values())
+        assert set(chunk_inodes(second, s).values()) <= before, "every chunk's tokens are the first build's"
+        files = pl.read_parquet(second.source_dir(s) / "docs.parquet")["file"].unique().to_list()
+        assert files and all(f.startswith(str(new / "data")) for f in files), files  # where the files are now
+    quarantined = [json.loads(x) for x in second.source_dir("qa").joinpath("quarantine.jsonl").read_text().splitlines()]
+    assert [q["file"] for q in quarantined] == [str(new / "data" / "qa.jsonl")]
+    for f in sorted(first.shards_dir.iterdir()):  # the build is a function of the contents, not of where they are
+        assert f.read_bytes() == (second.shards_dir / f.name).read_bytes(), f.name

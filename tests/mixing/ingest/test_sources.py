@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from mixing.ingest.chunks import chunk_keys
-from mixing.ingest.sources import SourceIndexError, index_source, read_records
+from mixing.ingest.sources import SourceIndexError, file_digest, index_source, read_records
 from mixing.ingest.tokenizer import load_tokenizer
 from mixing.mixfile.mix import TokenizerSpec, parse_mix
 
@@ -93,3 +93,21 @@ def test_a_folder_name_that_is_not_utf8_and_a_name_like_an_escape(tmp_path: Path
         f"{tmp_path}/b\\xe9.py": ["print('a name with a backslash, as the escape of the other')\n"],
         f"{tmp_path}/d\\xff/a.py": ["print('in a folder named with 0xff')\n"],
     }
+
+
+def test_names_are_below_the_uris_fixed_folder_and_digests_follow_the_bytes(tmp_path: Path) -> None:
+    for rel in ("d/a.txt", "d/sub/b.txt", "d/sub/deep/c.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"text of {rel}\n")
+    assert index_source(mix_for(f"{tmp_path}/d/**/*.txt"), "s")["name"].to_list() == ["a.txt", "sub/b.txt"]
+    assert index_source(mix_for(f"{tmp_path}/d/s*/*.txt"), "s")["name"].to_list() == ["sub/b.txt"]
+    assert index_source(mix_for(tmp_path / "d" / "a.txt"), "s")["name"].to_list() == ["a.txt"]
+    assert index_source(mix_for(tmp_path / "d" / "sub", "code"), "s")["name"].to_list() == ["deep/c.py"]
+
+    rows = list(index_source(mix_for(f"{tmp_path}/d/**/*.txt"), "s").iter_rows(named=True))
+    digests = [file_digest(r) for r in rows]
+    os.utime(tmp_path / "d" / "a.txt", (1, 1))  # another mtime: the listing's row no longer describes the file
+    assert digests[0] is not None and file_digest(rows[0]) is None, "a file written since its listing: no digest"
+    again = list(index_source(mix_for(f"{tmp_path}/d/**/*.txt"), "s").iter_rows(named=True))
+    assert [file_digest(r) for r in again] == digests, "the same bytes, the same digest"
+    assert file_digest({**again[0], "fingerprint": None}) is None, "a file the index could not identify"
