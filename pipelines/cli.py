@@ -507,6 +507,44 @@ def diff(
         out.print(line, highlight=False, markup=False)
 
 
+@app.command()
+def calibrate(
+    device: Annotated[str, typer.Option("--device", help="cuda (default) or cpu, to try the command")] = "cuda",
+    min_len: Annotated[int, typer.Option("--min-len", help="shortest document timed (tokens)")] = 1024,
+    max_len: Annotated[int, typer.Option("--max-len", help="longest document timed (tokens)")] = 131072,
+    heads: Annotated[int, typer.Option("--heads", help="attention heads of the layer timed")] = 32,
+    head_dim: Annotated[int, typer.Option("--head-dim", help="dimension of a head")] = 128,
+) -> None:
+    """Fit the cost model's compute terms (α·l² + β·l + γ seconds per document) to one attention layer's forward
+    and backward on this machine's GPU, and print them as the mix file's balance.cost. Exits 2 without a GPU."""
+    import torch
+
+    from pipelines.calibrate import measure
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        err.print(
+            "[bold red]no GPU here[/]: weir calibrate times attention on the training cluster's GPU; run it on a "
+            "GPU node (or --device cpu to try the command, not for real figures)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(2)
+    try:
+        c = measure(device, min_len, max_len, heads, head_dim)
+    except ValueError as e:
+        err.print(f"[bold red]cannot calibrate[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    for n, s in zip(c.lengths.tolist(), c.seconds.tolist(), strict=True):
+        out.print(f"l = {n:>7,}  {s * 1e3:10.3f} ms", highlight=False)
+    out.print(
+        f"fit on {name}: {c.alpha:.4g}·l² + {c.beta:.4g}·l + {c.gamma:.4g} s (worst point off by {c.worst:.1%})",
+        highlight=False,
+        markup=False,
+    )
+    print(c.mix_yaml().replace("fitted on " + device, "fitted on " + name))
+
+
 @app.command("export-megatron")
 def export_megatron(
     build_dir: Path,
