@@ -6,12 +6,19 @@ planning time per step against a stated, plausible training step, and what shard
 dataset's time to its first item and first-pass tokens/s, unverified, verified with no verdict on the node
 yet (every file hashed) and verified with the node's verdicts cached. Timings print the load average.
 
+Provenance (``loaders.PROVENANCE_FIELDS``, opt-in) off and on, side by side: each payload read without and
+with provenance fields by readers over the same build, taking turns round by round (the order reversed every
+other round), each round's on/off ratio kept; printed per pair: the best tokens/s off and on, their ratio, the
+median of the rounds' ratios, and that median by CPU time (goal: on within 1 % of off, i.e. ≥ 0.99).
+``--provenance-only`` runs that section alone.
+
 Peers run in a separate venv (``--peer-python``; their pins need not match ours) through
 ``benchmarks/loader_peers.py``; without one they are reported as not measured. Every reader delivers
 int64 torch tensors, single process (``num_workers=0``), after one warm-up pass so the files are in page
 cache; each row says which arrays it writes per sequence.
 
     .venv/bin/python benchmarks/loader.py [--build build/demo] [--peer-python /tmp/peer/bin/python]
+    .venv/bin/python benchmarks/loader.py --provenance-only --repeat 15
 
 The peer venv (it borrows this venv's torch and numpy through a .pth file, so no other torch is pulled)::
 
@@ -36,6 +43,7 @@ import os
 import subprocess
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from contract.shards import ShardSet
-from loaders import PackedDataset, Payload, Reading, World
+from loaders import FIELDS, PROVENANCE_FIELDS, PackedDataset, Payload, Reading, World
 from loaders.balance import assign_ranks, regroup_window
 from loaders.refinement import refine_steps
 from mixing.output.shard_writer import write_shards
@@ -116,6 +124,58 @@ def weir(
 
 def load() -> str:
     return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+# (payload, fields off, fields on): what a trainer adds for a loss per source, and everything there is
+PROVENANCE_PAIRS = (
+    ("full item + source_ids", FIELDS, (*FIELDS, "source_ids")),
+    ("full item + seg_source", FIELDS, (*FIELDS, "seg_source")),
+    ("full item + all four", FIELDS, (*FIELDS, *PROVENANCE_FIELDS)),
+    ("input_ids+cu_seqlens + source_ids", LEAN, (*LEAN, "source_ids")),
+    ("input_ids+cu_seqlens + seg_source", LEAN, (*LEAN, "seg_source")),
+)
+
+
+def provenance(build: Path, repeat: int, min_s: float = 0.5) -> dict[str, tuple[float, float, float, float]]:
+    """Tokens/s of each :data:`PROVENANCE_PAIRS` payload with provenance off and on (cp=1, steps planned once,
+    ``verify=False``: item building alone), every reader sampled once per round (a sample: passes over the
+    build for ≥ ``min_s`` s, after one warm-up pass each), the rounds' order reversed every other round; prints
+    and returns per pair (best off, best on, median over rounds of on/off by wall time, the same by this
+    process's CPU time, which other jobs on a shared machine disturb less)."""
+    readers: dict[tuple[str, str], Any] = {}
+    for name, off, on in PROVENANCE_PAIRS:
+        readers[name, "off"] = weir(build, 1, 0, off, verify=False)
+        readers[name, "on"] = weir(build, 1, 0, on, verify=False)
+    for fn in readers.values():
+        fn()
+    wall: dict[tuple[str, str], list[float]] = {key: [] for key in readers}
+    cpu: dict[tuple[str, str], list[float]] = {key: [] for key in readers}
+    before = load()
+    for r in range(repeat):
+        for key in list(readers)[:: 1 if r % 2 == 0 else -1]:
+            n, t0, c0 = 0, time.perf_counter(), time.process_time()
+            while (elapsed := time.perf_counter() - t0) < min_s:
+                n += readers[key]()
+            wall[key].append(n / elapsed)
+            cpu[key].append(n / (time.process_time() - c0))
+    out = {}
+    print(
+        f"\nprovenance off and on (cp=1, verify=False, steps planned once; {repeat} interleaved rounds of >= {min_s} s"
+        " samples per reader;"
+    )
+    print(f" {before} before, {load()} after):")
+    print(
+        f"  {'payload':36} {'off tokens/s':>15} {'on tokens/s':>15} {'on/off best':>12} {'median':>7}"
+        f" {'CPU median':>11}"
+    )
+    for name, _, _ in PROVENANCE_PAIRS:
+        a, b = wall[name, "off"], wall[name, "on"]
+        median = float(np.median([y / x for x, y in zip(a, b, strict=True)]))
+        by_cpu = float(np.median([y / x for x, y in zip(cpu[name, "off"], cpu[name, "on"], strict=True)]))
+        out[name] = (max(a), max(b), median, by_cpu)
+        print(f"  {name:36} {max(a):15,.0f} {max(b):15,.0f} {max(b) / max(a):12.3f} {median:7.3f} {by_cpu:11.3f}")
+    print("  (goal: on within 1 % of off, on/off >= 0.99)")
+    return out
 
 
 def first_pass(build: Path, verify: bool, cache: Path) -> tuple[float, float]:
@@ -213,6 +273,7 @@ def main() -> None:
     ap.add_argument("--model-params", type=float, default=8e9, help="N of the plausible step's model")
     ap.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation of the plausible step")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="accelerator peak (H100 SXM dense BF16: 989)")
+    ap.add_argument("--provenance-only", action="store_true", help="only provenance off vs on (see the docstring)")
     args = ap.parse_args()
     build = args.build
     if build is None:
@@ -233,6 +294,9 @@ def main() -> None:
     m = shards.manifest
     S = m.seq_len
     print(f"build {build}: {len(shards)} sequences of {S} tokens ({m.dtype}), single process")
+    if args.provenance_only:
+        provenance(build, args.repeat)
+        return
     payload = {
         "raw np.memmap copy (ceiling)": PAYLOAD_IDS,
         "weir cp=1, full item": PAYLOAD_FULL,
@@ -286,8 +350,8 @@ def main() -> None:
         payload["peers (LitData, megatron-core)"] = PAYLOAD_IDS
         print("peers not measured: pass --peer-python of a venv with litdata and megatron-core")
     print(f"\n{'reader':52} {'loader_tokens_per_s':>20}  payload per sequence")
-    for name, value in sorted(rows.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0.0):
-        print(f"{name:52} {value:20,.0f}  {payload[name]}")
+    for name, rate in sorted(rows.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0.0):
+        print(f"{name:52} {rate:20,.0f}  {payload[name]}")
     print("(best of --repeat samples of >= 0.5 s; weir's readers and the ceiling take turns, the peers run next;")
     print(f" weir's rows reuse their step plans except 'planning included': {m.global_batch} sequences per step;")
     print(f" weir's rows verify shard files (the default) unless marked verify=False; {load()})")
@@ -298,9 +362,10 @@ def main() -> None:
             f" tokens/s = {ratio:.3f}x"
         )
     verdicts.cleanup()
+    provenance(build, args.repeat)
     verification(build, args.repeat)
     t0 = time.perf_counter()
-    ds = PackedDataset(build, world=World(0, 8 if len(shards) % 8 == 0 and m.global_batch % 8 == 0 else 1))
+    ds = PackedDataset(build, world=World(0, 8 if len(shards) % 8 == 0 and (m.global_batch or 1) % 8 == 0 else 1))
     n_plan = sum(1 for _ in ds.assignments())
     print(f"\nopen + plan the whole build ({n_plan} items of rank 0): {time.perf_counter() - t0:.3f} s (once)")
     rate = args.mfu * args.peak_tflops * 1e12 / (6 * args.model_params)

@@ -18,6 +18,12 @@ a config, nothing downloaded. Three things differ from a map-style dataset:
   one at the start of the next step (:meth:`loaders.StepLoader.state_at`), not the loader's position,
   which may run ahead of training when a framework prefetches.
 
+The loss per source: with ``source_ids`` in the items, :class:`HFBatches` passes them (and the weir step)
+along; ``WeirTrainer.compute_loss`` takes them out of the model's inputs, lets the ``Trainer`` compute its
+loss as usual and sums the per-token losses of its logits by source (:mod:`loaders.provenance`); a callback
+all-reduces the sums over the ranks at each step's end, rank 0 logs them to ``OUT/loss_per_source.csv``
+(``source_log.py``: the format) and plots them at the end (``OUT/loss_per_source.png``; ``--no-plot``: none).
+
 Document masking: with ``attn_implementation="flash_attention_2"`` and ``layout="varlen"`` (one [1, T]
 micro-batch per step, ``position_ids`` restarting at each document) Transformers' padding-free path keeps
 attention inside each document; the ``eager``/``sdpa`` attention used on CPU here attends across the
@@ -34,10 +40,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from loaders import IGNORE_INDEX, PackedDataset, PackedLoader, StepLoader
+from loaders import IGNORE_INDEX, PackedDataset, PackedLoader, Payload, StepLoader
 
 STATE_FILE = "weir_loader_rank{rank}.json"
+# what the model reads (labels: shifted by hf_labels), and each token's source for the loss per source
+FIELDS = ("input_ids", "labels", "position_ids", "cu_seqlens", "source_ids")
+PROVENANCE = ("source_ids", "weir_step")  # HFBatches' keys that are not model inputs
 
 
 def hf_labels(labels: torch.Tensor) -> torch.Tensor:
@@ -46,20 +56,45 @@ def hf_labels(labels: torch.Tensor) -> torch.Tensor:
     return torch.cat([pad, labels[:, :-1]], dim=1)
 
 
+def weir_labels(labels: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`hf_labels`: weir's next-token ``labels`` [B, S] (-100 last, where weir's always is)."""
+    pad = torch.full_like(labels[:, :1], IGNORE_INDEX)
+    return torch.cat([labels[:, 1:], pad], dim=1)
+
+
+def source_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy [B, S] of a causal LM's ``logits`` [B, S, V] against Hugging Face's unshifted
+    ``labels`` [B, S] (:func:`hf_labels`): position p's loss is that of its prediction of weir's
+    ``labels[:, p]`` (the token after p), aligned with the items' ``source_ids``; 0 where the label is -100
+    and at the last position (whose weir label is always -100)."""
+    b, s, v = logits.shape
+    losses = torch.zeros(b, s, dtype=torch.float32, device=logits.device)
+    shifted = F.cross_entropy(
+        logits[:, :-1].reshape(-1, v).float(), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    losses[:, :-1] = shifted.view(b, s - 1)
+    return losses
+
+
 class HFBatches:
-    """The ``Trainer``'s train dataloader: model inputs of each micro-batch of each remaining weir step."""
+    """The ``Trainer``'s train dataloader: model inputs of each micro-batch of each remaining weir step, and,
+    when the items carry ``source_ids``, those (int32 [B, S]) and ``weir_step`` (int) for the loss per source
+    (:data:`PROVENANCE`: not model inputs; ``WeirTrainer.compute_loss`` takes them out)."""
 
     def __init__(self, steps: StepLoader) -> None:
         self.steps = steps
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         for step in self.steps:
             for mb in step.micro_batches:
-                yield {
+                batch: dict[str, Any] = {
                     "input_ids": mb["input_ids"],
                     "labels": hf_labels(mb["labels"]),
                     "position_ids": mb["position_ids"],
                 }
+                if "source_ids" in mb:
+                    batch.update(source_ids=mb["source_ids"], weir_step=step.step)
+                yield batch
 
 
 def rank() -> int:
@@ -93,6 +128,7 @@ def loader_callback(steps: StepLoader, resume_from: str | None = None, first_ste
 
 
 def main() -> None:
+    from source_log import LOG_NAME, PLOT_NAME, SourceLossLog, plot_source_losses  # a sibling: run as a script
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -101,13 +137,15 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=50)
     p.add_argument("--resume", default=None, help="a checkpoint-N folder to resume from")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--no-plot", action="store_true", help="no loss_per_source.png at the end (the log is written)")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
-    ds = PackedDataset(args.build)  # world from RANK / WORLD_SIZE (torchrun) or torch.distributed
+    ds = PackedDataset(args.build, payload=Payload(fields=FIELDS))  # world: RANK / WORLD_SIZE or torch.distributed
     facts = ds.facts
-    steps = StepLoader(PackedLoader(ds))
+    steps = StepLoader(PackedLoader(ds), micro_batch_tokens=None)  # one micro-batch a step: the Trainer counts by them
+    assert facts.vocab_size is not None, "a weir build records its vocab_size"
     config = LlamaConfig(
         vocab_size=facts.vocab_size,
         hidden_size=64,
@@ -130,7 +168,7 @@ def main() -> None:
         learning_rate=args.lr,
         lr_scheduler_type="cosine",
         warmup_steps=max(1, facts.steps // 10),
-        gradient_accumulation_steps=1,  # one micro-batch per weir step (StepLoader's default)
+        gradient_accumulation_steps=1,  # one micro-batch per weir step (micro_batch_tokens=None above)
         save_steps=args.save_steps,
         logging_steps=1,
         ignore_data_skip=True,  # the callback restores the loader; the Trainer must not skip batches itself
@@ -141,19 +179,40 @@ def main() -> None:
         **extra,
     )
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    per_source = SourceLossLog(facts.sources, out / LOG_NAME if rank() == 0 else None)
 
     class LossLog(TrainerCallback):  # type: ignore[misc]
-        def on_log(self, a: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             if logs and "loss" in logs and state.is_world_process_zero:
                 with (out / "losses.jsonl").open("a") as f:
                     f.write(json.dumps({"step": state.global_step, "loss": logs["loss"]}) + "\n")
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            per_source.end_step()  # every rank, once per optimizer step: all-reduced, rank 0 logs
 
     class WeirTrainer(Trainer):  # type: ignore[misc]
         def get_train_dataloader(self) -> Any:
             return HFBatches(steps)
 
+        def compute_loss(
+            self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+        ) -> Any:
+            """The Trainer's own loss, and the micro-batch's per-token losses by source into ``per_source``."""
+            carried = {key: inputs.pop(key) for key in PROVENANCE if key in inputs}
+            # num_items_in_batch exists since transformers 4.46 (the Trainer passes it only there)
+            kw = {} if num_items_in_batch is None else {"num_items_in_batch": num_items_in_batch}
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True, **kw)
+            if carried:
+                with torch.no_grad():
+                    losses = source_losses(outputs.logits, inputs["labels"])
+                per_source.add(carried["weir_step"], losses, weir_labels(inputs["labels"]), carried["source_ids"])
+            return (loss, outputs) if return_outputs else loss
+
     trainer = WeirTrainer(model=model, args=targs, callbacks=[loader_callback(steps, args.resume), LossLog()])
     trainer.train(resume_from_checkpoint=args.resume)
+    if rank() == 0 and not args.no_plot:
+        plot_source_losses(out / LOG_NAME, out / PLOT_NAME)
 
 
 if __name__ == "__main__":

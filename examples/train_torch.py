@@ -15,12 +15,17 @@ What it shows, each in a few lines below:
 - the loss as a mean over the *global* batch's targets (each rank's sum, divided by the count all-reduced
   over ranks, times the DP size because DDP averages gradients), so that any world trains the same model;
 - a checkpoint holding the model, optimizer, LR schedule and every rank's loader state, written at a step
-  boundary: a resume continues with the next step, on the same world or another one (elastic).
+  boundary: a resume continues with the next step, on the same world or another one (elastic);
+- the loss per source: the items carry ``source_ids``, each micro-batch's per-token losses are summed by
+  source (:mod:`loaders.provenance`), all-reduced over the ranks at every step and logged by rank 0
+  (``source_log.py``: the log's format), and plotted at the end.
 
 The last command resumes on one process what two trained (elastic: the steps stay the build's, whatever
 the world). Gloo on CPU here (``--backend nccl`` and ``.cuda()`` on GPUs). Checkpoints go to
 ``RUN/checkpoints/step-N.pt`` (N steps done); ``RUN/losses.jsonl`` gets one line per step (rank 0):
-``{"step", "loss", "sequences"}``; the test (tests/examples) reads it.
+``{"step", "loss", "sequences"}``; ``RUN/loss_per_source.csv`` one row per step and source (rank 0; columns
+``step,source,loss_sum,tokens``, see ``source_log.py``) and ``RUN/loss_per_source.png`` its plot at the end
+(``--no-plot``: none); the test (tests/examples) reads them.
 """
 
 from __future__ import annotations
@@ -35,9 +40,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from source_log import LOG_NAME, PLOT_NAME, SourceLossLog, plot_source_losses
 from torch import nn
 
-from loaders import IGNORE_INDEX, PackedDataset, PackedLoader, StepLoader
+from loaders import IGNORE_INDEX, PackedDataset, PackedLoader, Payload, StepLoader
+
+# what the model and the loss read, and each token's source for the loss per source (opt-in: loaders.fields)
+FIELDS = ("input_ids", "labels", "position_ids", "cu_seqlens", "source_ids")
 
 
 class TinyLM(nn.Module):
@@ -89,6 +98,7 @@ def main() -> None:
     p.add_argument("--layout", choices=["stacked", "varlen"], default=None)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--backend", default="gloo")
+    p.add_argument("--no-plot", action="store_true", help="no loss_per_source.png at the end (the log is written)")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # bit-identical runs on CPU
@@ -99,7 +109,7 @@ def main() -> None:
     run = Path(args.run)
     run.mkdir(parents=True, exist_ok=True)
 
-    ds = PackedDataset(args.build)  # world from torch.distributed; seed: the mix file's
+    ds = PackedDataset(args.build, payload=Payload(fields=FIELDS))  # world from torch.distributed; mix file's seed
     facts = ds.facts  # what the run needs to know, typed
     steps = StepLoader(PackedLoader(ds), layout=args.layout)
     assert facts.vocab_size is not None, "a weir build records its vocab_size"
@@ -126,6 +136,7 @@ def main() -> None:
         steps.load_state_dict(states[rank] if len(states) == world else states[0])
 
     log = (run / "losses.jsonl").open("a") if rank == 0 else None
+    per_source = SourceLossLog(facts.sources, run / LOG_NAME if rank == 0 else None)
     for done, step in enumerate(steps, start=1):
         opt.zero_grad()
         targets = torch.tensor([step.num_targets], dtype=torch.float64)
@@ -134,11 +145,15 @@ def main() -> None:
         total = 0.0
         for mb in step.micro_batches:
             logits = model(mb["input_ids"], mb["position_ids"], mb["cu_seqlens"])
-            loss_sum = F.cross_entropy(logits, mb["labels"].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+            labels = mb["labels"].reshape(-1)
+            losses = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
+            loss_sum = losses.sum()
             (loss_sum * world / targets).backward()  # DDP averages gradients over ranks: × world undoes it
             total += float(loss_sum.detach())
+            per_source.add(step.step, losses, labels, mb["source_ids"].reshape(-1))  # sums on the device
         opt.step()
         sched.step()
+        per_source.end_step()  # every rank: all-reduced over the ranks; rank 0 appends the step's rows
         loss = torch.tensor([total], dtype=torch.float64)
         seqs: list[Any] = [list(step.sequences)]
         if distributed:
@@ -157,6 +172,8 @@ def main() -> None:
     save(run, model, opt, sched, steps, rank, world, distributed)
     if log is not None:
         log.close()
+        if not args.no_plot:
+            plot_source_losses(run / LOG_NAME, run / PLOT_NAME)
     if distributed:
         dist.destroy_process_group()
 

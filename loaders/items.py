@@ -43,9 +43,7 @@ class ItemBuilder:
         self._fixed, self._fixed_t = fixed, torch.from_numpy(fixed)
         self._pool: dict[str, list[np.ndarray]] = {}
         self._provenance = tuple(f for f in PROVENANCE_FIELDS if f in fields)
-        self._lean = (
-            not self.zigzag and "labels" not in fields and "position_ids" not in fields and not self._provenance
-        )
+        self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pool": {}}  # a spawned worker starts with no pooled arrays
@@ -76,11 +74,12 @@ class ItemBuilder:
                 count = at[rows + 1] - at[rows]  # ≥ 2 boundaries per item
                 head = np.cumsum(count) - count
                 gather = expand_runs(at[rows], count, head, np.empty(int(head[-1] + count[-1]), np.int64))
-                cus = list(torch.from_numpy(cu_all[gather]).split(count.tolist()))
-            self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used)
+                cus = list(torch.from_numpy(cu_all[gather]).split_with_sizes(count.tolist()))
+            sources = self._provenance_fields(per_segment, table, rows, used) if self._provenance else None
+            self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used, sources)
         else:
-            seg, first, cu, where = self._layout(table, rows, used)
-            sources = self._provenance_fields(per_segment, table, seg, first, cu, where) if self._provenance else None
+            seg, first, cu = self._layout(table, rows, used)
+            sources = self._provenance_fields(per_segment, table, rows, used, seg) if self._provenance else None
             if self.zigzag:
                 self._zigzag(cols, tokens, seg, first, cu, used, sources)
             else:
@@ -102,12 +101,10 @@ class ItemBuilder:
 
     def _layout(
         self, table: SegmentTable, rows: np.ndarray, used: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Segments of ``table``'s ``rows`` back to back, each one's padding (if any) as one more segment:
         lengths ``seg`` [m], ``first`` [n+1] (item k's segments are ``first[k]:first[k+1]``), boundaries
-        ``cu`` [m+1] in the concatenated positions (item k starts at k·S); ``used``: the rows' real tokens;
-        with provenance fields asked, ``where`` [m]: each segment's row of ``table.segments`` (-1: padding),
-        else None."""
+        ``cu`` [m+1] in the concatenated positions (item k starts at k·S); ``used``: the rows' real tokens."""
         S, n = self.S, len(rows)
         offs = table.offsets
         lo, n_real = offs[rows], offs[rows + 1] - offs[rows]
@@ -121,47 +118,59 @@ class ItemBuilder:
         seg[first[item_of] + e] = table.lengths[lo[item_of] + e]
         cu = np.zeros(len(seg) + 1, dtype=np.int64)
         np.cumsum(seg, out=cu[1:])
-        where = None
-        if self._provenance:
-            where = np.full(len(seg), -1, dtype=np.int64)
-            where[first[item_of] + e] = lo[item_of] + e
-        return seg, first, cu, where
+        return seg, first, cu
 
     def _provenance_fields(
         self,
         cols: dict[str, list[Any]],
         table: SegmentTable,
-        seg: np.ndarray,
-        first: np.ndarray,
-        cu: np.ndarray,
-        where: np.ndarray | None,
+        rows: np.ndarray,
+        used: np.ndarray,
+        seg: np.ndarray | None = None,
     ) -> np.ndarray | None:
-        """``cols``' per-segment provenance fields from a :meth:`_layout` (aligned with the items'
-        ``cu_seqlens``, -1 for the trailing padding's segment); returns, when ``source_ids`` is asked, the
-        source of every concatenated position (int32 [N + 1], -1 on padding and on the extra slot N that a
-        CP padding slot gathers), else None."""
-        assert where is not None
-        want, real = self.fields, where >= 0
-        at = where[real]
-        counts = (first[1:] - first[:-1]).tolist()
-        source = np.full(len(seg), -1, dtype=np.int32)
-        source[real] = table.segments[at, 0]
-        columns = {"seg_source": source}
-        for name, col in (("seg_doc", 1), ("seg_offset", 2)):
+        """``cols``' per-segment provenance fields of ``table``'s ``rows`` (``used``: their real tokens), each
+        item's segments in order then its trailing padding's (-1), as :meth:`_layout` lays them out (so aligned
+        with the items' ``cu_seqlens``); returns, when ``source_ids`` is asked, the source of every concatenated
+        position (int32 [N + 1], -1 on padding and on the extra slot N that a CP padding slot gathers), else
+        None. ``seg``: :meth:`_layout`'s lengths when made already (only ``source_ids`` needs them).
+
+        O(segments) numpy work and one tensor per field per item, except ``source_ids``: one ``np.repeat``
+        over the positions, in a narrow type, and one copy into a pooled int32 array, viewed per item."""
+        S, want = self.S, self.fields
+        lo = table.offsets[rows]
+        n_real = table.offsets[rows + 1] - lo
+        padded = used < S
+        n_seg = n_real + padded  # ≥ 1: a sequence holds a segment or is padding
+        head = np.cumsum(n_seg) - n_seg
+        at = expand_runs(lo, n_seg, head, np.empty(int(n_seg.sum()), np.int64))
+        pad = (head + n_real)[padded]  # the padding's entry of each padded item (its `at` is past its rows)
+        at[pad] = 0
+        counts = n_seg.tolist()
+        source: np.ndarray | None = None
+        for name, col in (("seg_source", 0), ("seg_doc", 1), ("seg_offset", 2)):
+            if name not in want and not (col == 0 and "source_ids" in want):
+                continue
+            # a fresh int64 copy (a table with no segment at all: every entry is padding)
+            arr = table.segments[at, col] if len(table.segments) else np.zeros(len(at), np.int64)
+            if col == 0:
+                arr = source = arr.astype(np.int32)
+            arr[pad] = -1
             if name in want:
-                columns[name] = np.full(len(seg), -1, dtype=np.int64)
-                columns[name][real] = table.segments[at, col]
-        for name, arr in columns.items():
-            if name in want:
-                cols[name] = list(torch.from_numpy(arr).split(counts))
-        if "source_ids" not in want:
+                cols[name] = list(torch.from_numpy(arr).split_with_sizes(counts))
+        if source is None or "source_ids" not in want:
             return None
-        N = int(cu[-1])
+        if seg is None:
+            seg = table.lengths[at] if len(table.lengths) else np.zeros(len(at), np.int64)
+            seg[pad] = S - used[padded]
+        # each segment's source over its slots, into a pooled array (a fresh one faults its pages in every
+        # chunk): repeated in the narrowest type that holds the ids (a quarter of the bytes for < 128
+        # sources), then widened by one casting copy
+        N = int(seg.sum())
         ids = self._take("source_ids", N + 1, np.int32)
-        ids.fill(0)
-        ids[cu[:-1]] = np.diff(source, prepend=np.int32(0))  # segments are ≥ 1 slot: one step per segment start
-        np.cumsum(ids, dtype=np.int32, out=ids)
-        ids[N] = -1
+        top = int(source.max(initial=-1))
+        narrow = source.astype(np.int8 if top < 2**7 else np.int16 if top < 2**15 else np.int32)
+        np.copyto(ids[:N], np.repeat(narrow, seg))
+        ids[N] = -1  # what a CP padding slot gathers
         return ids
 
     def _item_cu(

@@ -1,6 +1,8 @@
 """examples/train_torch.py under torchrun (2 processes, gloo, CPU): the loss falls, a run resumed from its
 checkpoint after step 4 equals the uninterrupted one, and a resume on 1 process (elastic, 2 → 1) trains the same
-steps to the same losses (up to summation order)."""
+steps to the same losses (up to summation order). Each run's loss per source (tests/examples/source_checks.py):
+one row per (step, source with targets), the build's targets to the token, summing to the step's loss; the
+plot written at the end (the resumed runs: --no-plot)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.examples.source_checks import check_source_log
 
 SCRIPT = ROOT / "examples" / "train_torch.py"
 
@@ -35,12 +38,18 @@ def test_loss_falls_and_a_resumed_run_equals_the_uninterrupted_one(tiny_build: P
     assert all(r["sequences"] == list(range(4 * r["step"], 4 * r["step"] + 4)) for r in whole)  # every step, once
     losses = [r["loss"] for r in whole]
     assert losses[-1] < losses[0] - 0.5 and sum(losses[-3:]) < sum(losses[:3])
+    per_source = check_source_log(tmp_path / "whole", tiny_build, list(range(8)), {r["step"]: r["loss"] for r in whole})
     checkpoint = tmp_path / "whole" / "checkpoints" / "step-4.pt"  # as if killed after step 4 was saved
 
-    resumed = train(2, tiny_build, tmp_path / "resumed", "--resume", str(checkpoint))
+    resumed = train(2, tiny_build, tmp_path / "resumed", "--resume", str(checkpoint), "--no-plot")
     assert resumed == whole[4:]  # bit for bit: model, optimizer, LR schedule and loader state all restored
+    again = check_source_log(tmp_path / "resumed", tiny_build, [4, 5, 6, 7], None, plot=False)
+    assert again == [r for r in per_source if r["step"] >= 4]  # bit for bit too
 
-    elastic = train(1, tiny_build, tmp_path / "elastic", "--resume", str(checkpoint))  # 2 ranks → 1
+    elastic = train(1, tiny_build, tmp_path / "elastic", "--resume", str(checkpoint), "--no-plot")  # 2 ranks → 1
     assert [(r["step"], r["sequences"]) for r in elastic] == [(r["step"], r["sequences"]) for r in whole[4:]]
     for a, b in zip(elastic, whole[4:], strict=True):  # the same steps; sums in another order only
         assert abs(a["loss"] - b["loss"]) < 1e-4 * abs(b["loss"])
+    check_source_log(
+        tmp_path / "elastic", tiny_build, [4, 5, 6, 7], {r["step"]: r["loss"] for r in elastic}, plot=False
+    )

@@ -7,7 +7,14 @@
   ``tokens``) are those minus one per document piece; the loss sums of all ranks add up to those of the
   step computed on one rank with whole sequences, exactly;
 - the same over real processes: ``torchrun`` (gloo, CPU), two ranks as cp 2 and as dp 2, all-reduced by
-  ``reduce_per_source``.
+  ``reduce_per_source``;
+- the provenance fields of items without labels or positions (the loader's lean path, which reads
+  ``cu_seqlens`` from the build's index) are those of items with them;
+- a trainer that asks for ``seg_source`` alone gets each slot's source on its own device as
+  ``repeat_interleave(seg_source, diff(cu_seqlens))``: the ``source_ids`` of every ``StepLoader`` micro-batch,
+  stacked and varlen;
+- ``source_ids`` and ``seg_source`` hold any source index (ids that need 8, 16 or 32 bits), with and
+  without the lean path and the build index's ``cu_seqlens``.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.shards import ShardSet
-from loaders import IGNORE_INDEX, Balance, PackedDataset, Payload, World
+from loaders import IGNORE_INDEX, PROVENANCE_FIELDS, Balance, PackedDataset, Payload, StepLoader, World
+from loaders.feed import SegmentTable
+from loaders.fields import check_fields
+from loaders.items import ItemBuilder
 from loaders.provenance import loss_per_source
 from loaders.stream import stream_compositions
 from tests.loaders.torchrun import run_torchrun
@@ -133,3 +143,62 @@ def test_loss_per_source_refuses_shapes_that_differ() -> None:
 
 def test_torchrun_ranks_all_reduced_equal_one_rank(tiny_build: Path, tmp_path: Path) -> None:
     run_torchrun("torchrun_provenance.py", 2, tiny_build, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["tiny_build", "demo_build"])
+def test_items_without_labels_carry_the_same_provenance(request: pytest.FixtureRequest, name: str) -> None:
+    build: Path = request.getfixturevalue(name)
+    lean = ("input_ids", "cu_seqlens", *PROVENANCE_FIELDS)  # cp 1 only: with cp > 1 labels must be asked for
+    pair = [PackedDataset(build, world=World(0, 1), payload=Payload(fields=f)) for f in (lean, ("labels", *lean))]
+    for a, b in zip(*pair, strict=True):
+        assert a.keys() == b.keys() - {"labels"}
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "cu_seqlens", *PROVENANCE_FIELDS))
+
+
+@pytest.mark.parametrize("layout", ["stacked", "varlen"])
+def test_seg_source_expands_to_source_ids_on_the_trainers_device(tiny_build: Path, layout: str) -> None:
+    fields = ("input_ids", "labels", "cu_seqlens", "source_ids", "seg_source")
+    ds = PackedDataset(tiny_build, world=World(1, 2), payload=Payload(fields=fields))
+    for step in StepLoader(ds, layout=layout):
+        for mb in step.micro_batches:
+            cu = mb["cu_seqlens"].long()
+            expanded = torch.repeat_interleave(mb["seg_source"], cu[1:] - cu[:-1])
+            assert expanded.dtype == torch.int32 and torch.equal(expanded, mb["source_ids"].reshape(-1))
+
+
+class OneTable:
+    """A feed (what ``ItemBuilder`` reads) of two hand-made sequences of S = 16 whose source ids need 8, 16
+    and 32 bits: tokens 0…15 in each row; the first row ends in padding."""
+
+    S = 16
+    SEGMENTS = np.array([[200, 1, 0, 5], [40000, 2, 3, 7], [5, 9, 0, 16]], dtype=np.int64)
+
+    def __init__(self, sources: list[int], with_cu: bool) -> None:
+        segs = self.SEGMENTS.copy()
+        segs[:, 0] = sources
+        cu = (np.array([0, 5, 12, 16, 0, 16], dtype=np.int32), np.array([0, 4, 6])) if with_cu else None
+        offsets, used = np.array([0, 2, 3]), np.array([12, 16])
+        self.table = SegmentTable(offsets, segs[:, 3], used, np.zeros(2, np.int64), segs, cu)
+
+    def read(self, idx: np.ndarray, block: np.ndarray) -> tuple[SegmentTable, np.ndarray]:
+        block[:] = np.arange(self.S)
+        return self.table, idx
+
+
+@pytest.mark.parametrize("sources", [[3, 4, 5], [200, 4, 5], [200, 40000, 5]])
+@pytest.mark.parametrize("with_cu", [True, False])
+@pytest.mark.parametrize("labels", [True, False])
+def test_source_ids_of_any_source_index(sources: list[int], with_cu: bool, labels: bool) -> None:
+    fields = check_fields(("input_ids", "cu_seqlens", *(("labels",) if labels else ()), *PROVENANCE_FIELDS), 1)
+    builder = ItemBuilder(
+        OneTable(sources, with_cu), seq_len=16, pad_id=0, fields=fields, world=World(), cp_split="zigzag"
+    )  # type: ignore[arg-type]
+    a, b = builder.build([0, 1])
+    s0, s1, s2 = sources
+    assert a["source_ids"].tolist() == [s0] * 5 + [s1] * 7 + [-1] * 4 and b["source_ids"].tolist() == [s2] * 16
+    assert a["source_ids"].dtype == a["seg_source"].dtype == torch.int32
+    assert a["seg_source"].tolist() == [s0, s1, -1] and b["seg_source"].tolist() == [s2]
+    assert (
+        a["seg_doc"].tolist() == [1, 2, -1] and a["seg_offset"].tolist() == [0, 3, -1] and b["seg_doc"].tolist() == [9]
+    )
+    assert a["cu_seqlens"].tolist() == [0, 5, 12, 16] and b["cu_seqlens"].tolist() == [0, 16]
