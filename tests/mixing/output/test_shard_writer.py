@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract.cost import CostModel
+from contract.digests import STEP_DIGESTS, sequence_digests, step_digests, write_step_digests
 from contract.manifest import MANIFEST, BuildInfo, ShardError, validated
 from contract.shards import ShardSet
 from mixing.output.shard_writer import open_shards, seal_shards, token_dtype, write_shard, write_shards
@@ -110,6 +111,8 @@ def test_the_two_halves_make_the_manifest_write_shards_makes(tmp_path: Path) -> 
             ]
         )
     assert entries[0] == entries[1] == list(whole.shards)
+    digests = step_digests(step, sequence_digests(tokens, off, segs[:, 3]), 3)  # what the halves' driver adds
+    info = info.model_copy(update={"step_digests": write_step_digests(open_shards(tmp_path / "halves"), digests)})
     sealed = seal_shards(open_shards(tmp_path / "halves"), info, entries[0], None, 8, np.uint16)
     assert (
         sealed == whole
@@ -128,11 +131,13 @@ def test_a_rerun_withdraws_the_manifest_first_and_clears_only_its_own_files_at_t
     assert not (tmp_path / MANIFEST).exists()  # from here on no reader trusts the folder
     with pytest.raises(ShardError, match="no manifest"):
         ShardSet(tmp_path)
-    assert sorted(store.names()) == sorted([f.name for s in old.shards for f in s.files.both()] + ["README.txt"])
+    assert sorted(store.names()) == sorted(
+        [f.name for s in old.shards for f in s.files.both()] + ["README.txt", STEP_DIGESTS]
+    )
     new = write_shards(tmp_path, tokens[:3], np.arange(3), off[:4], segs[:3], 2, INFO)
     assert len(new.shards) == 2 and ShardSet(tmp_path).verify() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f.name for s in new.shards for f in s.files.both()] + [MANIFEST, "README.txt"]
+        [f.name for s in new.shards for f in s.files.both()] + [MANIFEST, "README.txt", STEP_DIGESTS]
     )
 
 
