@@ -22,7 +22,7 @@ demo: setup
 
 # what CI runs (.ci/run): the house rules first (seconds), then the suite
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check .

@@ -23,9 +23,15 @@ from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureReport, goal_text, unit_goal
 from mixing.report import inspect_build, write_report
 
-__all__ = ["MIN_PACKING_EFFICIENCY", "mix_assets"]
+__all__ = ["BLOCKING_CHECKS", "MIN_PACKING_EFFICIENCY", "mix_assets"]
 
 MIN_PACKING_EFFICIENCY = 0.995  # docs/design.md goal
+BLOCKING_CHECKS = frozenset(
+    {"planned_documents_exist", "token_budget_per_phase", "manifest_checksums", "prefix_unchanged"}
+)
+"""Checks whose failure stops what follows (``blocking``): a stage after a plan that draws missing pieces or runs
+short, or after shards that do not match their manifest or a continuation's base, would build on a wrong
+result. The goals (``mixture_error``, ``packing_efficiency``: WARN) and the rest report without stopping."""
 _LOG = logging.getLogger("weir.documents")  # `weir build` prints this logger's warnings
 
 
@@ -33,6 +39,16 @@ def _pieces(tok: TextTokenizer) -> Callable[[str], int]:
     """How many tokens ``tok`` makes of a text, BOS/EOS not counted."""
     extra = len(tok.encode_batch([""])[0])
     return lambda text: len(tok.encode_batch([text])[0]) - extra
+
+
+def _int(value: Any) -> dg.IntMetadataValue:
+    """A count as Dagster's int metadata (numpy's integers are not ``int``: they would be stored as text)."""
+    return dg.MetadataValue.int(int(value))
+
+
+def _float(value: Any) -> dg.FloatMetadataValue:
+    """A figure as Dagster's float metadata, which the asset's *Plots* tab draws across materializations."""
+    return dg.MetadataValue.float(float(value))
 
 
 def _markdown(df: pl.DataFrame) -> str:
@@ -69,7 +85,7 @@ def _continuation(mix: Mix, layout: BuildLayout, storage: WeirStorage) -> tuple[
     meta = {
         "continues": dg.MetadataValue.path(mix.continues.base),
         "continues_build_id": base.build_id,
-        "switch_step": at,
+        "switch_step": _int(at),
         "lineage": dg.MetadataValue.md(
             "\n".join(f"- {e.base[:12]}… → this build at step {e.at} (base mix {e.base_mix})" for e in base.lineage())
         ),
@@ -80,14 +96,17 @@ def _continuation(mix: Mix, layout: BuildLayout, storage: WeirStorage) -> tuple[
         description=f"steps 0..{at - 1} identical to the base ({at} digests, the base's shard files)"
         if not problems
         else "; ".join(problems),
-        metadata={"switch_step": at},
+        metadata={"switch_step": _int(at)},
     )
     return meta, [check]
 
 
 def _check_specs(asset: dg.AssetKey, described: dict[str, str]) -> list[dg.AssetCheckSpec]:
-    """One check spec per ``name: description`` on ``asset``."""
-    return [dg.AssetCheckSpec(name, asset=asset, description=text) for name, text in described.items()]
+    """One check spec per ``name: description`` on ``asset``, blocking when named in :data:`BLOCKING_CHECKS`."""
+    return [
+        dg.AssetCheckSpec(name, asset=asset, description=text, blocking=name in BLOCKING_CHECKS)
+        for name, text in described.items()
+    ]
 
 
 def _mixture_check(
@@ -104,7 +123,12 @@ def _mixture_check(
         severity=dg.AssetCheckSeverity.WARN,
         description=f"{what}: window {window:.4f} (goal {goal_text(GOAL_WINDOW, units[0], window, 'a window', unit)}), "
         f"phase {phase:.4f} (goal {goal_text(GOAL_PHASE, units[1], phase, 'the smallest phase', unit)})",
-        metadata={"window": window, "phase": phase, "goal_window": goal_w, "goal_phase": goal_p},
+        metadata={
+            "window": _float(window),
+            "phase": _float(phase),
+            "goal_window": _float(goal_w),
+            "goal_phase": _float(goal_p),
+        },
     )
 
 
@@ -170,9 +194,9 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         listed = [{"path": p, "reason": r} for p, r in skipped.head(100).select("path", "skipped").iter_rows()]
         return dg.MaterializeResult(
             metadata={
-                "files": len(df) - len(skipped),
-                "bytes": int(df["size"].sum()),
-                "skipped": len(skipped),
+                "files": _int(len(df) - len(skipped)),
+                "bytes": _int(df["size"].sum()),
+                "skipped": _int(len(skipped)),
                 "skipped_paths": dg.MetadataValue.json(listed),  # the first 100 (all are in quarantine.jsonl)
             }
         )
@@ -187,8 +211,8 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         return dg.MaterializeResult(
             metadata={
                 "kind": mix.tokenizer.kind,
-                "vocab_size": tok.vocab_size,
-                "eos_id": tok.eos_id,
+                "vocab_size": _int(tok.vocab_size),
+                "eos_id": _int(tok.eos_id),
                 "fingerprint": tok.fingerprint,
             }
         )
@@ -215,22 +239,22 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         warnings = [*([chat] if chat else []), *r.warnings]
         return dg.MaterializeResult(
             metadata={
-                "docs_seen": r.docs_seen,
-                "docs_kept": r.docs_kept,
-                "docs_quarantined": r.docs_quarantined,
-                "tokens": r.tokens,
-                "bytes": r.bytes_in,
+                "docs_seen": _int(r.docs_seen),
+                "docs_kept": _int(r.docs_kept),
+                "docs_quarantined": _int(r.docs_quarantined),
+                "tokens": _int(r.tokens),
+                "bytes": _int(r.bytes_in),
                 "quarantine_reasons": r.quarantine_reasons,
                 "quarantine": dg.MetadataValue.path(f"{layout.url}/sources/{name}/quarantine.jsonl"),
                 "quarantine_sample": dg.MetadataValue.json(r.quarantine_sample),
                 "tokenizer_fingerprint": r.tokenizer,
-                "chunks": r.chunks,
-                "chunks_reused": r.chunks_reused,
-                "chunks_damaged": len(r.chunks_damaged),
+                "chunks": _int(r.chunks),
+                "chunks_reused": _int(r.chunks_reused),
+                "chunks_damaged": _int(len(r.chunks_damaged)),
                 "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in warnings) or "none"),
-                "mb_per_s": round(r.bytes_in / 1e6 / max(r.seconds, 1e-9), 2),
+                "mb_per_s": _float(round(r.bytes_in / 1e6 / max(r.seconds, 1e-9), 2)),
                 "engine": r.engine,
-                "workers": r.workers,
+                "workers": _int(r.workers),
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -255,9 +279,9 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             metadata={
                 "histogram": dg.MetadataValue.md(length_histogram_md(st.histogram, mix.sequence.length)),
                 "summary": dg.MetadataValue.md(_markdown(st.summary)),
-                "documents": int(overall["docs"][0]),
-                "tokens": int(overall["tokens"][0]),
-                "share_over_seq": float(overall["share_over_seq"][0]),
+                "documents": _int(overall["docs"][0]),
+                "tokens": _int(overall["tokens"][0]),
+                "share_over_seq": _float(overall["share_over_seq"][0]),
             }
         )
 
@@ -279,14 +303,14 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         short = audit.budget.filter(pl.col("short") > 0)
         return dg.MaterializeResult(
             metadata={
-                "steps": mix.total_steps,
-                "units": p.units,
+                "steps": _int(mix.total_steps),
+                "units": _int(p.units),
                 "mixture": dg.MetadataValue.md(mixture_area_md(p.quotas)),
                 "phases": dg.MetadataValue.md(_markdown(p.phases)),
                 "per_source": dg.MetadataValue.md(_markdown(p.per_source)),
                 "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in p.warnings) or "none"),
-                "mixture_error_window": me.window,
-                "mixture_error_phase": me.phase,
+                "mixture_error_window": _float(me.window),
+                "mixture_error_phase": _float(me.phase),
                 **stages.fingerprints(mix, layout),
             },
             check_results=[
@@ -296,7 +320,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                     passed=audit.missing_units == 0 and audit.duplicate_units == 0,
                     description=f"{audit.missing_units} planned units missing, "
                     f"{audit.duplicate_units} drawn twice within an epoch (goal 0 and 0)",
-                    metadata={"missing": audit.missing_units, "duplicates": audit.duplicate_units},
+                    metadata={"missing": _int(audit.missing_units), "duplicates": _int(audit.duplicate_units)},
                 ),
                 dg.AssetCheckResult(
                     check_name="token_budget_per_phase",
@@ -335,12 +359,21 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         return dg.MaterializeResult(
             metadata={
                 "path": dg.MetadataValue.path(layout.shards_url),
-                "sequences": r.sequences,
-                "tokens": r.tokens,
-                "packing_efficiency": eff,
-                "truncated_docs": trunc,
-                "mixture_error_window": me.window,
-                "mixture_error_phase": me.phase,
+                "sequences": _int(r.sequences),
+                "tokens": _int(r.tokens),
+                "tokens_dropped": _int(r.tokens_dropped),
+                "packing_efficiency": _float(eff),
+                "truncated_docs": _float(trunc),
+                "mixture_error_window": _float(me.window),
+                "mixture_error_phase": _float(me.phase),
+                **(
+                    {  # what the trainer receives, where the mix file regroups steps (else: the build's steps)
+                        "stream_mixture_error_window": _float(r.mixture_error_stream.window),
+                        "stream_mixture_error_phase": _float(r.mixture_error_stream.phase),
+                    }
+                    if r.mixture_error_stream is not None
+                    else {}
+                ),
                 **stages.fingerprints(mix, layout),
                 **continued,
             },
@@ -351,13 +384,13 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                     passed=eff >= MIN_PACKING_EFFICIENCY,
                     severity=dg.AssetCheckSeverity.WARN,
                     description=f"{eff:.4f} (goal ≥ {MIN_PACKING_EFFICIENCY})",
-                    metadata={"value": eff},
+                    metadata={"value": _float(eff)},
                 ),
                 dg.AssetCheckResult(
                     check_name="truncated_docs",
                     passed=trunc == 0,
                     description=f"{trunc:.4f} of documents ≤ S were split (goal 0)",
-                    metadata={"value": trunc},
+                    metadata={"value": _float(trunc)},
                 ),
                 dg.AssetCheckResult(
                     check_name="manifest_checksums",

@@ -2,16 +2,17 @@
 
 Builds go under ``build/`` (or ``$WEIR_BUILD_ROOT``: a folder or an ``s3://`` URL), one per mix; tokenizing
 and shard writing run where ``$WEIR_ENGINE`` says (``local`` or ``ray`` at ``$WEIR_RAY_ADDRESS``). Loaded by ``dg dev``,
-``dagster dev -w workspace.yaml`` and ``weir ui``. Per mix: the assets and their checks, a job
-``build_<mix>`` (partitioned by source: re-index sources; automation runs every later stage, see
-:mod:`pipelines.automation`), a nightly schedule, a sensor on the sources' files, and the automation sensor.
+``dagster dev -w workspace.yaml`` and ``weir ui``. Per mix: the assets and their checks, the job ``build_<mix>``
+(:func:`pipelines.build.build_job`: launched with no partition, a whole build in one run; for one source, a
+re-index of that source, after which automation runs every later stage, see :mod:`pipelines.automation`), a
+nightly schedule, a sensor on the sources' files, and the automation sensor; for the code location, the sensor
+that reports failed runs (:func:`pipelines.sensors.failure_sensor`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import dagster as dg
 
@@ -21,31 +22,22 @@ from contract.errors import WeirError
 from mixing import Mix, MixError, load_mix
 from pipelines import PROJECT_ROOT
 from pipelines.automation import automated, automation_sensor
+from pipelines.build import build_job, ui_build_root, ui_output
 from pipelines.executors import executor_from_env
 from pipelines.resources import engine_resource, storage_resource
 from pipelines.schedules import nightly_schedule
-from pipelines.sensors import source_sensor
-
-if TYPE_CHECKING:  # the class of define_asset_job's result is not exported by dagster
-    from dagster._core.definitions.unresolved_asset_job_definition import (
-        UnresolvedAssetJobDefinition as AssetJob,
-    )
+from pipelines.sensors import failure_sensor, source_sensor
 
 __all__ = ["defs", "load_definitions", "mix_job"]
 
 
-def mix_job(mix: Mix) -> AssetJob:
-    """The job that starts a build of ``mix``: one run per source partition re-indexes that source.
-
-    Automation then builds the rest (tokenizer, documents per source, stats, plan, shards). From the command
-    line: ``dg launch --job build_<mix> --partition <source>``; from the UI: the job's "Launch backfill"
-    (every source), or "Materialize all" on the asset group.
+def mix_job(mix: Mix) -> dg.JobDefinition:
+    """The job ``build_<mix>`` (:func:`pipelines.build.build_job`): one run builds the mix, every stage and
+    source (launched with no partition: the job's *Launchpad*, *Launch run*; ``weir build`` runs the same job
+    in its own process); a run for one source re-indexes it (``dg launch --job build_<mix> --partition
+    <source>``, the nightly schedule, the source sensor) and automation builds the rest.
     """
-    return dg.define_asset_job(
-        f"build_{mix.name}",
-        selection=dg.AssetSelection.assets(dg.AssetKey([mix.name, "source_index"])),
-        description=f"Start a build of mix {mix.name!r}: re-index a source; its later stages follow automatically.",
-    )
+    return build_job(mix)
 
 
 def load_definitions(mixes_dir: Path, build_root: Path | str) -> dg.Definitions:
@@ -70,14 +62,17 @@ def load_definitions(mixes_dir: Path, build_root: Path | str) -> dg.Definitions:
         owner[m.name] = p
         mixes.append(m)
     automation_on = os.environ.get("WEIR_AUTOMATION", "on") != "off"
+    interval = os.environ.get("WEIR_AUTOMATION_INTERVAL", "15").strip()
+    if not (interval.isascii() and interval.isdigit() and int(interval) > 0):
+        raise WeirError(f"WEIR_AUTOMATION_INTERVAL={interval!r}: expected a whole number of seconds, at least 1")
     assets: list[dg.AssetsDefinition] = []
     checks: list[dg.AssetChecksDefinition] = []
     jobs, schedules, sensors = [], [], []
     for m in mixes:
         try:
-            group = automated(mix_assets(m))
+            group = automated(mix_assets(m), ui_output(m, build_root))
             job = mix_job(m)
-            mix_sensors = [source_sensor(m, job), automation_sensor(m, on=automation_on)]
+            mix_sensors = [source_sensor(m, job), automation_sensor(m, int(interval), on=automation_on)]
             schedule = nightly_schedule(m, job)
         except (WeirError, dg.DagsterError, ValueError) as e:  # a valid mix Dagster refuses: still only this one
             broken.append((owner[m.name], f"{owner[m.name]}: cannot define mix {m.name!r}: {type(e).__name__}: {e}"))
@@ -98,13 +93,10 @@ def load_definitions(mixes_dir: Path, build_root: Path | str) -> dg.Definitions:
         asset_checks=checks,
         jobs=jobs,
         schedules=schedules,
-        sensors=sensors,
+        sensors=[*sensors, failure_sensor()],
         resources={"storage": storage_resource(build_root), "engine": engine_resource()},
         executor=executor_from_env(),
     )
 
 
-defs = load_definitions(
-    Path(os.environ.get("WEIR_MIXES", PROJECT_ROOT / "mixes")),
-    os.environ.get("WEIR_BUILD_ROOT", str(PROJECT_ROOT / "build")),
-)
+defs = load_definitions(Path(os.environ.get("WEIR_MIXES", PROJECT_ROOT / "mixes")), ui_build_root())

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import dagster as dg
 
 from mixing import Mix
-
-if TYPE_CHECKING:  # the class of define_asset_job's result is not exported by dagster
-    from dagster._core.definitions.unresolved_asset_job_definition import (
-        UnresolvedAssetJobDefinition as AssetJob,
-    )
 
 __all__ = ["NIGHTLY_CRON", "nightly_schedule"]
 
 NIGHTLY_CRON = "0 3 * * *"  # 03:00 in the schedule's timezone (UTC unless configured)
 
 
-def nightly_schedule(mix: Mix, job: AssetJob, cron: str = NIGHTLY_CRON) -> dg.ScheduleDefinition:
+def nightly_schedule(mix: Mix, job: dg.JobDefinition, cron: str = NIGHTLY_CRON) -> dg.ScheduleDefinition:
     """A schedule (stopped until someone turns it on) asking one run of ``job`` per source of ``mix``.
 
     Each run request carries the source as its partition key; the tick time is in the run key, so a tick

@@ -17,6 +17,13 @@ its shards, becomes the hidden sibling ``.<dest>.cache`` (see :func:`work_cache`
 ``dest`` itself, so no reader sees a partial build. The next build seeds from it as from the previous output
 (reused chunks are verified against their checksums, :mod:`mixing.ingest.chunks`), ``weir plan`` plans
 from its documents in seconds, and a successful build removes it.
+
+One writer per output, with the Dagster UI beside: a build into the mix's own output (the folder the UI builds,
+:func:`pipelines.build.ui_output`) waits for, or refuses, the UI's runs in progress that write it
+(:func:`dagster_writers`) before it starts, and waits for them again before it swaps its staging folder in; the
+UI's automation starts nothing while the output's lock is held (:func:`lock_holder`, read by
+:class:`pipelines.automation.OutputFree`), and a build's own materializations never prompt it to build again
+(:data:`pipelines.build.BUILD_TAG`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import fcntl
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -39,7 +47,7 @@ from contract.errors import WeirError
 from contract.store import Store, is_local
 from mixing import Mix
 from mixing.output.commit import COMMITS
-from pipelines.build import build_mix
+from pipelines.build import ELSEWHERE_TAG, build_mix, build_tags
 from pipelines.lease import BuildBusy, root_lease
 from pipelines.resources import storage_resource
 
@@ -48,7 +56,10 @@ __all__ = [
     "BuildOutcome",
     "build_output",
     "build_remote",
+    "dagster_writers",
     "kept_work",
+    "lock_file",
+    "lock_holder",
     "output_lock",
     "reuse_previous",
     "work_cache",
@@ -95,7 +106,9 @@ def build_output(
     if mix.continues is not None and is_local(mix.continues.base) and Path(mix.continues.base).resolve() == dest:
         raise WeirError(f"{dest}: a continuation cannot replace its base; build it into another folder (--out)")
     cache = work_cache(dest)
+    tags = build_tags(mix, dest)
     with output_lock(dest, wait, say):
+        _wait_for_writers(instance, mix, tags, dest, wait, say)
         n, size = _remove_leftovers(dest, say)
         if n:
             say(f"removed {n} leftover{'s' if n > 1 else ''} of killed builds ({_human(size)})")
@@ -109,7 +122,9 @@ def build_output(
                 reused += reuse_previous(base, stage) if base is not None and base.is_dir() else 0
             if cache.is_dir() and not fresh:
                 say(f"reusing the work a failed build kept in {cache} ({reused} files with the output's)")
-            build_mix(mix, stage, say=say, instance=instance, engine=engine)
+            build_mix(mix, stage, say=say, instance=instance, engine=engine, tags=tags)
+            # a run the UI launched just before this build took the lock may be writing dest: let it finish
+            _wait_for_writers(instance, mix, tags, dest, True, say)
             _swap(stage, dest)
         except BaseException:
             _keep_work(stage, cache)
@@ -141,12 +156,14 @@ def build_remote(
     resource = storage_resource(url, per_mix=False, bound=False)
     store = Store.open(url, resource.storage_options())
     work = work_folder(store.url)
+    tags = build_tags(mix, store.url)
     with output_lock(work, wait, say), root_lease(store, wait, say):
+        _wait_for_writers(instance, mix, tags, store.url, wait, say)
         if fresh:
             shutil.rmtree(work, ignore_errors=True)
             for folder in ("sources", COMMITS):
                 store.remove_tree(folder)
-        build_mix(mix, store.url, say=say, instance=instance, engine=engine)
+        build_mix(mix, store.url, say=say, instance=instance, engine=engine, tags=tags)
         for old in set(store.names("sources")) - set(mix.sources):
             store.remove_tree(f"sources/{old}")
             store.remove(f"{COMMITS}/documents/{old}.json")
@@ -190,7 +207,7 @@ def output_lock(dest: Path, wait: bool, say: Callable[[str], None]) -> Iterator[
     Removing a lock file is safe because a process that got the flock checks that the file it locked is
     still the one at the path (not one its holder has just removed) and otherwise starts over.
     """
-    lock = dest.with_name(f".{dest.name}.lock")
+    lock = lock_file(dest)
     lock.parent.mkdir(parents=True, exist_ok=True)
     waiting = False
     while True:
@@ -228,6 +245,124 @@ def output_lock(dest: Path, wait: bool, say: Callable[[str], None]) -> Iterator[
         with suppress(OSError):  # removed while still held (see above); a folder we may not write: kept
             lock.unlink()
         os.close(fd)
+
+
+def lock_file(dest: Path | str) -> Path:
+    """The file :func:`output_lock` locks for ``dest``: ``.<dest>.lock`` beside a local folder; beside the local
+    working folder (:func:`assets.storage.work_folder`) of an object-store root, which its build locks instead."""
+    if is_local(str(dest)):
+        path = Path(str(dest).removeprefix("file://")).expanduser().resolve()
+    else:
+        path = work_folder(str(dest).rstrip("/"))
+    return path.with_name(f".{path.name}.lock")
+
+
+def lock_holder(dest: Path | str) -> int | None:
+    """The pid of the live process that holds ``dest``'s lock (:func:`output_lock`), else ``None``.
+
+    Read, never taken: the UI's automation asks this every tick, and taking the lock even for an instant could
+    make a ``weir build`` starting at that instant report the output busy. The holder writes its pid into the
+    file and removes the file when done; a file left by a killed holder names a dead pid, which is not a
+    holder. A file without a pid, younger than a minute (a holder between taking the lock and writing its pid),
+    counts as held (-1). Only processes of this machine are seen.
+    """
+    try:
+        text = lock_file(dest).read_text().strip()
+    except OSError:  # no lock file: nobody holds it
+        return None
+    if not text.isdigit():  # taken this instant, its pid not written yet; or left so by a holder killed then
+        with suppress(OSError):
+            return -1 if time.time() - lock_file(dest).stat().st_mtime < 60 else None
+        return None
+    pid = int(text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # another user's live process
+        pass
+    return pid
+
+
+_WRITING = (
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+)
+
+
+def dagster_writers(instance: dg.DagsterInstance, mix: Mix) -> list[dg.DagsterRun]:
+    """The runs in ``instance`` that are writing (or queued to write) the mix's own output: runs of its job
+    ``build_<mix>`` or of any of its assets (automation's, *Materialize all*'s), not finished, less runs of
+    ``weir build`` into other outputs (:data:`pipelines.build.ELSEWHERE_TAG`). What a stopped UI left is left out:
+    a started run whose processes all died (every process that logged an event of it is looked for on this
+    machine), and a queued run while no Dagster daemon beats (no daemon, no start: when one starts again, the
+    output's lock keeps automation still, and a build looks again before it swaps its folder in)."""
+    found = []
+    daemon = _daemon_alive(instance)
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=list(_WRITING))):
+        if run.tags.get(ELSEWHERE_TAG) == "true":
+            continue
+        assets = run.asset_selection or set()
+        if run.job_name != f"build_{mix.name}" and not any(k.path[0] == mix.name for k in assets):
+            continue
+        queued = run.status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
+        if (queued and daemon) or (not queued and _alive(instance, run)):
+            found.append(run)
+    return found
+
+
+def _daemon_alive(instance: dg.DagsterInstance, within_s: float = 120.0) -> bool:
+    """Whether a Dagster daemon of ``instance`` beat in the last ``within_s`` seconds (it beats every 30 s)."""
+    now = time.time()
+    return any(now - beat.timestamp < within_s for beat in instance.get_daemon_heartbeats().values())
+
+
+def _alive(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Whether a process that logged an event of ``run`` still lives (True when none is known yet)."""
+    pids = {e.dagster_event.pid for e in instance.all_logs(run.run_id) if e.dagster_event is not None}
+    pids.discard(None)
+    if not pids:
+        return True
+    for pid in pids:
+        try:
+            os.kill(int(pid), 0)  # type: ignore[arg-type]
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return True
+        return True
+    return False
+
+
+def _wait_for_writers(
+    instance: dg.DagsterInstance | None,
+    mix: Mix,
+    tags: dict[str, str],
+    dest: Path | str,
+    wait: bool,
+    say: Callable[[str], None],
+    poll_s: float = 1.0,
+) -> None:
+    """Return once no run of ``instance`` writes ``dest`` (:func:`dagster_writers`); only for a build into the
+    mix's own output (``tags`` without :data:`pipelines.build.ELSEWHERE_TAG`), as nothing else writes another.
+    Without ``wait``, raise :class:`BuildBusy` naming the run instead of waiting."""
+    if instance is None or ELSEWHERE_TAG in tags:
+        return
+    told = False
+    while writers := dagster_writers(instance, mix):
+        run = writers[0]
+        what = f"Dagster run {run.run_id} ({run.job_name}, {run.status.value.lower()})"
+        if not wait:
+            raise BuildBusy(
+                f"{dest}: {what} is writing this folder; wait for it, or pass --wait to start when it is done"
+            )
+        if not told:
+            say(f"waiting for {what} writing {dest} to finish")
+            told = True
+        time.sleep(poll_s)
 
 
 def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int]:
@@ -281,8 +416,10 @@ def _human(n: int) -> str:
 def reuse_previous(previous: Path, stage: Path) -> int:
     """Hard-link (or copy) ``previous``'s reusable work into the empty build folder ``stage``.
 
-    Reusable: ``sources/*/chunks/`` (tokenized chunks, keyed by file, tokenizer and spec fingerprints)
-    and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked. Seeding
+    Reusable: ``sources/*/chunks/`` (tokenized chunks, keyed by file, tokenizer and spec fingerprints; a
+    chunk whose files have since moved, or are reached from another folder, is found by its content key and
+    renamed by the documents stage, :func:`mixing.ingest.chunk_store.relocate_chunks`, so it is seeded like any
+    other) and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked. Seeding
     from several folders: files ``stage`` already has are kept, and ``tokenizer/`` comes from the first
     folder that has one (one tokenizer's files are never mixed with another's).
     Temporary files and folders a killed writer left (``.NAME.*.tmp``) are not carried over. Folders are

@@ -34,12 +34,32 @@ def shared_path(*parts: str) -> Path:
     return SHARED.joinpath(*parts)
 
 
+# Free space a RAM-backed /dev/shm must have to hold the session's DAGSTER_HOME (tens of MB in a whole run).
+_SHM_FREE_BYTES = 2 * 2**30
+
+
+def _ram_tmp() -> str | None:
+    """/dev/shm when it is a writable folder with room to spare, else None (the system's temporary folder).
+
+    Dagster's SQLite storage commits (and syncs to disk) once per event: on a disk busy with other work, a
+    tiny `weir build` waited for those syncs about as long as it computed (21 s instead of 11 s). In RAM they
+    cost nothing; what is stored, and read back, is the same."""
+    shm = "/dev/shm"
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    if not os.access(shm, os.W_OK | os.X_OK) or st.f_bavail * st.f_frsize < _SHM_FREE_BYTES:
+        return None
+    return shm
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A temporary DAGSTER_HOME for the whole session, set before any test module is imported (some build
     their subprocesses' environment at import): `weir build` records its runs into $DAGSTER_HOME, else into
-    the repository's .dagster_home, which tests must never write into."""
+    the repository's .dagster_home, which tests must never write into. (Each pytest-xdist worker has its own.)"""
     config.stash[_OLD_HOME] = os.environ.get("DAGSTER_HOME")
-    os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="weir-test-dagster-home-")
+    os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="weir-test-dagster-home-", dir=_ram_tmp())
     # Ray reads these when imported, here and in every driver subprocess (tests/ray_cluster.py)
     config.stash[_OLD_RAY_ENV] = {name: os.environ.get(name) for name in RAY_ENV}
     os.environ.update(RAY_ENV)
@@ -59,6 +79,72 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 _OLD_HOME = pytest.StashKey[str | None]()
 _OLD_RAY_ENV = pytest.StashKey[dict[str, str | None]]()
+
+
+# Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`): every test module runs whole on one worker, in its
+# own order, as it does alone (its module fixtures set up once), and the modules that use the session's Ray cluster
+# (:func:`ray_cluster`) run together on one worker, in collection order: one cluster for them all, as without
+# xdist, and one DAGSTER_HOME for the Ray drivers' runs that their tests read back. Each worker has its own
+# DAGSTER_HOME (:func:`pytest_configure`), temporary folders and session fixtures. (Not `--dist loadgroup`: under
+# pytest 9 the groups its xdist_group marks name never reach the scheduler.)
+RAY_SCOPE = "Ray cluster"
+
+
+def _uses_ray_cluster(module: Path) -> bool:
+    """Whether a test module asks for :func:`ray_cluster` (in a test's or one of its own fixtures' arguments)."""
+    try:
+        return "ray_cluster" in module.read_text()
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a run without it does not know
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the Ray modules as one unit, and the units handed out in the workers' collection
+    order (see :func:`pytest_collection_modifyitems`) rather than by their number of tests."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    ray_modules: dict[str, bool] = {}
+
+    class ModulesAndRay(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            if module not in ray_modules:
+                ray_modules[module] = _uses_ray_cluster(config.rootpath / module)
+            return RAY_SCOPE if ray_modules[module] else module
+
+        def schedule(self) -> None:
+            reorder, config.option.loadscopereorder = config.option.loadscopereorder, False
+            try:
+                super().schedule()
+            finally:
+                config.option.loadscopereorder = reorder
+
+    return ModulesAndRay(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, whole modules reordered so that the longest work is handed out first and short
+    modules fill the end: the Ray modules, then the modules with a test marked ``slow`` (each in collection order),
+    then the rest, most tests first; a module's tests keep their order. Without xdist, nothing changes."""
+    if not hasattr(config, "workerinput"):
+        return
+    kinds: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        kind = 0 if "ray_cluster" in getattr(item, "fixturenames", ()) else 1 if item.get_closest_marker("slow") else 2
+        kinds[module] = min(kinds.get(module, 2), kind)
+        counts[module] = counts.get(module, 0) + 1
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        module = item.nodeid.split("::", 1)[0]
+        return kinds[module], -counts[module] if kinds[module] == 2 else 0
+
+    items.sort(key=rank)  # stable: equal ranks keep collection order
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,8 +63,16 @@ def inspect(build: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def sealed(tiny_build: Path) -> dict[str, Any]:
+    """``weir inspect --json`` of the (format 3, sealed) tiny build, which every old format is compared with."""
+    return dict(json.loads(inspect(tiny_build, "--json").stdout))
+
+
 @pytest.mark.parametrize("version", [1, 2])
-def test_an_old_build_reads_with_the_contracts_defaults(tiny_build: Path, tmp_path: Path, version: int) -> None:
+def test_an_old_build_reads_with_the_contracts_defaults(
+    tiny_build: Path, sealed: dict[str, Any], tmp_path: Path, version: int
+) -> None:
     old = rewrite_as(tiny_build, version, tmp_path / "old")
     new, shards = ShardSet(tiny_build / "shards"), ShardSet(old / "shards")
     m = shards.manifest
@@ -100,7 +109,7 @@ def test_an_old_build_reads_with_the_contracts_defaults(tiny_build: Path, tmp_pa
     assert r.returncode == 0, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and MANIFEST in lines[0] and f"format {version}" in lines[0]
-    report, sealed = json.loads(r.stdout), json.loads(inspect(tiny_build, "--json").stdout)
+    report = json.loads(r.stdout)
     assert (report["format_version"], report["manifest_sealed"]) == (version, False)
     differ = {"format_version", "manifest_sealed"} | ({"sequence_cost", "per_source"} if version == 1 else set())
     assert {k: v for k, v in report.items() if k not in differ} == {k: v for k, v in sealed.items() if k not in differ}

@@ -37,6 +37,12 @@ def inspect(build: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def undamaged(tiny_build: Path) -> subprocess.CompletedProcess[str]:
+    """``weir inspect --json`` of the undamaged build (checked by one test, compared with by another)."""
+    return inspect(tiny_build, "--json")
+
+
 # -- kinds of damage: each takes the build's root and damages one file ------------------------------------
 
 
@@ -156,8 +162,10 @@ def test_every_kind_of_damage_exits_1_with_one_line_naming_the_file(
     assert len(lines) == 1 and victim in lines[0], r.stderr
 
 
-def test_an_undamaged_build_still_exits_0_with_the_same_figures(tiny_build: Path) -> None:
-    r = inspect(tiny_build, "--json")
+def test_an_undamaged_build_still_exits_0_with_the_same_figures(
+    tiny_build: Path, undamaged: subprocess.CompletedProcess[str]
+) -> None:
+    r = undamaged
     assert r.returncode == 0 and r.stderr == "", r.stderr
     report = json.loads(r.stdout)
     m = ShardSet(BuildLayout(tiny_build).shards_dir).manifest
@@ -171,7 +179,9 @@ def test_an_undamaged_build_still_exits_0_with_the_same_figures(tiny_build: Path
     assert plain.returncode == 0 and "32 sequences of 64 tokens, 1,734 tokens" in plain.stdout
 
 
-def test_a_manifest_written_before_checksums_is_read_with_a_note(tiny_build: Path, tmp_path: Path) -> None:
+def test_a_manifest_written_before_checksums_is_read_with_a_note(
+    tiny_build: Path, undamaged: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
     copy = tmp_path / "b"
     shutil.copytree(tiny_build, copy)
     p = copy / "shards" / MANIFEST
@@ -182,7 +192,7 @@ def test_a_manifest_written_before_checksums_is_read_with_a_note(tiny_build: Pat
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["manifest_sealed"] is False and report["format_version"] == 2
-    sealed = json.loads(inspect(tiny_build, "--json").stdout)
+    sealed = json.loads(undamaged.stdout)
     new = ("format_version", "manifest_sealed")
     assert {k: v for k, v in report.items() if k not in new} == {k: v for k, v in sealed.items() if k not in new}
     lines = r.stderr.strip().splitlines()

@@ -89,8 +89,8 @@ def test_dagster_event_log_and_metadata_hold_no_env_value(tmp_path: Path, monkey
         with pytest.raises((dg.DagsterError, WeirError)) as failure:
             build_mix(mix, tmp_path / "out2", say=lambda _s: None, instance=instance)
         assert SECRET not in str(failure.value) + str(getattr(failure.value, "user_exception", ""))
-        runs = instance.get_runs()  # 8 of the build that succeeded, 1 of the failed one (its first index)
-        assert len(runs) == 9 and any(r.status == dg.DagsterRunStatus.FAILURE for r in runs)
+        runs = instance.get_runs()  # one run per build: the one that succeeded, the one that failed
+        assert len(runs) == 2 and any(r.status == dg.DagsterRunStatus.FAILURE for r in runs)
         records = [serialize_value(e) for r in runs for e in instance.all_logs(r.run_id)]
         assert any(SHOWN in text for text in records)  # the failure and the quarantine sample name the path
         assert [t for t in records if SECRET in t] == []
