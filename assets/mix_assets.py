@@ -366,6 +366,10 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 "truncated_docs": _float(trunc),
                 "mixture_error_window": _float(me.window),
                 "mixture_error_phase": _float(me.phase),
+                # the balance the build sees without a world: its sequences' cost spread, the dp_imbalance of
+                # one sequence per DP rank a step (the loader's sampler evens it out further)
+                "sequence_cost_max_over_mean": _float(r.sequence_cost.max_over_mean),
+                "sequence_cost_p95_over_mean": _float(r.sequence_cost.p95_over_mean),
                 **(
                     {  # what the trainer receives, where the mix file regroups steps (else: the build's steps)
                         "stream_mixture_error_window": _float(r.mixture_error_stream.window),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from assets.mix_assets import _markdown, _mixture_check, _s3
 from contract.shards import ShardSet
 from mixing import load_mix
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, unit_goal
+from mixing.report import inspect_build
 from mixing.stages import STAGES
 
 
@@ -57,6 +59,18 @@ def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, 
         assert len(lines) == docs["docs_quarantined"].value
     bad = [json.loads(line) for line in Path(meta["documents", "qa"]["quarantine"].value).read_text().splitlines()]
     assert len(bad) == 1 and "line" in bad[0], bad
+    # The build's figures are numbers (the UI plots them across builds), equal to what inspect reports.
+    report = inspect_build(tmp_path / "build")
+    shards = meta["packed_shards", None]
+    figures = {
+        "tokens": report.tokens,
+        "packing_efficiency": report.packing_efficiency,
+        "mixture_error_window": report.mixture_error.window,
+        "sequence_cost_p95_over_mean": report.sequence_cost.p95_over_mean,
+    }
+    for key, value in figures.items():
+        assert isinstance(shards[key], (dg.IntMetadataValue, dg.FloatMetadataValue)), key
+        assert shards[key].value == pytest.approx(value), key
 
 
 SHARES = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)

@@ -1,5 +1,6 @@
 """A real browser over the real Dagster UI: the demo mix, built into the UI's instance, shows as materialized
-with its checks passed, and its plan's mixture-over-steps plot renders from the materialization's metadata.
+with its checks passed, as one run of ``build_demo``; its plan's mixture-over-steps plot renders from the
+materialization's metadata, and the shards' numeric figures are plotted (*Metadata*, *Plots*).
 
 Starts ``dagster dev`` (its own process group, a temporary DAGSTER_HOME with telemetry off, a free port on
 127.0.0.1) on a copy of the demo mix reading a temporary copy of the demo data, builds the mix into the same
@@ -203,6 +204,22 @@ def test_demo_mix_is_materialized_with_checks_passed_and_plots_in_the_ui(demo_in
         shots.append(ARTIFACTS / "ui-plan-plot.png")
         dialog.screenshot(path=str(shots[-1]))
         page.keyboard.press("Escape")
+
+        # One run per build: the build above is one run of the job build_demo, every stage in it.
+        _open(page, f"{demo_in_ui}/runs")
+        text = _wait_text(page, "build_demo", "Success")
+        assert len(re.findall(r"\bbuild_demo\b", text)) == 1, text
+        assert "__ephemeral_asset_job__" not in text, text
+        shots.append(ARTIFACTS / "ui-runs.png")
+        page.screenshot(path=str(shots[-1]))
+
+        # The build's figures are numbers, so the shards' events can be plotted across builds.
+        _open(page, f"{demo_in_ui}/assets/demo/packed_shards")
+        _wait_text(page, "packing_efficiency", "Plots")
+        page.get_by_text("Plots", exact=True).first.click()
+        text = _wait_text(page, "packing_efficiency", "mixture_error_window", "sequence_cost_p95_over_mean")
+        shots.append(ARTIFACTS / "ui-packed-shards-plots.png")
+        page.screenshot(path=str(shots[-1]))
 
         # One source's documents: its quarantine count beside the path of the quarantined records.
         _open(page, f"{demo_in_ui}/assets/demo/documents?view=partitions&partition=qa")
