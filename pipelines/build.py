@@ -249,13 +249,38 @@ def _stage_op(
     return run_stage
 
 
+_POINTER = "dagster/input_event_pointer/"
+_INPUT_VERSION = "dagster/input_data_version/"
+
+
+def _provenance(tags: dict[str, str], context: OpExecutionContext) -> dict[str, str]:
+    """A materialization's tags from the throwaway instance, made true in the build's: the code version names the
+    build's run, and each input's event pointer and data version (of the throwaway instance, where the input was
+    never materialized) those of the input's latest materialization in the build's instance, which is what the
+    stage read (the ops before it reported it there). Otherwise Dagster shows every stage unsynced."""
+    if "dagster/code_version" in tags:
+        tags["dagster/code_version"] = context.run_id
+    for key in [k for k in tags if k.startswith(_POINTER)]:
+        name = key.removeprefix(_POINTER)
+        upstream = dg.AssetKey.from_user_string(name)
+        latest = context.instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=upstream), limit=1).records
+        version = (latest[0].event_log_entry.tags or {}).get("dagster/data_version") if latest else None
+        if latest and version:
+            tags[key] = str(latest[0].storage_id)
+            tags[f"{_INPUT_VERSION}{name}"] = version
+        else:
+            tags.pop(key)
+            tags.pop(f"{_INPUT_VERSION}{name}", None)
+    return tags
+
+
 def _recorded(
     inner: dg.DagsterInstance, context: OpExecutionContext
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     """What the runs in ``inner`` recorded: their materializations and check evaluations, to report in
-    ``context``'s run, and their log lines, passed to ``context``'s log. What points into ``inner`` is left out (a
-    check's target materialization: a check and its materialization in one run go together anyway; input event
-    pointers) and the code version, which names the inner run, names the build's run instead."""
+    ``context``'s run, and their log lines, passed to ``context``'s log. A check's target materialization, which
+    points into ``inner``, is left out (a check and its materialization in one run go together anyway); the
+    materializations' provenance is rewritten for the build's instance (:func:`_provenance`)."""
     for run in inner.get_runs():
         for entry in inner.all_logs(run.run_id):
             event = entry.dagster_event
@@ -265,9 +290,7 @@ def _recorded(
                     context.log.log(level, entry.user_message)
             elif event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
                 m = event.step_materialization_data.materialization
-                tags = {k: v for k, v in (m.tags or {}).items() if not k.startswith("dagster/input_event_pointer/")}
-                if "dagster/code_version" in tags:
-                    tags["dagster/code_version"] = context.run_id
+                tags = _provenance(dict(m.tags or {}), context)
                 yield dg.AssetMaterialization(
                     asset_key=m.asset_key,
                     partition=m.partition,

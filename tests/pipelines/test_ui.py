@@ -215,7 +215,8 @@ def test_demo_mix_is_materialized_with_checks_passed_and_plots_in_the_ui(demo_in
 
         # The build's figures are numbers, so the shards' events can be plotted across builds.
         _open(page, f"{demo_in_ui}/assets/demo/packed_shards")
-        _wait_text(page, "packing_efficiency", "Plots")
+        text = _wait_text(page, "packing_efficiency", "Plots")
+        assert "Unsynced" not in text, text  # the build's run recorded what each stage read
         page.get_by_text("Plots", exact=True).first.click()
         text = _wait_text(page, "packing_efficiency", "mixture_error_window", "sequence_cost_p95_over_mean")
         shots.append(ARTIFACTS / "ui-packed-shards-plots.png")
