@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,9 @@ class ChunkJob:
     chunks_url: str  # the source's chunks/ folder in the build root
     chunks_options: dict[str, Any] | None  # fsspec options of the build root
     source_options: dict[str, Any] | None  # fsspec options of the source's files
+    # the {env_NAME} values of the process that indexed the files (mixing.mixfile.envvars.shipped): a worker's
+    # environment is its cluster's, which may lack them. Never shown (not in the repr).
+    env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def store(self) -> Store:
         return Store(self.chunks_url, self.chunks_options)
@@ -281,7 +284,9 @@ def tokenize_missing(
     chunks = job.store()
     if isinstance(engine, LocalEngine) and chunks.local:  # the embedded default: one pipelined loop
         chunks.path.mkdir(parents=True, exist_ok=True)
-        tokenize_chunks(job.spec, todo, job.tokenizer, chunks.path, job.source_options, done_files, started, report)
+        tokenize_chunks(
+            job.spec, todo, job.tokenizer, chunks.path, job.source_options, done_files, started, report, job.env
+        )
         return
     files, docs, text, last = done_files, 0, 0, 0.0
     for k, (_i, done) in enumerate(engine.map(_tokenize_one, todo, job, _TOKENIZE, key=_item_key), start=1):
@@ -323,7 +328,8 @@ def _tokenize_one(job: ChunkJob, item: tuple[Group, str]) -> ChunkDone:
     chunks = job.store()
 
     def tokenize(into: Path) -> None:
-        tokenize_chunks(job.spec, [item], job.tokenizer, into, job.source_options, 0, time.perf_counter(), _quiet)
+        opts = job.source_options
+        tokenize_chunks(job.spec, [item], job.tokenizer, into, opts, 0, time.perf_counter(), _quiet, job.env)
 
     if chunks.local:  # no copy: a rename publishes it (a killed task leaves only a hidden temporary folder)
         chunks.path.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -43,7 +43,7 @@ import polars as pl
 from contract.store import sha256_file
 from mixing.ingest.formats import READER_VERSION
 from mixing.ingest.records import Record, has_surrogate
-from mixing.ingest.sources import file_digest, file_name, read_ahead, skipped_record
+from mixing.ingest.sources import Listed, file_digest, file_name, read_ahead, skipped_record
 from mixing.ingest.tokenizer import TextTokenizer
 from mixing.mixfile.mix import SourceSpec
 
@@ -197,16 +197,16 @@ def _spec_part(tokenizer: TextTokenizer, spec: SourceSpec) -> str:
     return f"{tokenizer.fingerprint}|{spec.render_fingerprint()}|r{READER_VERSION}|c{_CHUNK_VERSION}"
 
 
-def describe_files(group: Group) -> list[dict[str, Any]]:
+def describe_files(group: Group, env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The chunk's files as its report lists them: ``name``, ``path``, ``size`` and content ``digest`` each, in
     order; a row's ``digest`` when it has one already (hashed by whoever looked it up), else
-    :func:`file_digest` (a local file is read: call it beside the tokenizing, not before)."""
+    :func:`file_digest` (a local file is read: call it beside the tokenizing, not before; ``env`` as there)."""
     return [
         {
             "name": file_name(row),
             "path": row["path"],
             "size": row.get("size") or 0,
-            "digest": row["digest"] if "digest" in row else file_digest(row),
+            "digest": row["digest"] if "digest" in row else file_digest(row, env),
         }
         for row in group
     ]
@@ -243,8 +243,14 @@ def tokenize_chunks(
     done_files: int,
     started: float,
     report: Callable[[int, int, int, int], None],
+    env: Mapping[str, str] | None = None,
 ) -> None:
     """Tokenize every record of the ``todo`` chunks (rows, key) into ``chunks_dir/<key>``.
+
+    Each file is read as its row lists it (:class:`mixing.ingest.sources.Listed`): one written since it was
+    indexed raises :class:`mixing.ingest.sources.FileChangedError` and its chunk is not written. ``env``: the
+    ``{env_NAME}`` values of the process that indexed the files (:func:`mixing.mixfile.envvars.shipped`), for
+    a worker whose environment lacks them.
 
     One thread reads and parses (:func:`mixing.ingest.sources.read_ahead`, at most four 256 KB hand-overs
     queued), one runs the tokenizer on the next ~1 MB batch (it releases the GIL), and the caller's thread
@@ -299,11 +305,11 @@ def tokenize_chunks(
     files_left = [len(group) for group, _key in todo]
     try:
         paths = [[_path_or_skipped(row) for row in group] for group, _key in todo]
-        for gi, rec in read_ahead(paths, spec, storage_options):
+        for gi, rec in read_ahead(paths, spec, storage_options, env):
             chunk = chunks.get(gi)
             if chunk is None:
                 chunk = chunks[gi] = _Chunk(chunks_dir / todo[gi][1])
-                chunk.described = hasher.submit(_described, todo[gi][0], tokenizer, spec)
+                chunk.described = hasher.submit(_described, todo[gi][0], tokenizer, spec, env)
                 open_chunks.append(chunk)
             if rec is None:  # end of a file
                 done_files += 1
@@ -334,11 +340,13 @@ def tokenize_chunks(
         report(done_files, finished, docs, text_bytes)
 
 
-def _described(group: Group, tokenizer: TextTokenizer, spec: SourceSpec) -> Described:
-    files = describe_files(group)
+def _described(
+    group: Group, tokenizer: TextTokenizer, spec: SourceSpec, env: Mapping[str, str] | None = None
+) -> Described:
+    files = describe_files(group, env)
     return files, content_key(files, tokenizer, spec)
 
 
-def _path_or_skipped(row: dict[str, Any]) -> str | Record:
+def _path_or_skipped(row: dict[str, Any]) -> Listed | Record:
     skipped = row.get("skipped")
-    return skipped_record(row["path"], skipped) if skipped else row["path"]
+    return skipped_record(row["path"], skipped) if skipped else Listed.of(row)

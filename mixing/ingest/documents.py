@@ -53,6 +53,7 @@ from mixing.ingest.chunk_store import (
 from mixing.ingest.chunks import Group, chunk_groups
 from mixing.ingest.doc_index import ChunksDamaged, write_index
 from mixing.ingest.tokenizer import TextTokenizer
+from mixing.mixfile import envvars
 from mixing.mixfile.mix import SourceSpec
 
 __all__ = [
@@ -299,7 +300,9 @@ def _chunk_work(
     """The source's chunk job, its chunks (rows, key) in order, those to tokenize: not in ``chunks``, or
     being tokenized ahead on ``engine`` (a listing may show one an ahead task has just written), and the keys of
     those just found by content under another key (:func:`relocate_chunks`: files that moved)."""
-    job = ChunkJob(spec, tokenizer, chunks.url, chunks.storage_options, storage_options)
+    placeholders = files["path"].str.extract_all(envvars.PLACEHOLDER.pattern).explode().drop_nulls().unique()
+    env = envvars.shipped(placeholders.to_list())  # this process's values, for workers that lack them
+    job = ChunkJob(spec, tokenizer, chunks.url, chunks.storage_options, storage_options, env)
     groups = chunk_groups(files, tokenizer, spec)
     have = present_keys(chunks)
     relocated = relocate_chunks(chunks, groups, have, tokenizer, spec, busy=lambda k: is_ahead(engine, k))

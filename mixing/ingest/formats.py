@@ -26,7 +26,7 @@ import csv
 import io
 import json
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import IO, Any
 
@@ -77,19 +77,39 @@ def is_code_file(path: str, spec: SourceSpec) -> bool:
     return suffix in spec.extensions if spec.extensions else suffix in LANGUAGES
 
 
-def read_file(path: str, spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> Iterator[Record]:
+def read_file(
+    path: str,
+    spec: SourceSpec,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    check: Callable[[Any], None] | None = None,
+) -> Iterator[Record]:
     """Yield every record of ``path`` in order (see the module contract); never raises for bad data.
 
     ``path`` is shown (:func:`mixing.ingest.filenames.shown_path`): records name it so, and a name escaped
-    there is opened by its bytes.
+    there is opened by its bytes; its ``{env_NAME}`` are expanded with ``env`` first
+    (:func:`mixing.mixfile.envvars.expand`). ``check`` is called with the file as opened (before any
+    decompression) once it is open and again after its last record: what it raises is raised here, the
+    records already yielded are then not the file's whole.
     """
     line = 0
     try:
-        real = real_path(envvars.expand(path))
-        with fsspec.open(real, "rb", compression="infer", **(storage_options or {})) as f:
-            for rec in _READERS[spec.format](path, _buffered(f), spec):
+        real = real_path(envvars.expand(path, env))
+        opened = fsspec.open(real, "rb", compression="infer", **(storage_options or {}))
+        if check is not None:  # the object's details as it is now, not as a listing in this process cached them
+            opened.fs.invalidate_cache(opened.path)
+        with opened as f:
+            raw = opened.fobjects[0]  # the file itself, under a decompressor if any
+            if check is not None:
+                check(raw)
+            buffered = _buffered(f)  # held until the end check: a buffer collected closes the file under it
+            for rec in _READERS[spec.format](path, buffered, spec):
                 line = rec.line
                 yield rec
+            if check is not None:
+                check(raw)
+            del buffered
     except _UNREADABLE as e:
         yield bad(path, line + 1 if line else 0, "unreadable file", envvars.redact(f"{type(e).__name__}: {e}"))
 

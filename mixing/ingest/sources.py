@@ -3,6 +3,11 @@
 Two identities of an indexed file: its ``fingerprint`` (size + mtime or ETag, from the listing alone: where a
 file is and when it was written) and its content digest (:func:`file_digest`: what it holds, wherever it is),
 which the chunk cache uses to find a file's tokens again after the file moved or was copied elsewhere.
+
+Reading a file the index listed (:class:`Listed`, :func:`read_ahead`) checks that it is still the file the index
+describes, as it is opened and after its last record: its size, and a local file's fingerprint (size + mtime,
+from ``fstat`` of the open file) or an object's size + ETag. A file written since it was listed raises
+:class:`FileChangedError` naming it, so that the tokens never hold other bytes than the index describes.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import hashlib
 import os
 import posixpath
 import queue
+import re
 import stat
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -30,6 +37,8 @@ from mixing.mixfile.mix import Mix, SourceSpec
 
 __all__ = [
     "INDEX_SCHEMA",
+    "FileChangedError",
+    "Listed",
     "Record",
     "SourceIndexError",
     "file_digest",
@@ -52,6 +61,63 @@ INDEX_SCHEMA = {
 
 class SourceIndexError(WeirError, RuntimeError):
     """A source whose URI matches no file, or whose storage cannot be listed."""
+
+
+class FileChangedError(SourceIndexError):
+    """A file read for the documents that is not the one the source index listed: written since (another size,
+    mtime or ETag). Nothing read from it is kept; building again indexes it anew."""
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file to read as the source index listed it: its shown ``path``, and what reading it must find again
+    (``size`` in bytes, ``fingerprint``, ``content``; each None when the index has none, which checks nothing)."""
+
+    path: str
+    size: int | None = None
+    fingerprint: str | None = None
+    content: str | None = None
+
+    @staticmethod
+    def of(row: Mapping[str, Any]) -> Listed:
+        """An index row (:data:`INDEX_SCHEMA`'s columns) as a file to read: checked when it has a ``size`` and a
+        ``fingerprint`` of :func:`index_source`'s making (16 hex digits), as every row of an index has; a row
+        made otherwise (a path alone, a key of its own) is read unchecked."""
+        fp = row.get("fingerprint")
+        if row.get("size") is None or not isinstance(fp, str) or not _FINGERPRINT.fullmatch(fp):
+            return Listed(str(row["path"]))
+        return Listed(str(row["path"]), int(row["size"]), str(row["fingerprint"]), row.get("content"))
+
+    def check(self, raw: Any) -> None:
+        """Raise :class:`FileChangedError` when ``raw`` (this file, open: a local file, or an fsspec file whose
+        ``details`` are its object's listing) is not what the index listed. Cheap: one ``fstat`` of a local
+        file (its fingerprint), the open object's size and ETag otherwise (nothing is hashed). What cannot be
+        compared (no descriptor nor details, an object listed without size or ETag) passes."""
+        if self.fingerprint is None:
+            return
+        try:
+            st = os.fstat(raw.fileno())
+        except (AttributeError, OSError, ValueError):  # not a local file (io.UnsupportedOperation is both)
+            st = None
+        if st is not None:
+            if _stat_fingerprint(st) != self.fingerprint:
+                self._changed(st.st_size)
+            return
+        details = getattr(raw, "details", None)
+        if not isinstance(details, Mapping) or details.get("size") is None:
+            return
+        size, etag = int(details["size"]), details.get("ETag")
+        if (self.size and size != self.size) or (etag and self.content and _etag_content(size, etag) != self.content):
+            self._changed(size)
+
+    def _changed(self, size: int) -> None:
+        what = "the same size, written since" if size == self.size else f"{self.size} bytes listed, {size} now"
+        raise FileChangedError(
+            envvars.redact(
+                f"{self.path}: changed since the source index listed it ({what}); nothing read from it is kept: "
+                "build again once it is written (the build indexes it anew)"
+            )
+        )
 
 
 def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = None) -> pl.DataFrame:
@@ -105,7 +171,7 @@ def index_source(mix: Mix, name: str, storage_options: dict[str, Any] | None = N
         size = 0 if skipped else int(info.get("size") or 0)
         name = p[len(base) + 1 :] if base and p.startswith(base + "/") else p
         etag = None if local or skipped else info.get("ETag")
-        content = hashlib.sha256(f"etag|{size}|{etag}".encode()).hexdigest()[:32] if etag else None
+        content = _etag_content(size, etag) if etag else None
         rows.append(
             {
                 "path": full,
@@ -141,7 +207,7 @@ def file_name(row: Mapping[str, Any]) -> str:
     return str(row.get("name") or row["path"])
 
 
-def file_digest(row: Mapping[str, Any]) -> str | None:
+def file_digest(row: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str | None:
     """The content digest of an index row: equal digests, equal bytes, wherever the files are.
 
     A local file's sha256 (reading it whole: a pass at disk speed, far cheaper than tokenizing it), an object's
@@ -150,7 +216,8 @@ def file_digest(row: Mapping[str, Any]) -> str | None:
     ``fingerprint`` (a file the index could not identify is never reused, whatever it holds), or when a local
     file's size or mtime is not what the row lists, before or after the hashing: a file written since it was
     listed may have been read (tokenized) before or after, so its digest could describe other bytes than its
-    chunk's; without one its chunk is never found by content, only tokenized again.
+    chunk's; without one its chunk is never found by content, only tokenized again. ``env``: as for
+    :func:`mixing.mixfile.envvars.expand`.
     """
     if not row.get("fingerprint"):
         return None
@@ -163,7 +230,7 @@ def file_digest(row: Mapping[str, Any]) -> str | None:
         return None
     h = hashlib.sha256()
     try:
-        with open(real_path(envvars.expand(path)), "rb") as f:
+        with open(real_path(envvars.expand(path, env)), "rb") as f:
             if _stat_fingerprint(os.fstat(f.fileno())) != row["fingerprint"]:
                 return None
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -173,6 +240,14 @@ def file_digest(row: Mapping[str, Any]) -> str | None:
     except OSError:  # unreadable (or an {env_NAME} not set): tokenizing it will say why
         return None
     return h.hexdigest()[:32]
+
+
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # what _fingerprint gives
+
+
+def _etag_content(size: int, etag: str) -> str:
+    """An object's ``content`` in the index: its digest by size + ETag (equal for equal bytes in a store)."""
+    return hashlib.sha256(f"etag|{size}|{etag}".encode()).hexdigest()[:32]
 
 
 def _fingerprint(text: str) -> str:
@@ -209,12 +284,22 @@ def _is_glob(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
 
-def read_records(path: str, spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> Iterator[Record]:
+def read_records(
+    path: str | Listed,
+    spec: SourceSpec,
+    storage_options: dict[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Record]:
     """Yield the records of one file in order; malformed ones carry ``error`` instead of ``text``.
 
     Streams (memory bounded by ``spec.batch_rows`` / ``spec.max_record_bytes``); see :mod:`mixing.ingest.formats`.
+    A :class:`Listed` file is checked against its listing as it is opened and after its last record (raises
+    :class:`FileChangedError`). ``env``: the lister's ``{env_NAME}`` values (:func:`mixing.mixfile.envvars.shipped`).
     """
-    return read_file(path, spec, storage_options)
+    if isinstance(path, Listed):
+        check: Callable[[Any], None] | None = path.check if path.fingerprint else None
+        return read_file(path.path, spec, storage_options, env=env, check=check)
+    return read_file(path, spec, storage_options, env=env)
 
 
 _AHEAD_BYTES = 256 << 10  # text per hand-over from the reader thread (four are queued at most)
@@ -222,11 +307,14 @@ _DONE = object()
 
 
 def read_ahead(
-    groups: list[list[str | Record]], spec: SourceSpec, storage_options: dict[str, Any] | None = None
+    groups: Sequence[Sequence[str | Listed | Record]],
+    spec: SourceSpec,
+    storage_options: dict[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[int, Record | None]]:
     """``(group index, record)`` for every record of every group's files in order; ``(index, None)`` after
     each file. An item that is a :class:`Record` already (a skipped path's) is passed on as the file's
-    only record.
+    only record; a :class:`Listed` file is checked against its listing (:func:`read_records`).
 
     Reading and parsing run in a background thread, a few small batches ahead (bounded queue), so they
     overlap tokenizing, which releases the GIL. Errors in the reader are raised here.
@@ -240,7 +328,7 @@ def read_ahead(
             size = 0
             for gi, group in enumerate(groups):
                 for path in group:
-                    recs = [path] if isinstance(path, Record) else read_records(path, spec, storage_options)
+                    recs = [path] if isinstance(path, Record) else read_records(path, spec, storage_options, env)
                     for rec in recs:
                         buf.append((gi, rec))
                         size += len(rec.text or "")

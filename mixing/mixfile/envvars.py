@@ -13,18 +13,25 @@ The names come from every mix file validated in this process (:func:`register`) 
 :func:`expand` expanded in it; :func:`redact` replaces their current values, longest first, in any text.
 A path that holds a value in another spelling than the variable's (fsspec normalizing ``a//b``) is covered for
 the normalized spelling of a local path too.
+
+Another process (a Ray worker, whose environment is its cluster's, not the driver's) opens the files a driver
+listed with the driver's values: :func:`shipped` takes them where the files were listed, they travel with the
+work, and :func:`expand` given them (``env``) prefers them to the worker's own, so that every process opens the
+files the index lists. Values expanded so are hidden by :func:`redact` in that process from then on.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 
-__all__ = ["PLACEHOLDER", "expand", "redact", "refusal", "register", "replacements"]
+__all__ = ["PLACEHOLDER", "expand", "redact", "refusal", "register", "replacements", "shipped"]
 
 PLACEHOLDER = re.compile(r"\{env_([A-Za-z_][A-Za-z0-9_]*)\}")
 _CREDENTIAL = re.compile(r"SECRET|PASSW|TOKEN|CREDENTIAL|PRIVATE|SESSION|AUTH|(^|_)(API_?|ACCESS_?)?KEY($|_)", re.I)
 _NAMES: set[str] = set()  # every variable a validated mix file refers to (process-wide, only grows)
+_SHIPPED: dict[str, str] = {}  # value -> placeholder of every value expand() took from a shipped env (only grows)
 
 
 def refusal(name: str) -> str | None:
@@ -56,26 +63,49 @@ def replacements() -> list[tuple[str, str]]:
 
 
 def redact(text: str) -> str:
-    """``text`` with every registered variable's value replaced by its ``{env_NAME}`` placeholder."""
-    for value, placeholder in replacements():
+    """``text`` with every registered variable's value, and every value :func:`expand` took from a shipped
+    ``env`` in this process, replaced by its ``{env_NAME}`` placeholder (longest first)."""
+    pairs = dict(replacements())
+    for value, placeholder in _SHIPPED.items():
+        for v in {value, value.rstrip("/"), os.path.normpath(value) if value.startswith("/") else value}:
+            if v:
+                pairs.setdefault(v, placeholder)
+    for value, placeholder in sorted(pairs.items(), key=lambda kv: (-len(kv[0]), kv[0])):
         text = text.replace(value, placeholder)
     return text
 
 
-def expand(text: str) -> str:
+def shipped(texts: Iterable[str]) -> dict[str, str]:
+    """``{NAME: value}`` in this process of every variable whose placeholder is in ``texts`` and that
+    :func:`expand` would expand here: what another process needs to open these paths as this one does.
+
+    For the work handed to other processes only (a secret never has such a name, :func:`refusal`); never show it.
+    """
+    names = {m[1] for text in texts if "{env_" in text for m in PLACEHOLDER.finditer(text)}
+    return {n: os.environ[n] for n in sorted(names) if n in os.environ and refusal(n) is None}
+
+
+def expand(text: str, env: Mapping[str, str] | None = None) -> str:
     """The real path of a shown one: each placeholder of a variable that is set and may be used (:func:`refusal`)
     replaced by its value, others kept.
 
-    Any such variable, not only those of a mix file validated in this process: a Ray worker or a Dagster step
-    process opens a path it was handed, shown, without having validated the mix. A variable expanded here is
-    registered, so that this process's messages hide its value too.
+    ``env``: values shipped by the process that listed the path (:func:`shipped`), taken before this process's
+    own environment: a Ray worker's environment is its cluster's, which may lack the variable or hold another
+    value. Without ``env``, any such variable of this process, not only those of a mix file validated in it: a
+    Dagster step process opens a path it was handed, shown, without having validated the mix. A variable
+    expanded here is registered (a shipped value recorded), so that this process's messages hide its value too.
     """
     if "{env_" not in text:
         return text
 
     def value(m: re.Match[str]) -> str:
         name = m[1]
-        if name not in os.environ or refusal(name) is not None:
+        if refusal(name) is not None:
+            return m[0]
+        if env is not None and name in env and env[name] != os.environ.get(name):
+            _SHIPPED[env[name]] = m[0]  # another process's value: hidden here from now on
+            return env[name]
+        if name not in os.environ:
             return m[0]
         _NAMES.add(name)
         return os.environ[name]

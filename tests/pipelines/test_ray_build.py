@@ -1,6 +1,7 @@
 """``weir build --engine ray`` on a real two-node Ray cluster (issue 13): into S3 (a real ``moto_server`` that
 checks credentials) and into a local folder, the build is the local engine's byte for byte; a loader reads the S3
-build as the local one; an incremental rebuild tokenizes only the chunk of the file that changed.
+build as the local one; an incremental rebuild tokenizes only the chunk of the file that changed; a mix whose URIs
+name a ``{env_NAME}`` that only the driver has (the workers' environment is the cluster's) builds as locally.
 
 The drivers are ``weir build`` subprocesses; the corpus, its reference build and the comparisons are in
 ``tests/ray_builds.py``.
@@ -19,9 +20,10 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from contract.shards import ShardSet
 from contract.store import Store
 from loaders import PackedDataset, Reading, World
-from tests.ray_builds import RayBuilds, assert_same_build, build_reference, ray_builds
+from tests.ray_builds import Driver, RayBuilds, assert_same_build, build_reference, ray_builds
 from tests.ray_cluster import LocalRayCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +158,30 @@ def test_an_incremental_ray_rebuild_tokenizes_only_the_changed_files_chunk(
     md = _documents_metadata()
     assert md["prose"]["chunks"] == md["prose"]["chunks_reused"] + 1  # type: ignore[operator]
     assert md["qa"]["chunks"] == md["qa"]["chunks_reused"]
+
+
+def test_a_ray_build_whose_uri_names_an_env_variable_the_workers_lack_is_the_local_build(
+    rb: RayBuilds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The workers' environment is the cluster's, taken when it started: WEIR_TEST_RAY_DATA is only the driver's.
+    var, value = "WEIR_TEST_RAY_DATA", str(rb.mix.parent / "data")
+    assert var not in os.environ, "the cluster's workers would have it"
+    text = rb.mix.read_text().replace(value, f"{{env_{var}}}").replace("name: raymix", "name: envmix")
+    assert text.count(f"{{env_{var}}}/") == 2
+    mix = tmp_path / "envmix.yaml"
+    mix.write_text(text)
+    log = rb.logs / "build-envmix.log"
+    Driver(mix, str(tmp_path / "ray"), log, {**rb.env, var: value}, rb.cluster).wait()
+    monkeypatch.setenv(var, value)
+    local = build_reference(mix, tmp_path / "local")
+    assert_same_build(Store(tmp_path / "ray"), local)
+    docs = pl.read_parquet(tmp_path / "ray" / "sources" / "prose" / "docs.parquet")
+    assert docs["file"].str.starts_with(f"{{env_{var}}}/prose/").all(), "the documents name the files as shown"
+    # the same shards, token for token, as the mix that names the folder itself
+    for shard in ShardSet(rb.reference / "shards").manifest.shards:
+        for f in shard.files.both():
+            ours, theirs = (root / "shards" / f.name for root in (tmp_path / "ray", rb.reference))
+            assert ours.read_bytes() == theirs.read_bytes(), f.name
+    assert value not in log.read_text()
+    written = [p for p in (tmp_path / "ray").rglob("*") if p.is_file() and p.suffix not in (".parquet", ".duckdb")]
+    assert written and not [p for p in written if value.encode() in p.read_bytes()], "a file shows the value"
