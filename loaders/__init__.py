@@ -23,7 +23,7 @@ from loaders.config import Balance, LoaderConfig, Payload, Reading
 from loaders.dataset import ExhaustedError, PackedDataset
 from loaders.facts import RunFacts
 from loaders.fields import FIELDS, IGNORE_INDEX, PROVENANCE_FIELDS, FieldsError
-from loaders.loader import PackedLoader
+from loaders.loader import PackedLoader, WorkerKilledError
 from loaders.state import LoaderState, StateError
 from loaders.steps import Step, StepLoader
 from loaders.world import World
@@ -45,5 +45,6 @@ __all__ = [
     "StateError",
     "Step",
     "StepLoader",
+    "WorkerKilledError",
     "World",
 ]
