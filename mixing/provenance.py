@@ -4,9 +4,9 @@ A build's shards name, per sequence, its segments: (source index, doc_id, start,
 (:mod:`contract.shards`); each source's document index ``sources/<name>/docs.parquet``
 (:data:`mixing.ingest.doc_index.INDEX_SCHEMA`) names each document's file and record. :class:`Provenance`
 joins the two, lazily: a lookup reads the shards holding the sequences asked for, and of each source's
-``docs.parquet`` only the footer and the row groups holding the documents asked for (``doc_id`` is the row's
-position in the source's index: the index is written in that order). ``weir lookup`` and ``weir epochs``
-print what it returns.
+``docs.parquet`` only the footer and, of the row groups holding the documents asked for, the columns shown
+(:mod:`mixing.doc_lookup`; ``doc_id`` is the row's position in the source's index: the index is written in that
+order). ``weir lookup`` and ``weir epochs`` print what it returns.
 
 **Steps.** Everything here is in the *build's* steps, as packed: build step ``t`` is sequences
 ``t·g … (t+1)·g − 1`` (``g`` the build's sequences per step). The *training* step a loader hands out, and which
@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from contract.errors import WeirError, first_line
 from contract.shards import ShardError
+from mixing.doc_lookup import DocLookup, DocRow, IndexMisfit
 from mixing.ingest.formats import TAR_SUFFIXES
 from mixing.output.layout import BuildLayout
 
@@ -66,9 +66,6 @@ __all__ = [
 _COMPRESSED = (".gz", ".zst", ".bz2", ".xz")  # what the readers infer from a name (fsspec compression="infer")
 _LINES = (".jsonl", ".json", ".ndjson")
 _ROWS = (".parquet", ".pq", ".csv", ".tsv")
-_READ = ("file", "line", "n_tokens", "meta")  # what a lookup reads of a source's index
-# and what it checks by the row groups' statistics alone: doc_id is the row's position, one tokenizer made them all
-_DOC_COLUMNS = ("doc_id", *_READ, "tokenizer")
 
 
 class ProvenanceError(WeirError, ValueError):
@@ -253,8 +250,7 @@ class Provenance:
         self.per_step = per_step
         self.steps = m.steps if m.steps is not None else len(self.shards) // per_step
         self.sources: tuple[str, ...] = tuple(m.sources or ())
-        self._docs: dict[int, pq.ParquetFile] = {}
-        self._starts: dict[int, np.ndarray] = {}
+        self._docs: dict[int, DocLookup] = {}
         self._decode: Callable[[list[list[int]]], list[str]] | None = None
         self._bounds: tuple[bool, bool] = (False, True)  # (BOS first, EOS last) of every document
 
@@ -357,7 +353,7 @@ class Provenance:
 
     # --- the sources' indexes -------------------------------------------------------------------------------
 
-    def _index(self, src: int) -> pq.ParquetFile:
+    def _index(self, src: int) -> DocLookup:
         """Source ``src``'s ``docs.parquet``, opened (its footer read) once."""
         if src not in self._docs:
             if not 0 <= src < len(self.sources):
@@ -367,71 +363,36 @@ class Provenance:
                 )
             path = self.layout.source_dir(self.sources[src]) / "docs.parquet"
             try:
-                # file and meta repeat across rows: read as dictionaries, a row group costs its distinct values
-                pf = pq.ParquetFile(path, read_dictionary=["file", "meta"])
+                self._docs[src] = DocLookup(path, self.shards.manifest.tokenizer_fingerprint)
             except FileNotFoundError:
                 raise ProvenanceError(
                     f"{path}: missing, the document index of source {self.sources[src]!r} is gone; build the mix "
                     f"again into {self.layout.url} (weir build MIX --out {self.layout.url})"
                 ) from None
+            except IndexMisfit as e:
+                raise self._misfit(src, str(e)) from None
             except Exception as e:  # pyarrow's own errors on a damaged file: name it
                 raise ProvenanceError(
                     f"{path}: not a readable parquet file ({first_line(e)}); build the mix again into {self.layout.url}"
                 ) from None
-            sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
-            starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-            self._check_index(src, pf, starts)
-            self._docs[src], self._starts[src] = pf, starts
         return self._docs[src]
 
-    def _check_index(self, src: int, pf: pq.ParquetFile, starts: np.ndarray) -> None:
-        """That source ``src``'s index fits the shards, from its row groups' statistics alone (no column read):
-        ``doc_id`` is the row's position, and every document was tokenized by the shards' tokenizer."""
-        names = pf.schema_arrow.names
-        missing = [c for c in _DOC_COLUMNS if c not in names]
-        if missing:
-            raise self._misfit(src, f"it lacks the columns {missing}")
-        fp = self.shards.manifest.tokenizer_fingerprint
-        for g in range(pf.metadata.num_row_groups):
-            group = pf.metadata.row_group(g)
-            ids = group.column(names.index("doc_id")).statistics
-            if ids is not None and ids.has_min_max and (ids.min, ids.max) != (starts[g], starts[g + 1] - 1):
-                raise self._misfit(src, "its doc_id column is not the row order")
-            tok = group.column(names.index("tokenizer")).statistics
-            if fp is not None and tok is not None and tok.has_min_max and not tok.min == tok.max == fp:
-                raise self._misfit(src, "its documents were tokenized by another tokenizer than the shards'")
-
-    def _documents(self, src: int, docs: list[int]) -> dict[int, tuple[str, int, int, str | None]]:
-        """``doc_id → (file, line, n_tokens, meta)`` of source ``src``'s ``docs`` (sorted): the row groups
-        holding them read, nothing else."""
-        pf = self._index(src)
-        starts = self._starts[src]
-        ids = np.asarray(docs, dtype=np.int64)
-        if len(ids) and ids[-1] >= starts[-1]:
-            raise self._misfit(src, f"it has {starts[-1]} documents, the shards name document {ids[-1]}")
-        groups = np.searchsorted(starts, ids, side="right") - 1
-        needed = sorted(set(groups.tolist()))
-        table = pf.read_row_groups(needed, columns=list(_READ), use_threads=False)
-        # row positions in the table read: each group's rows follow the previous group's
-        picked = np.array(needed, dtype=np.int64)
-        base = np.cumsum(starts[picked + 1] - starts[picked]) - (starts[picked + 1] - starts[picked])
-        at = base[np.searchsorted(picked, groups)] + ids - starts[groups]
-        taken = table.take(at).to_pydict()
-        return {
-            d: (f, int(line), int(n), meta)
-            for d, f, line, n, meta in zip(
-                docs, taken["file"], taken["line"], taken["n_tokens"], taken["meta"], strict=True
-            )
-        }
+    def _documents(self, src: int, docs: list[int]) -> dict[int, DocRow]:
+        """``doc_id → (file, line, n_tokens, meta)`` of source ``src``'s ``docs`` (sorted, distinct): the row
+        groups holding them read, nothing else (:class:`~mixing.doc_lookup.DocLookup`)."""
+        index = self._index(src)
+        try:
+            return dict(zip(docs, index.rows(np.asarray(docs, dtype=np.int64)), strict=True))
+        except IndexMisfit as e:
+            raise self._misfit(src, str(e)) from None
 
     def _source_tokens(self, src: int) -> int:
         """The tokens of source ``src``'s documents, one row group of ``n_tokens`` at a time."""
-        pf = self._index(src)
-        total = 0
-        for g in range(pf.metadata.num_row_groups):
-            col = pf.read_row_group(g, columns=["n_tokens"], use_threads=False).column(0)
-            total += int(np.asarray(col.to_numpy(), dtype=np.int64).sum())
-        return total
+        index = self._index(src)
+        try:
+            return index.tokens()
+        except IndexMisfit as e:
+            raise self._misfit(src, str(e)) from None
 
     def _misfit(self, src: int, why: str) -> ProvenanceError:
         path = self.layout.source_dir(self.sources[src]) / "docs.parquet"

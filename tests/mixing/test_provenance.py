@@ -377,3 +377,40 @@ def test_a_source_index_gone_or_from_another_build_is_named(formats: Formats, tm
     pq.write_table(table.set_column(table.schema.get_field_index("tokenizer"), "tokenizer", tokenizer), docs)
     with pytest.raises(ProvenanceError, match="another tokenizer"):
         Provenance(copy).epochs()
+
+
+def test_an_index_written_otherwise_looks_up_the_same(formats: Formats, tmp_path: Path) -> None:
+    """Every source's index rewritten in row groups of 3 rows, its integers delta-encoded and nothing as a
+    dictionary: every step's pieces are the same (the first and last row groups of each source read too)."""
+    copy = tmp_path / "b"
+    shutil.copytree(formats.root, copy, ignore=shutil.ignore_patterns("chunks", "weir.duckdb"))
+    for docs in (copy / "sources").glob("*/docs.parquet"):
+        table = pq.read_table(docs)
+        ints = ("doc_id", "line", "n_tokens", "offset")
+        pq.write_table(
+            table,
+            docs,
+            row_group_size=3,
+            use_dictionary=False,
+            column_encoding=dict.fromkeys(ints, "DELTA_BINARY_PACKED"),
+            compression="none",
+        )
+    a, b = Provenance(formats.root), Provenance(copy)
+    for step in range(STEPS):
+        assert b.lookup(b.step_sequences(step), text=True) == a.lookup(a.step_sequences(step), text=True)
+    for k, name in enumerate(a.sources):
+        n = pq.ParquetFile(copy / "sources" / name / "docs.parquet").metadata.num_rows
+        assert b._documents(k, [0, n - 1]) == a._documents(k, [0, n - 1])
+
+
+def test_a_lookup_reading_a_group_of_another_tokenizer_is_refused(formats: Formats, tmp_path: Path) -> None:
+    prov = Provenance(formats.root)
+    pieces = prov.lookup(prov.step_sequences(0))
+    copy = tmp_path / "b"
+    shutil.copytree(formats.root, copy, ignore=shutil.ignore_patterns("chunks", "weir.duckdb"))
+    docs = copy / "sources" / pieces[0].source / "docs.parquet"
+    table = pq.read_table(docs)
+    tokenizer = pa.array(["x" * 64] * len(table))
+    pq.write_table(table.set_column(table.schema.get_field_index("tokenizer"), "tokenizer", tokenizer), docs)
+    with pytest.raises(ProvenanceError, match=f"{docs} does not fit the shards.*another tokenizer"):
+        Provenance(copy).lookup(prov.step_sequences(0))

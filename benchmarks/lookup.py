@@ -1,0 +1,526 @@
+"""How long ``weir lookup`` takes for one step of a build whose sources hold 10 M small documents each.
+
+    .venv/bin/python benchmarks/lookup.py --before 3c8d4c3       # 3 sources × 10 M documents (made once, ~30 s)
+    .venv/bin/python benchmarks/lookup.py --docs 1000000         # a quick run (sources of 1 M documents)
+    .venv/bin/python benchmarks/lookup.py --layout delta         # docs.parquet encoded otherwise (LAYOUTS)
+    .venv/bin/python benchmarks/lookup.py --seq-len 8192 --steps 5000 --samples 3   # steps of ~570 segments
+
+**The build** (made once, kept under ``--dir``: ``build/bench/lookup-<docs>-<S>-<batch>-<steps>-<rows>-<layout>/``,
+reused when its manifest is there): three sources of ``--docs`` documents each, written straight into the build's
+files (nothing is tokenized: ~2 s per million documents on the shared 2-core machine):
+
+- ``sources/<name>/docs.parquet``: the columns of :data:`mixing.ingest.doc_index.INDEX_SCHEMA`, written by a
+  ``ParquetWriter`` as the build's index writer writes them (``--layout weir``: pyarrow's defaults, dictionary
+  encoding and snappy; one ``write_table`` per chunk): one chunk, file and row group per
+  :data:`~mixing.ingest.chunks.CHUNK_BYTES` of input (16 MiB ÷ ~1 KB a document: ``--group-rows`` 16,384
+  rows), lines 1… within each file; documents of log-normal lengths (median 160 tokens, mean ~240, EOS
+  included); sources ``web`` (``.jsonl``), ``table`` (``.parquet``) and ``code`` (``.tar``, each document's
+  metadata JSON naming its member, as code sources keep it);
+- ``shards/``: ``--steps`` steps of ``--global-batch`` sequences of ``--seq-len`` tokens (by default the demo
+  mix's shape, S=2048 and 16 sequences), in shards of 16 Mi tokens (weir's), each sequence full: documents drawn
+  uniformly at random from the sources (shares 1/2, 1/4, 1/4; a build samples its documents across the whole
+  source) laid end to end and cut every S tokens, so a document may be split over sequences (``start`` > 0).
+  Metadata as the packer writes it (``meta.npz``, real costs); the token files are sparse (``truncate``) but
+  for the sequences of the sampled steps, which hold random token ids: decoded with the DeepSeek tokenizer of
+  ``../shared/tokenizers`` (the build's ``tokenizer.json``) when it is there, else weir's byte tokenizer.
+
+**The figures**, per code tree (``--before REV``: a git revision exported to a temporary folder; then this
+checkout), in a fresh Python process pinned to one core (``taskset``; pyarrow's pools and the tokenizer at one
+thread), files in the page cache (every file but the token files read once before timing):
+
+- import: ``import mixing.provenance``;
+- per sampled step (``--samples``, spread over the build): ``Provenance(build).lookup(step_sequences(step))`` on a
+  fresh object, the first in the process (*first*: what ``weir lookup`` pays after its imports) and later ones
+  (*cold*: a fresh object, the process warm), then the same object again (*warm*), with and without ``--text``,
+  each split into stages: ``open`` (``Provenance(build)``: the manifest), ``sequences`` (the step's sequences
+  from their shards), ``index`` (each document's file and record from its source's ``docs.parquet``: footer,
+  row groups, rows), ``decode`` (``--text``: the tokenizer loaded, the pieces decoded) and ``rest`` (pieces made);
+  wall and CPU time (``time.process_time``: what other jobs on a shared core disturb least);
+- ``weir lookup BUILD --step S --json`` end to end (a subprocess, imports included; ``--text`` too), the best
+  of ``--repeat`` per step; for this checkout through ``.venv/bin/weir`` as well; with ``--before``, whether
+  both trees print the same ``--json --text`` for every step timed.
+
+Each row is the step with the median total over the sampled steps (cold, warm: each the best of ``--repeat``),
+so its stages add up; the CLI rows are medians; the 1-minute load average before and after each tree.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:  # this folder's tokenize.py shadows the stdlib's
+    sys.path.pop(0)
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
+DEEPSEEK = SHARED / "tokenizers" / "deepseek_tokenizer.json" if SHARED else None
+SOURCES = (("web", ".jsonl", 0.5), ("table", ".parquet", 0.25), ("code", ".tar", 0.25))  # name, file suffix, share
+FINGERPRINT = hashlib.sha256(b"lookup-bench-tokenizer").hexdigest()
+SHARD_TOKENS = 1 << 24  # mixing.pack.packed's tokens per shard
+MEDIAN, SIGMA = 160, 0.9  # document lengths, log-normal: mean = median · exp(σ²/2) ≈ 240 tokens
+CLI = "import sys; from pipelines.cli import app; sys.argv[0] = 'weir'; app()"
+_INTS = ("doc_id", "line", "n_tokens", "offset")
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "weir": {},  # what mixing.ingest.doc_index writes: every column dictionary-encoded where it fits, snappy
+    # the integer columns delta-encoded (doc_id, line and offset are runs, n_tokens small) and not compressed,
+    # so a row group's column decodes without a dictionary page of distinct values to decompress; meta (each
+    # document's own JSON, if any) plain, snappy; the repeated strings as weir's
+    "delta": {
+        "use_dictionary": ["source", "file", "chunk", "tokenizer"],
+        "column_encoding": dict.fromkeys(_INTS, "DELTA_BINARY_PACKED"),
+        "compression": {
+            **dict.fromkeys(_INTS, "none"),
+            **dict.fromkeys(("source", "file", "chunk", "meta", "tokenizer"), "snappy"),
+        },
+    },
+}
+
+
+def doc_lengths(k: int, n: int) -> np.ndarray:
+    """Source ``k``'s ``n`` document lengths (int64, EOS included, 2 … 65,536), the same on every call."""
+    rng = np.random.default_rng(1000 + k)
+    return np.clip(rng.lognormal(np.log(MEDIAN), SIGMA, n), 2, 1 << 16).astype(np.int64)
+
+
+def write_doc_index(path: Path, name: str, suffix: str, lengths: np.ndarray, group_rows: int, layout: str) -> None:
+    """``docs.parquet`` of source ``name`` as the build's index writer writes it (``layout`` ``weir``: pyarrow's
+    defaults; ``delta``: see :data:`LAYOUTS`): one chunk (one input file, one row group of ``group_rows`` rows)
+    at a time."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from mixing.ingest.doc_index import INDEX_SCHEMA
+
+    schema = pl.DataFrame(schema=INDEX_SCHEMA).to_arrow().schema
+    tmp = path.with_suffix(".tmp")
+    with pq.ParquetWriter(tmp, schema, **LAYOUTS[layout]) as writer:
+        for g, lo in enumerate(range(0, len(lengths), group_rows)):
+            n_tok = lengths[lo : lo + group_rows]
+            m = len(n_tok)
+            line = np.arange(1, m + 1, dtype=np.int64)
+            if suffix == ".tar":  # a code document's metadata names its member
+                members = pc.cast(pa.array(line), pa.large_string())
+                head, tail = (
+                    pa.scalar(t, pa.large_string()) for t in ('{"path": "pkg/m', '.py", "language": "python"}')
+                )
+                meta = pc.binary_join_element_wise(head, members, tail, pa.scalar("", pa.large_string()))
+            else:
+                meta = pa.nulls(m, pa.large_string())
+            columns = {
+                "doc_id": pa.array(np.arange(lo, lo + m, dtype=np.int64)),
+                "source": pa.repeat(pa.scalar(name, pa.large_string()), m),
+                "file": pa.repeat(pa.scalar(f"s3://corpus/{name}/part-{g:05d}{suffix}", pa.large_string()), m),
+                "line": pa.array(line),
+                "n_tokens": pa.array(n_tok),
+                "chunk": pa.repeat(pa.scalar(hashlib.md5(f"{name}{g}".encode()).hexdigest(), pa.large_string()), m),
+                "offset": pa.array(np.cumsum(n_tok) - n_tok),
+                "meta": meta,
+                "tokenizer": pa.repeat(pa.scalar(FINGERPRINT, pa.large_string()), m),
+            }
+            writer.write_table(pa.table(columns, schema=schema))
+    tmp.rename(path)
+
+
+def pack_shard(
+    rng: np.random.Generator, lengths: list[np.ndarray], n_seq: int, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``n_seq`` full sequences of documents drawn at random (the sources' shares), end to end, cut every
+    ``seq_len`` tokens: (seg_offsets int64 [n_seq+1], segments int64 [m, 4] (source, doc_id, start, length))."""
+    need = n_seq * seq_len
+    shares = np.array([s for _, _, s in SOURCES])
+    mean = float(sum(s * float(ln.mean()) for s, ln in zip(shares, lengths, strict=True)))
+    src_parts, doc_parts, len_parts, total = [], [], [], 0
+    while total < need:
+        m = int((need - total) / mean * 1.1) + 64
+        src = rng.choice(len(lengths), m, p=shares)
+        doc = np.zeros(m, np.int64)
+        ln = np.zeros(m, np.int64)
+        for k, lk in enumerate(lengths):
+            mine = src == k
+            doc[mine] = rng.integers(0, len(lk), int(mine.sum()))
+            ln[mine] = lk[doc[mine]]
+        src_parts.append(src)
+        doc_parts.append(doc)
+        len_parts.append(ln)
+        total += int(ln.sum())
+    src, doc, ln = (np.concatenate(p) for p in (src_parts, doc_parts, len_parts))
+    end = np.cumsum(ln)
+    cuts = np.union1d(np.r_[0, end[end < need]], np.arange(0, need + 1, seq_len))  # document and sequence ends
+    a, b = cuts[:-1], cuts[1:]
+    j = np.searchsorted(end, a, side="right")  # the document holding token a of the stream
+    segments = np.stack([src[j], doc[j], a - (end[j] - ln[j]), b - a], 1).astype(np.int64)
+    seq = a // seq_len
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(seq, minlength=n_seq))]).astype(np.int64)
+    return offsets, segments
+
+
+def make_build(
+    out: Path, docs: int, seq_len: int, batch: int, steps: int, group_rows: int, layout: str, sampled: list[int]
+) -> Path:
+    """The synthetic build (see the module's docstring), unless ``out/shards/manifest.json`` is there."""
+    from contract.cost import CostModel
+    from contract.manifest import write_manifest
+
+    if (out / "shards" / "manifest.json").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    lengths = [doc_lengths(k, docs) for k in range(len(SOURCES))]
+    for (name, suffix, _), ln in zip(SOURCES, lengths, strict=True):
+        (out / "sources" / name).mkdir(parents=True)
+        write_doc_index(out / "sources" / name / "docs.parquet", name, suffix, ln, group_rows, layout)
+    tok_dir = out / "tokenizer"
+    tok_dir.mkdir()
+    if DEEPSEEK is not None and DEEPSEEK.exists():
+        shutil.copy(DEEPSEEK, tok_dir / "tokenizer.json")
+        spec, vocab = {"kind": "hf", "bos": False, "eos": True}, 129_280
+    else:
+        spec, vocab = {"kind": "bytes", "bos": False, "eos": True}, 257
+    (tok_dir / "spec.json").write_text(json.dumps(spec))
+    dtype = np.dtype("<u2" if vocab <= 1 << 16 else "<u4")
+    shards_dir = out / "shards"
+    shards_dir.mkdir()
+    cost = CostModel()
+    rng = np.random.default_rng(0)
+    n = steps * batch
+    per_shard = max(1, SHARD_TOKENS // seq_len)
+    wanted = {s for t in sampled for s in range(t * batch, (t + 1) * batch)}
+    shards, header = [], io.BytesIO()
+    for k, lo in enumerate(range(0, n, per_shard)):
+        hi = min(n, lo + per_shard)
+        offsets, segments = pack_shard(rng, lengths, hi - lo, seq_len)
+        length = segments[:, 3]
+        meta = {
+            "step": (np.arange(lo, hi) // batch).astype(np.int64),
+            "seg_offsets": offsets,
+            "segments": segments,
+            "seg_cost": cost.of(length),
+            "seq_tokens": np.full(hi - lo, seq_len, np.int64),
+            "seq_cost": cost.sequences(offsets, length),
+        }
+        buf = io.BytesIO()
+        np.savez(buf, **meta)  # type: ignore[arg-type]
+        data = buf.getvalue()
+        meta_name, tok_name = f"shard-{k:05d}.meta.npz", f"shard-{k:05d}.tokens.npy"
+        (shards_dir / meta_name).write_bytes(data)
+        header.seek(0)
+        header.truncate()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": dtype.str, "fortran_order": False, "shape": (hi - lo, seq_len)}
+        )
+        tok = shards_dir / tok_name
+        tok.write_bytes(header.getvalue())
+        size = len(header.getvalue()) + (hi - lo) * seq_len * dtype.itemsize
+        os.truncate(tok, size)  # sparse, but for the sampled steps' sequences
+        rows = sorted(s - lo for s in wanted if lo <= s < hi)
+        if rows:
+            mm = np.load(tok, mmap_mode="r+")
+            mm[rows] = rng.integers(0, vocab - 1, (len(rows), seq_len)).astype(dtype)
+            mm.flush()
+            del mm
+        files = {
+            "tokens": {"name": tok_name, "bytes": size, "sha256": "0" * 64},  # placeholder: nothing here verifies
+            "meta": {"name": meta_name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+        }
+        shards.append({"first_sequence": lo, "sequences": hi - lo, "files": files})
+    manifest = {
+        "format_version": 3,
+        "seq_len": seq_len,
+        "sequences": n,
+        "sequences_per_step": batch,
+        "dtype": dtype.name,
+        "global_batch": batch,
+        "steps": steps,
+        "pad_id": 0,
+        "eos_id": vocab - 1,
+        "vocab_size": vocab,
+        "tokenizer_fingerprint": FINGERPRINT,
+        "sources": [name for name, _, _ in SOURCES],
+        "cost": {"attention": cost.attention, "linear": cost.linear},
+        "shards": shards,
+    }
+    write_manifest(shards_dir, manifest)
+    return out
+
+
+class Stages:
+    """Wall and CPU seconds per stage of one lookup, accumulated by wrapping the methods that do them."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    def wrap(self, stage: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            w, c = time.perf_counter(), time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.wall[stage] = self.wall.get(stage, 0.0) + time.perf_counter() - w
+                self.cpu[stage] = self.cpu.get(stage, 0.0) + time.process_time() - c
+
+        return timed
+
+
+def one_lookup(build: Path, step: int, text: bool, prov: Any = None) -> tuple[Any, dict[str, dict[str, float]], int]:
+    """``Provenance(build).lookup(step_sequences(step), text=text)`` (on ``prov`` when given: warm), timed by
+    stage; returns the object, {"wall"|"cpu": {stage: s}} and the pieces."""
+    from mixing.provenance import Provenance
+
+    st = Stages()
+    w0, c0 = time.perf_counter(), time.process_time()
+    if prov is None:
+        prov = st.wrap("open", Provenance)(build)
+    prov.shards.sequence = st.wrap("sequences", type(prov.shards).sequence.__get__(prov.shards))
+    prov._documents = st.wrap("index", type(prov)._documents.__get__(prov))
+    load = type(prov)._tokenizer.__get__(prov)
+
+    def tokenizer() -> None:  # the tokenizer loaded (once per object), then its decoder timed too
+        st.wrap("decode", load)()
+        raw = prov.__dict__.setdefault("_bench_decode", prov._decode)
+        prov._decode = st.wrap("decode", raw)
+
+    prov._tokenizer = tokenizer
+    pieces = prov.lookup(prov.step_sequences(step), text=text)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    for d, total in ((st.wall, wall), (st.cpu, cpu)):
+        d["rest"] = total - sum(d.values())
+        d["total"] = total
+    return prov, {"wall": st.wall, "cpu": st.cpu}, len(pieces)
+
+
+def child(build: Path, steps: list[int], repeat: int) -> None:
+    """Runs in the tree under test (``PYTHONPATH``), pinned to one core: prints one JSON line of figures."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    import mixing.provenance
+
+    out: dict[str, Any] = {"import": {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0}}
+    out["module"] = mixing.provenance.__file__
+    import pyarrow as pa
+
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    runs: dict[str, list[dict[str, Any]]] = {"first": [], "cold": [], "warm": [], "cold --text": [], "warm --text": []}
+    _, first, n = one_lookup(build, steps[0], False)
+    runs["first"].append({**first, "step": steps[0], "pieces": n})
+    for step in steps:
+        for text in (False, True):
+            suffix = " --text" if text else ""
+            best: dict[str, Any] = {}
+            warm: dict[str, Any] = {}
+            for _ in range(repeat):
+                prov, cold, n = one_lookup(build, step, text)
+                if not best or cold["wall"]["total"] < best["wall"]["total"]:
+                    best = {**cold, "step": step, "pieces": n}
+                for _ in range(2):
+                    _, again, n = one_lookup(build, step, text, prov)
+                    if not warm or again["wall"]["total"] < warm["wall"]["total"]:
+                        warm = {**again, "step": step, "pieces": n}
+            runs["cold" + suffix].append(best)
+            runs["warm" + suffix].append(warm)
+    out["runs"] = runs
+    print("RESULT " + json.dumps(out))
+
+
+def sampled_steps(steps: int, samples: int) -> list[int]:
+    """``samples`` steps spread evenly over a build of ``steps``, the first and the last among them."""
+    return sorted({round(i * (steps - 1) / max(1, samples - 1)) for i in range(samples)})
+
+
+def describe(build: Path, steps: list[int]) -> str:
+    """What the sampled steps ask of the sources' indexes: segments, distinct documents and row groups."""
+    from contract.shards import ShardSet
+    from mixing.doc_lookup import DocLookup
+
+    shards = ShardSet(build / "shards")
+    names = shards.manifest.sources or ()
+    starts = [DocLookup(build / "sources" / n / "docs.parquet", None).starts for n in names]
+    per = shards.manifest.sequences_per_step or 1
+    segs, docs, groups = [], [], []
+    for t in steps:
+        s = np.concatenate([shards.sequence(i).segments for i in range(t * per, (t + 1) * per)])
+        segs.append(len(s))
+        for k in range(len(names)):
+            d = np.unique(s[s[:, 0] == k, 1])
+            docs.append(len(d))
+            groups.append(len(np.unique(np.searchsorted(starts[k], d, side="right"))))
+    rows = int(np.median(np.diff(starts[0])))
+    return (
+        f"{len(names)} sources ({', '.join(names)}) of {int(starts[0][-1]):,} documents, {len(starts[0]) - 1} row "
+        f"groups of ~{rows:,} rows each; a step: {int(np.median(segs))} segments (median of {len(steps)} steps), "
+        f"per source {int(np.median(docs))} documents in {int(np.median(groups))} row groups (medians)"
+    )
+
+
+def run_child(tree: Path, build: Path, steps: list[int], repeat: int, core: int) -> dict[str, Any]:
+    cmd = ["taskset", "-c", str(core), sys.executable, str(Path(__file__).resolve()), "--child", str(tree)]
+    cmd += ["--build", str(build), "--sampled", ",".join(map(str, steps)), "--repeat", str(repeat)]
+    proc = subprocess.run(cmd, env=one_thread(tree), capture_output=True, text=True, cwd=tree)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"{tree}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+
+
+def one_thread(tree: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "RAYON_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def run_cli(tree: Path, argv: list[str], core: int, repeat: int) -> tuple[float, float, str]:
+    """``argv`` (a weir command line) run ``repeat`` times pinned to ``core``: the best wall and CPU seconds
+    (user + system, the process and its children) and its output."""
+    best_w = best_c = float("inf")
+    out = ""
+    for _ in range(repeat):
+        r0 = os.times()
+        w0 = time.perf_counter()
+        proc = subprocess.run(["taskset", "-c", str(core), *argv], env=one_thread(tree), capture_output=True, cwd=tree)
+        wall = time.perf_counter() - w0
+        r1 = os.times()
+        if proc.returncode:
+            raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stderr.decode()[-3000:]}")
+        best_w = min(best_w, wall)
+        best_c = min(best_c, (r1.children_user - r0.children_user) + (r1.children_system - r0.children_system))
+        out = proc.stdout.decode()
+    return best_w, best_c, out
+
+
+def cli_figures(
+    tree: Path, build: Path, steps: list[int], core: int, repeat: int, entry: list[str]
+) -> tuple[dict[str, tuple[float, float]], dict[int, str]]:
+    """Median over ``steps`` of the best end-to-end wall and CPU seconds of ``weir lookup --json`` and with
+    ``--text``; and each step's ``--json --text`` output."""
+    out: dict[str, tuple[float, float]] = {}
+    texts: dict[int, str] = {}
+    for flags in (["--json"], ["--json", "--text"]):
+        wall, cpu = [], []
+        for t in steps:
+            w, c, text = run_cli(tree, [*entry, "lookup", str(build), "--step", str(t), *flags], core, repeat)
+            wall.append(w)
+            cpu.append(c)
+            if "--text" in flags:
+                texts[t] = text
+        out[" ".join(flags)] = (statistics.median(wall), statistics.median(cpu))
+    return out, texts
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median total wall time (its stages add up to it)."""
+    ordered = sorted(runs, key=lambda r: r["wall"]["total"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def report(name: str, r: dict[str, Any], cli: dict[str, dict[str, tuple[float, float]]]) -> None:
+    imp = r["import"]
+    print(f"\n{name}: {r['module']}")
+    print(f"  import mixing.provenance: {imp['wall'] * 1e3:.0f} ms wall, {imp['cpu'] * 1e3:.0f} ms CPU")
+    stages = ("open", "sequences", "index", "decode", "rest", "total")
+    print("  Provenance(build).lookup(step), ms wall (CPU) by stage; the step with the median total:")
+    print(f"  {'':12}" + "".join(f"{s:>16}" for s in stages))
+    for mode, runs in r["runs"].items():
+        m = median_run(runs)
+        cells = [
+            f"{m['wall'][s] * 1e3:7.1f} ({m['cpu'][s] * 1e3:5.1f})" if s in m["wall"] else f"{'-':>15}" for s in stages
+        ]
+        print(f"  {mode:12}" + "".join(f"{c:>16}" for c in cells))
+    for entry, figures in cli.items():
+        for flags, (w, c) in figures.items():
+            print(f"  {entry} lookup BUILD --step S {flags}: {w * 1e3:.0f} ms wall, {c * 1e3:.0f} ms CPU (median step)")
+
+
+def load() -> str:
+    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=int, default=10_000_000, help="documents per source")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--global-batch", type=int, default=16, help="sequences per step")
+    ap.add_argument("--steps", type=int, default=20_000, help="steps of the build")
+    ap.add_argument("--group-rows", type=int, default=16_384, help="rows per row group of docs.parquet")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="weir", help="how docs.parquet is encoded")
+    ap.add_argument("--samples", type=int, default=5, help="steps timed, spread over the build")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per step and way (the best is kept)")
+    ap.add_argument("--before", help="git revision of the code to compare with (exported to a temporary folder)")
+    ap.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)), help="the core every run is pinned to")
+    ap.add_argument("--dir", type=Path, default=ROOT / "build" / "bench", help="where the synthetic build is kept")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--build", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--sampled", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        sys.path.insert(0, str(args.child))
+        child(args.build, [int(s) for s in args.sampled.split(",")], args.repeat)
+        return
+    sys.path.insert(0, str(ROOT))
+    steps = sampled_steps(args.steps, args.samples)
+    name = f"lookup-{args.docs}-{args.seq_len}-{args.global_batch}-{args.steps}-{args.group_rows}-{args.layout}"
+    t0 = time.perf_counter()
+    build = make_build(
+        args.dir / name, args.docs, args.seq_len, args.global_batch, args.steps, args.group_rows, args.layout, steps
+    )
+    made = time.perf_counter() - t0
+    for f in build.rglob("*"):  # into the page cache, but the (sparse) token files: a lookup reads a few rows
+        if f.is_file() and not f.name.endswith(".tokens.npy"):
+            f.read_bytes()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    print(f"build {build} ({made:.0f} s to make or find): {describe(build, steps)}")
+    print(
+        f"S={args.seq_len}, {args.global_batch} sequences a step, {args.steps:,} steps; docs.parquet layout "
+        f"{args.layout!r}; steps timed {steps}; every run pinned to core {args.core}, best of {args.repeat}; "
+        f"commit {commit.strip()}, {time.strftime('%Y-%m-%d %H:%M %Z')}"
+    )
+    trees: dict[str, Path] = {}
+    texts: dict[str, dict[int, str]] = {}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        if args.before:
+            tree = Path(tmp) / "before"
+            tree.mkdir()
+            archive = subprocess.run(["git", "archive", args.before], capture_output=True, check=True, cwd=ROOT).stdout
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+            trees[f"before ({args.before})"] = tree
+        trees["this checkout"] = ROOT
+        for label, tree in trees.items():
+            before = load()
+            r = run_child(tree, build, steps, args.repeat, args.core)
+            python = [sys.executable, "-c", CLI]
+            cli = {}
+            cli["python -c 'pipelines.cli.app()'"], texts[label] = cli_figures(
+                tree, build, steps, args.core, args.repeat, python
+            )
+            if tree == ROOT:
+                cli[".venv/bin/weir"], _ = cli_figures(
+                    tree, build, steps, args.core, args.repeat, [str(Path(sys.executable).parent / "weir")]
+                )
+            report(label, r, cli)
+            print(f"  load average {before} before, {load()} after")
+    if len(texts) == 2:
+        a, b = texts.values()
+        print(f"\nweir lookup --json --text prints the same as before for every step timed: {a == b}")
+
+
+if __name__ == "__main__":
+    main()
