@@ -27,8 +27,9 @@ max ÷ mean over all ranks of predicted busy time, compute + communication), ``c
 tokens whose attention needs K/V from another rank: under zigzag all of a split document but its first
 chunk), ``schedule_bytes`` and ``collectives`` (per step), ``stream_mixture_window`` / ``stream_mixture_phase``
 (``mixture_error`` of what the trainer receives against the plan's ramped shares: worst 10-step window,
-worst phase), ``plan_ms_per_step`` (one core: the planner, the deal, the scheduler) and the micro-batches per
-step (free at the cost model's ``per_micro_batch`` 0, the default).
+worst phase), ``plan_ms_per_step`` (one core: the planner, the deal on its default engine, the scheduler;
+``benchmarks/hybrid_plan.py`` times the deal alone at 1 M tokens per step) and the micro-batches per step (free
+at the cost model's ``per_micro_batch`` 0, the default).
 
 Regimes (default): three-phase curricula (``benchmarks/curriculum.py``'s ``ramps``: warmup, main, anneal, with
 ramps) drawn and packed as ``benchmarks/simulation.py`` does, global batch 16: real lengths from
@@ -341,6 +342,8 @@ def hybrid_layout(build: Build, dp: int, cp: int, gpus_per_node: int, capacity: 
     world = HybridWorld(dp=dp, cp=cp, capacity=capacity, gpus_per_node=gpus_per_node)
     fig.stream = [np.arange(t * build.batch, (t + 1) * build.batch) for t in range(build.steps)]
     worst = 0.0
+    if build.steps:  # the compiled kernels' load (or compile) is the process's, once, not a step's
+        deal(step_documents(build, 0)[0], world, build.cost)
     for t in range(build.steps):
         lengths, _ = step_documents(build, t)
         t0 = time.perf_counter()
@@ -441,7 +444,8 @@ def commit() -> str:
 def uncommitted() -> dict[str, str]:
     """The files whose code makes the figures and that differ from the commit, each with the first 12 hex
     digits of its sha256 (the header names them: the commit alone would not say which code ran)."""
-    names = ["benchmarks/hybrid.py", "benchmarks/megatron_dcp.py", "loaders/hybrid.py", "contract/cost.py"]
+    names = ["benchmarks/hybrid.py", "benchmarks/megatron_dcp.py", "contract/cost.py"]
+    names += [f"loaders/hybrid{part}.py" for part in ("", "_placement", "_fill", "_kernels")]
     try:
         out = subprocess.run(["git", "status", "--porcelain", *names], cwd=ROOT, capture_output=True, text=True)
     except OSError:

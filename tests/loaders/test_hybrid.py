@@ -1,12 +1,16 @@
 """loaders/hybrid.py: the hybrid data-parallel deal. Every document is placed exactly once, whole or on an
 aligned power-of-two block big enough for its tokens; no rank's micro-batch holds more than its capacity;
 the reported rank times are the cost model's; the deal is a function of its arguments; long documents are
-split and short ones are not; and a small step whose documents all fit one rank is dealt no worse than LPT
-of whole documents. (Timing is a script's business, not a test's: see the module's docstring.)"""
+split and short ones are not; a small step whose documents all fit one rank is dealt no worse than LPT of
+whole documents; and every engine (numpy, the kernels interpreted, compiled where numba is installed) deals
+the pinned inputs as the reference deal did, and random steps alike. (Timing is a script's business, not a
+test's: ``benchmarks/hybrid_plan.py``.)"""
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import importlib.util
 
 import numpy as np
 import pytest
@@ -16,6 +20,8 @@ from hypothesis import strategies as st
 from contract.cost import FLEXSP_7B, CostModel
 from loaders.hybrid import Deal, HybridWorld, deal
 
+HAS_NUMBA = importlib.util.find_spec("numba") is not None
+ENGINES = ["numpy", "interpreted", *(["compiled"] if HAS_NUMBA else [])]
 COSTS = [
     CostModel(),
     CostModel(1.0, 8192.0),
@@ -188,3 +194,106 @@ def test_an_empty_step_and_refusals() -> None:
     for bad in ({"dp": 0}, {"capacity": -1}, {"cp": 1.5}, {"gpus_per_node": True}):
         with pytest.raises(ValueError, match="expected an int"):
             HybridWorld(**{"dp": 1, "cp": 1, "capacity": 8, **bad})  # type: ignore[arg-type]
+
+
+# -- the deal pinned: the same assignment, bit for bit, for fixed inputs ------------------------------------
+
+
+def pareto(rng: np.random.Generator, n: int, lo: int, hi: int, alpha: float) -> np.ndarray:
+    """int64 [n]: truncated-Pareto lengths in ``[lo, hi]``."""
+    u = rng.random(n)
+    return np.minimum(hi, lo / (1 - u * (1 - (lo / hi) ** alpha)) ** (1 / alpha)).astype(np.int64)
+
+
+Case = tuple[np.ndarray, HybridWorld, CostModel, int]
+CHEAP_COMM = CostModel(1.0, 0.0, comm_bytes=1.0)
+
+
+def named_cases() -> dict[str, Case]:
+    """Steps that take the deal's paths: water-filling at 64 ranks, blocks of every degree, a cost per
+    micro-batch, a small step split for cost, latency, crowded capacity."""
+    r = np.random.default_rng
+    split = np.concatenate([pareto(r(2), 2500, 64, 65536, 1.2), [65536, 32768]])
+    mb_cost = CostModel(1.0, 512.0, per_micro_batch=5e6)
+    return {
+        "longtail 64": (pareto(r(1), 6000, 16, 8192, 1.1), HybridWorld(8, 8, 8192), COSTS[1], 3),
+        "split 64": (split, HybridWorld(16, 4, 8192), CostModel(1.0, 49152.0), 5),
+        "flexsp": (pareto(r(3), 3000, 128, 131072, 1.1), HybridWorld(8, 8, 16384), FLEXSP_7B, 7),
+        "small fits": (pareto(r(4), 40, 1, 4000, 1.0), HybridWorld(4, 2, 100000), CHEAP_COMM, 0),
+        "latency 12": (pareto(r(5), 600, 8, 20000, 1.3), HybridWorld(6, 2, 4096), COSTS[3], 11),
+        "crowded": (pareto(r(6), 4000, 32, 4096, 0.9), HybridWorld(4, 4, 2048), CostModel(1.0, 512.0), 13),
+        "crowded mb": (pareto(r(7), 2000, 32, 8192, 0.9), HybridWorld(4, 4, 2048), mb_cost, 17),
+    }
+
+
+def random_case(seed: int, tight: bool) -> Case:
+    """A random world, cost and step: long-tailed lengths (``tight``: uniform up to the largest block, on
+    ranks of 100 tokens, where blocks run out of room and open micro-batches)."""
+    rng = np.random.default_rng(seed)
+    costs = [*COSTS[:5], CHEAP_COMM]
+    if tight:
+        dp, cp, cap = int(rng.integers(1, 5)), int(rng.choice([1, 2, 4])), 100
+        top = 1 << ((dp * cp).bit_length() - 1)
+        lengths = rng.integers(1, cap * top + 1, int(rng.choice([10, 30, 100])))
+    else:
+        dp, cp, cap = int(rng.integers(1, 7)), int(rng.choice([1, 2, 4, 8])), int(rng.choice([100, 1000, 4096]))
+        top = 1 << ((dp * cp).bit_length() - 1)
+        lengths = np.maximum(
+            pareto(rng, int(rng.choice([10, 60, 300, 1500])), 1, cap * int(rng.choice([1, top])), 1.0), 1
+        )
+    return lengths.astype(np.int64), HybridWorld(dp, cp, cap), costs[int(rng.integers(len(costs)))], seed
+
+
+def digest(deals: list[Deal]) -> str:
+    """The first 16 hex digits of a sha256 over the assignment of ``deals`` (degrees, blocks, micro-batches;
+    not the rank times, whose float sums may differ in the last bit between CPU instruction sets)."""
+    h = hashlib.sha256()
+    for d in deals:
+        for a in (d.degree, d.first_rank, d.micro_batch):
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(str(d.micro_batches).encode())
+    return h.hexdigest()[:16]
+
+
+PINNED = {
+    "longtail 64": "c8e89a53059f434f",
+    "split 64": "096dd082c865dced",
+    "flexsp": "969b3255f8aa4001",
+    "small fits": "6c4547b9c67166df",
+    "latency 12": "4d886fb680b23a9d",
+    "crowded": "8125a9cda182d2c5",
+    "crowded mb": "8f14e2619456d3dc",
+    "random": "58f4499fa558c3f5",
+    "random tight": "9c9d4da33427bf04",
+}
+
+
+def pinned_deals(engine: str) -> dict[str, list[Deal]]:
+    def one(case: Case) -> Deal:
+        lengths, world, cost, seed = case
+        return deal(lengths, world, cost, seed=seed, engine=engine)
+
+    out = {name: [one(case)] for name, case in named_cases().items()}
+    out["random"] = [one(random_case(s, False)) for s in range(60)]
+    out["random tight"] = [one(random_case(s, True)) for s in range(30)]
+    return out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_deal_is_pinned_for_fixed_inputs(engine: str) -> None:
+    """A faster deal must be the same deal: these digests are of the reference deal of each input."""
+    got = {name: digest(deals) for name, deals in pinned_deals(engine).items()}
+    assert got == PINNED
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.booleans())
+def test_every_engine_deals_a_random_step_as_numpy_does(seed: int, tight: bool) -> None:
+    lengths, world, cost, _ = random_case(seed, tight)
+    ref = deal(lengths, world, cost, seed=seed, engine="numpy")
+    check(lengths, world, cost, ref)
+    for engine in ENGINES[1:]:
+        d = deal(lengths, world, cost, seed=seed, engine=engine)
+        for name in ("degree", "first_rank", "micro_batch", "rank_time"):
+            assert np.array_equal(getattr(d, name), getattr(ref, name)), (engine, name)
+        assert d.micro_batches == ref.micro_batches
