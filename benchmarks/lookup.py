@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/lookup.py --before 3c8d4c3       # 3 sources × 10 M documents (made once, ~30 s)
     .venv/bin/python benchmarks/lookup.py --docs 1000000         # a quick run (sources of 1 M documents)
-    .venv/bin/python benchmarks/lookup.py --layout delta         # docs.parquet encoded otherwise (LAYOUTS)
+    .venv/bin/python benchmarks/lookup.py --layout defaults      # docs.parquet with pyarrow's defaults (LAYOUTS)
     .venv/bin/python benchmarks/lookup.py --seq-len 8192 --steps 5000 --samples 3   # steps of ~570 segments
 
 **The build** (made once, kept under ``--dir``: ``build/bench/lookup-<docs>-<S>-<batch>-<steps>-<rows>-<layout>/``,
@@ -10,9 +10,10 @@ reused when its manifest is there): three sources of ``--docs`` documents each, 
 files (nothing is tokenized: ~2 s per million documents on the shared 2-core machine):
 
 - ``sources/<name>/docs.parquet``: the columns of :data:`mixing.ingest.doc_index.INDEX_SCHEMA`, written by a
-  ``ParquetWriter`` as the build's index writer writes them (``--layout weir``: pyarrow's defaults, dictionary
-  encoding and snappy; one ``write_table`` per chunk): one chunk, file and row group per
-  :data:`~mixing.ingest.chunks.CHUNK_BYTES` of input (16 MiB ÷ ~1 KB a document: ``--group-rows`` 16,384
+  ``ParquetWriter`` as the build's index writer writes them (``--layout weir``:
+  :data:`mixing.ingest.doc_index.INDEX_ENCODING`; ``defaults``: pyarrow's, dictionary encoding and snappy; one
+  ``write_table`` per chunk): one chunk, file and row group per :data:`~mixing.ingest.chunks.CHUNK_BYTES`
+  of input (16 MiB ÷ ~1 KB a document: ``--group-rows`` 16,384
   rows), lines 1… within each file; documents of log-normal lengths (median 160 tokens, mean ~240, EOS
   included); sources ``web`` (``.jsonl``), ``table`` (``.parquet``) and ``code`` (``.tar``, each document's
   metadata JSON naming its member, as code sources keep it);
@@ -66,6 +67,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mixing.ingest.doc_index import INDEX_ENCODING
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 DEEPSEEK = SHARED / "tokenizers" / "deepseek_tokenizer.json" if SHARED else None
@@ -74,20 +78,9 @@ FINGERPRINT = hashlib.sha256(b"lookup-bench-tokenizer").hexdigest()
 SHARD_TOKENS = 1 << 24  # mixing.pack.packed's tokens per shard
 MEDIAN, SIGMA = 160, 0.9  # document lengths, log-normal: mean = median · exp(σ²/2) ≈ 240 tokens
 CLI = "import sys; from pipelines.cli import app; sys.argv[0] = 'weir'; app()"
-_INTS = ("doc_id", "line", "n_tokens", "offset")
 LAYOUTS: dict[str, dict[str, Any]] = {
-    "weir": {},  # what mixing.ingest.doc_index writes: every column dictionary-encoded where it fits, snappy
-    # the integer columns delta-encoded (doc_id, line and offset are runs, n_tokens small) and not compressed,
-    # so a row group's column decodes without a dictionary page of distinct values to decompress; meta (each
-    # document's own JSON, if any) plain, snappy; the repeated strings as weir's
-    "delta": {
-        "use_dictionary": ["source", "file", "chunk", "tokenizer"],
-        "column_encoding": dict.fromkeys(_INTS, "DELTA_BINARY_PACKED"),
-        "compression": {
-            **dict.fromkeys(_INTS, "none"),
-            **dict.fromkeys(("source", "file", "chunk", "meta", "tokenizer"), "snappy"),
-        },
-    },
+    "weir": INDEX_ENCODING,  # what mixing.ingest.doc_index writes
+    "defaults": {},  # pyarrow's defaults (every column dictionary-encoded where it fits, snappy): the layout before
 }
 
 
@@ -98,8 +91,8 @@ def doc_lengths(k: int, n: int) -> np.ndarray:
 
 
 def write_doc_index(path: Path, name: str, suffix: str, lengths: np.ndarray, group_rows: int, layout: str) -> None:
-    """``docs.parquet`` of source ``name`` as the build's index writer writes it (``layout`` ``weir``: pyarrow's
-    defaults; ``delta``: see :data:`LAYOUTS`): one chunk (one input file, one row group of ``group_rows`` rows)
+    """``docs.parquet`` of source ``name`` as the build's index writer writes it (``layout``: see
+    :data:`LAYOUTS`): one chunk (one input file, one row group of ``group_rows`` rows)
     at a time."""
     import polars as pl
     import pyarrow as pa
