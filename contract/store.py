@@ -12,6 +12,11 @@ listings are not cached: other processes write into the same root.
 :meth:`Store.open` is the checked way in: a URL whose protocol fsspec does not know, or a root it cannot
 reach (no such bucket, no endpoint, refused credentials), is one :class:`StoreError` line that names the
 root without its credentials, never a local folder with a strange name.
+
+A root shared by builds on several machines can be fenced (:func:`fenced`): while a :class:`Fence` is registered
+for it, every write and removal under it, through any :class:`Store` of this process, first asks the fence
+(:meth:`Fence.admit`), which raises once this process may no longer write there; an upload is admitted just
+before it completes, so a refused one leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -21,17 +26,19 @@ import hashlib
 import io
 import re
 import shutil
+import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import fsspec
 
 from contract.atomic import atomic_path
 from contract.errors import WeirError
 
-__all__ = ["HashingWriter", "Store", "StoreError", "is_local", "redact_url", "sha256_file"]
+__all__ = ["Fence", "HashingWriter", "Store", "StoreError", "fenced", "is_local", "redact_url", "sha256_file"]
 
 # An object on these is visible only once its upload completes (a memory:// file is visible from its open, so it
 # is not one of them).
@@ -44,6 +51,41 @@ _USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@]*|[^@]*:[^@]*)@", re.I)  #
 
 class StoreError(WeirError):
     """A build root that cannot be used: unknown protocol, unreachable, or refused."""
+
+
+class Fence(Protocol):
+    """What a writer must hold to write into a shared root: consulted before every write and removal there."""
+
+    @property
+    def generation(self) -> int:
+        """The holder's generation (a number that grows with every new holder of the root), recorded in what
+        it publishes."""
+        ...
+
+    def admit(self, name: str) -> None:
+        """Return if this process may still write or remove ``name`` (``/``-separated, relative to the fenced
+        root; a folder for a removal of a tree), else raise (a :class:`WeirError` that says why)."""
+        ...
+
+
+_FENCES: dict[tuple[str, str], Fence] = {}  # (protocol, root without protocol) -> its fence, for every thread
+_FENCES_LOCK = threading.Lock()
+
+
+@contextmanager
+def fenced(store: Store, fence: Fence) -> Iterator[None]:
+    """Have every write and removal under ``store``'s root in this process (by any :class:`Store` whose folder is
+    in it) admitted by ``fence`` first, for the ``with`` block. One fence per root: nesting another raises."""
+    key = (store.protocol, store.root.rstrip("/"))
+    with _FENCES_LOCK:
+        if key in _FENCES and _FENCES[key] is not fence:
+            raise RuntimeError(f"{redact_url(store.url)} is fenced already")
+        _FENCES[key] = fence
+    try:
+        yield
+    finally:
+        with _FENCES_LOCK:
+            _FENCES.pop(key, None)
 
 
 def sha256_file(path: Path) -> str:
@@ -151,6 +193,27 @@ class Store:
     def key(self, name: str) -> str:
         return f"{self.root}/{name}"
 
+    def fence(self) -> Fence | None:
+        """The fence of the root this folder is in (:func:`fenced`), if any."""
+        found = self._fenced(self.root)
+        return found[0] if found else None
+
+    def _fenced(self, path: str) -> tuple[Fence, str] | None:
+        """The fence covering ``path`` (a key of this filesystem) and ``path`` relative to its root."""
+        if not _FENCES or self.local:
+            return None
+        with _FENCES_LOCK:
+            for (protocol, root), fence in _FENCES.items():
+                if protocol == self.protocol and (path == root or path.startswith(root + "/")):
+                    return fence, path[len(root) + 1 :]
+        return None
+
+    def _admit(self, name: str) -> None:
+        """Ask the fence covering ``name``, if any, whether it may be written or removed now (it raises if not)."""
+        found = self._fenced(self.key(name).rstrip("/"))
+        if found is not None:
+            found[0].admit(found[1])
+
     def sub(self, name: str) -> Store:
         """The folder ``name`` inside this one, on the same filesystem and options."""
         return Store(f"{self.url}/{name}", self.storage_options)
@@ -170,6 +233,7 @@ class Store:
             try:
                 hw = HashingWriter(f)
                 fill(hw)  # type: ignore[arg-type]
+                self._admit(name)  # as late as can be: the object appears only when the upload completes
                 f.close()  # completes the upload: the object appears, whole
             except BaseException:
                 f.discard()  # abort the upload (closing the file would complete it with what was written)
@@ -182,6 +246,7 @@ class Store:
                 with self.fs.open(remote_tmp, "wb") as f:
                     hw = HashingWriter(f)
                     fill(hw)  # type: ignore[arg-type]
+                self._admit(name)
                 self.fs.mv(remote_tmp, self.key(name))
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -233,6 +298,7 @@ class Store:
         if self.local:
             (self.path / name).unlink(missing_ok=True)
         elif self.fs.exists(self.key(name)):
+            self._admit(name)
             self.fs.rm(self.key(name))
 
     def remove_tree(self, folder: str) -> None:
@@ -240,6 +306,7 @@ class Store:
         if self.local:
             shutil.rmtree(self.path / folder, ignore_errors=True)
         else:
+            self._admit(folder)
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(self.key(folder), recursive=True)
 

@@ -44,11 +44,12 @@ from assets import WeirEngine
 from assets.storage import work_folder
 from contract.atomic import file_mode
 from contract.errors import WeirError
-from contract.store import Store, is_local
+from contract.store import Store, is_local, redact_url
 from mixing import Mix
 from mixing.output.commit import COMMITS
 from pipelines.build import ELSEWHERE_TAG, build_mix, build_tags
-from pipelines.lease import BuildBusy, root_lease
+from pipelines.lease import BuildBusy, Lease, LeaseLost, root_lease
+from pipelines.outage import Outages, riding_outages, unreachable
 from pipelines.resources import storage_resource
 
 __all__ = [
@@ -152,22 +153,57 @@ def build_remote(
     the root are reused by key; what a killed build left is never trusted (no commit record, no chunk report,
     no manifest lists it) and is overwritten or removed by this one. ``fresh`` removes the root's chunks and
     commit records and the working folder first. After success, sources no longer in the mix are removed.
+
+    Every write into the root is fenced by the lease: a build that lost it publishes nothing more and fails
+    with :class:`~pipelines.lease.LeaseLost`. An endpoint outage is ridden out for up to ``WEIR_OUTAGE_S``
+    seconds (:mod:`pipelines.outage`, said once); a longer one is one
+    :class:`~pipelines.outage.EndpointUnreachable` line that says whether the lease was released or is left to
+    expire.
     """
     resource = storage_resource(url, per_mix=False, bound=False)
     store = Store.open(url, resource.storage_options())
     work = work_folder(store.url)
     tags = build_tags(mix, store.url)
-    with output_lock(work, wait, say), root_lease(store, wait, say):
-        _wait_for_writers(instance, mix, tags, store.url, wait, say)
-        if fresh:
-            shutil.rmtree(work, ignore_errors=True)
-            for folder in ("sources", COMMITS):
-                store.remove_tree(folder)
-        build_mix(mix, store.url, say=say, instance=instance, engine=engine, tags=tags)
-        for old in set(store.names("sources")) - set(mix.sources):
-            store.remove_tree(f"sources/{old}")
-            store.remove(f"{COMMITS}/documents/{old}.json")
-            store.remove(f"{COMMITS}/source_index/{old}.json")
+    where = redact_url(store.url)
+    held: list[Lease | None] = []
+    outages: Outages | None = None
+    try:
+        with output_lock(work, wait, say):
+            # before the lease, not while holding it: the UI's runs into this root take the lease too
+            _wait_for_writers(instance, mix, tags, store.url, wait, say)
+            with (
+                root_lease(store, wait, say) as lease,
+                riding_outages(where, say, until=lease.deadline if lease is not None else None) as outages,
+            ):
+                held.append(lease)
+                if fresh:
+                    shutil.rmtree(work, ignore_errors=True)
+                    for folder in ("sources", COMMITS):
+                        store.remove_tree(folder)
+                build_mix(mix, store.url, say=say, instance=instance, engine=engine, tags=tags)
+                for old in set(store.names("sources")) - set(mix.sources):
+                    store.remove_tree(f"sources/{old}")
+                    store.remove(f"{COMMITS}/documents/{old}.json")
+                    store.remove(f"{COMMITS}/source_index/{old}.json")
+    except Exception as e:
+        cause: BaseException = e
+        while getattr(cause, "user_exception", None) is not None:  # a stage's error, as Dagster wraps it
+            cause = cause.user_exception  # type: ignore[attr-defined]
+        if isinstance(cause, LeaseLost):
+            raise cause from None  # one line, however deep in a stage it was raised
+        outage = not isinstance(cause, WeirError) and unreachable(cause)
+        if outages is None or not (outages.exceeded is not None or outage):
+            raise
+        lease = held[0] if held else None
+        if lease is None:
+            left = ""
+        elif lease.released:
+            left = "its lease was released"
+        elif lease.lost:
+            left = f"its lease lapsed meanwhile ({lease.lost}), and another build may hold it now"
+        else:
+            left = f"its lease is left to expire {lease.ttl:g} s after its last renewal (WEIR_LEASE_TTL)"
+        raise outages.failure(cause, left) from None
     return BuildOutcome(store.url, 0, 0, 0)
 
 

@@ -9,8 +9,11 @@ and only as far as :func:`verify` finds them as listed.
 
 Format: ``{"stage", "partition", "files": {name: {"bytes", "sha256"}}, "summary": {...}, "check"}``, as
 ``json.dumps(record, indent=1)`` writes it; ``check`` is the sha256 of the record's JSON (sorted keys) without
-``check``. A record reads back only when its bytes are exactly what the writer wrote, so any change to them (in
-a value, or in whitespace or an escape that JSON would read past) makes it unreadable.
+``check``. A record written into a fenced root (:func:`contract.store.fenced`: a build holding an object-store
+root's lease, :mod:`pipelines.lease`) also holds ``"generation"``, its writer's lease generation: the record is
+written only once the fence admits it, and a reader can tell which holder of the root published it. A record
+reads back only when its bytes are exactly what the writer wrote, so any change to them (in a value, or in
+whitespace or an escape that JSON would read past) makes it unreadable.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ COMMITS = "commits"  # the folder of commit records in a build root
 
 @dataclass(frozen=True)
 class Commit:
-    """A verified-on-read commit record: ``files`` maps each published name to ``(bytes, sha256)``."""
+    """A verified-on-read commit record: ``files`` maps each published name to ``(bytes, sha256)``; ``generation``:
+    the lease generation of the build that wrote it into a fenced root (None elsewhere)."""
 
     stage: str
     partition: str | None
     files: dict[str, tuple[int, str]]
     summary: dict[str, Any] = field(default_factory=dict)
+    generation: int | None = None
 
     @property
     def name(self) -> str:
@@ -61,15 +66,19 @@ def commit(
     summary: dict[str, Any] | None = None,
 ) -> Commit:
     """Write the commit record of ``stage`` (``partition``) listing ``files`` (``{name, bytes, sha256}``, as
-    :meth:`Store.put` returns them); call it after every listed file is written."""
+    :meth:`Store.put` returns them); call it after every listed file is written. In a fenced root the record
+    carries the fence's generation, and is written only if the fence admits it (else its error is raised)."""
     listed = {f["name"]: {"bytes": int(f["bytes"]), "sha256": str(f["sha256"])} for f in files}
+    fence = root.fence()
+    generation = {} if fence is None else {"generation": int(fence.generation)}
     # as JSON reads it back (tuples as lists, keys as strings), so that the check and the Commit returned here are
     # the ones read_commit computes and returns
     body: dict[str, Any] = json.loads(
-        json.dumps({"stage": stage, "partition": partition, "files": listed, "summary": summary or {}})
+        json.dumps({"stage": stage, "partition": partition, "files": listed, "summary": summary or {}, **generation})
     )
     root.put(record_name(stage, partition), _text({**body, "check": _check(body)}))
-    return Commit(stage, partition, {n: (v["bytes"], v["sha256"]) for n, v in body["files"].items()}, body["summary"])
+    published = {n: (v["bytes"], v["sha256"]) for n, v in body["files"].items()}
+    return Commit(stage, partition, published, body["summary"], body.get("generation"))
 
 
 def uncommit(root: Store, stage: str, partition: str | None) -> None:
@@ -94,7 +103,10 @@ def read_commit(root: Store, stage: str, partition: str | None) -> Commit | None
         return None
     if check != _check(rec) or rec.get("stage") != stage or rec.get("partition") != partition:
         return None
-    return Commit(stage, partition, files, dict(rec.get("summary") or {}))
+    generation = rec.get("generation")
+    if generation is not None and type(generation) is not int:
+        return None
+    return Commit(stage, partition, files, dict(rec.get("summary") or {}), generation)
 
 
 def committed(root: Store) -> list[Commit | str]:

@@ -1,0 +1,69 @@
+"""``pipelines/lease_object.py``: the lease object's conditional requests on a real ``moto_server``: created only if
+absent, replaced only under its ETag (refused as taken over, or as removed), removed only under its ETag, read
+with its age by the server's clock; a request held by a stalled connection is cancelled within its timeouts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from contract.store import Store
+from pipelines.lease_object import LEASE_NAME, Refused, delete, head, lease_fs, put
+from pipelines.outage import unreachable
+from tests.conftest import S3, S3_BUCKET, s3_endpoint
+from tests.faults.proxy import FaultProxy
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3]:
+    with s3_endpoint() as s3:
+        yield s3
+
+
+@pytest.fixture
+def store(s3: S3, request: pytest.FixtureRequest) -> Store:
+    return Store.open(f"s3://{S3_BUCKET}/{request.node.name[:40]}", s3.options)
+
+
+def test_created_only_if_absent_and_replaced_only_under_its_etag(store: Store) -> None:
+    fs = lease_fs(store, 8)
+    first = put(store, fs, {"holder": "a"}, if_match=None)
+    with pytest.raises(Refused):
+        put(store, fs, {"holder": "b"}, if_match=None)
+    second = put(store, fs, {"holder": "a", "beat": 1}, if_match=first)
+    with pytest.raises(Refused) as e:
+        put(store, fs, {"holder": "b"}, if_match=first)
+    assert e.value.why == "another build took it over"
+    found = head(store, fs)
+    assert found is not None and found[0] == second and found[1] == {"holder": "a", "beat": 1}
+    assert 0 <= found[2] < 5, "its age, by the server's clock"
+
+
+def test_removed_only_under_its_etag_and_a_removed_lease_refuses_its_renewal(store: Store) -> None:
+    fs = lease_fs(store, 8)
+    first = put(store, fs, {"holder": "a"}, if_match=None)
+    second = put(store, fs, {"holder": "b"}, if_match=first)
+    delete(store, fs, first)  # taken over meanwhile: left to its holder
+    assert json.loads(store.read(LEASE_NAME)) == {"holder": "b"}
+    delete(store, fs, second)
+    assert not store.exists(LEASE_NAME) and head(store, fs) is None
+    with pytest.raises(Refused) as e:
+        put(store, fs, {"holder": "b"}, if_match=second)
+    assert e.value.why == "its object was removed"
+
+
+def test_a_request_on_a_stalled_connection_is_cancelled_within_its_timeouts(store: Store, s3: S3) -> None:
+    with FaultProxy(s3.endpoint) as proxy:
+        client = {**s3.options["client_kwargs"], "endpoint_url": proxy.url}
+        via = Store.open(store.url, {**s3.options, "client_kwargs": client})
+        fs = lease_fs(via, 8)
+        etag = put(via, fs, {"holder": "a"}, if_match=None)
+        proxy.cut("stall")  # resumed only after the request gave up: it must give up while the stall lasts
+        with pytest.raises(Exception) as e:
+            put(via, fs, {"holder": "a", "beat": 1}, if_match=etag)
+        assert proxy.is_cut == "stall"
+        proxy.resume()
+    assert unreachable(e.value), repr(e.value)
+    assert json.loads(store.read(LEASE_NAME)) == {"holder": "a"}, "the held request never reached the endpoint"
