@@ -227,8 +227,12 @@ def _stage_op(
             )
         except Exception as e:  # the stage's own error, raised as it is once what it recorded is reported
             error = e
+        # read it all, then close it here: its SQLite connections, left to the garbage collector, would be closed on
+        # whatever thread runs then (the lease's, an upload's) and print SQLAlchemy's tracebacks
+        events = list(_recorded(inner, context))
+        inner.dispose()
         failed = []
-        for event in _recorded(inner, context):
+        for event in events:
             yield event
             if (
                 isinstance(event, dg.AssetCheckEvaluation)
