@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -19,7 +20,6 @@ from rich.markup import escape
 
 from contract.errors import WeirError
 from mixing import MixError, load_mix
-from mixing.mixfile.envvars import redact
 from pipelines import PROJECT_ROOT
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ def validate(mix: Path) -> None:
 
 @app.command()
 def build(
+    ctx: typer.Context,
     mix: Path,
     out_dir: Annotated[
         str | None,
@@ -141,6 +142,9 @@ def build(
     policy: Annotated[
         str, typer.Option("--policy", help="how --feedback turns losses into weights (loss_proportional)")
     ] = "loss_proportional",
+    debug: Annotated[
+        bool, typer.Option("--debug", help="when the build fails, print the traceback before the one line")
+    ] = False,
 ) -> None:
     """Build MIX into a folder by materializing its Dagster assets in-process.
 
@@ -164,19 +168,57 @@ def build(
     change of MIX that would alter steps before N is refused, naming the field. `weir diff BASE OUT` proves it.
     With --feedback LOSSES (the per-source loss log the training examples write) the weights of MIX's phases from
     N on come from the run's losses under --policy, recorded in the manifest: the same log, the same build.
-    """
-    import dagster as dg
 
+    A failure ends in one line, `build failed: ...`, naming the path, the stage and what to do next (a full
+    disk, no free inodes, a read-only folder, a dead Ray head, out of memory, ...); --debug prints the
+    traceback before it. Under an address-space limit (ulimit -v) the build runs in a watched child process
+    that ends in that line even when native code aborts or stalls (docs/operations.md, "Memory").
+    """
+    from pipelines.memory_guard import needs_guard
+
+    if needs_guard():
+        raise typer.Exit(_guarded_build(ctx, mix, out_dir, engine, debug))
+    run = _Run(mix)
+    try:
+        _build(run, mix, out_dir, fresh, engine, ray_address, wait, strict, base, at, feedback, policy)
+    except (typer.Exit, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # BaseException: a Rust panic reaches Python as one (pyo3's PanicException)
+        _build_failed(e, run, debug)
+
+
+def _build(
+    run: _Run,
+    mix: Path,
+    out_dir: str | None,
+    fresh: bool,
+    engine: str,
+    ray_address: str | None,
+    wait: bool,
+    strict: bool,
+    base: str | None,
+    at: int | None,
+    feedback: Path | None,
+    policy: str,
+) -> None:
+    """``weir build``'s work (see :func:`build`); a failure is raised for :func:`_build_failed`, bar a busy output
+    (exit 3) and an invalid mix, continuation or feedback (exit 2)."""
     from contract.store import is_local, redact_url
+
+    m = _load(mix)
+    remote = out_dir is not None and not is_local(out_dir)
+    dest: Path | str = out_dir if out_dir and remote else Path(out_dir or Path("build") / m.name).resolve()
+    run.dest = dest  # named by a failure from here on, even one while importing what follows
     from mixing.output.layout import BuildLayout
     from mixing.report import inspect_build, saved_report
     from pipelines.build import progress_display
     from pipelines.instance import dagster_home, project_instance
+    from pipelines.memory_guard import STATUS_ENV, warm_pools
+    from pipelines.ray_head import check_head, watch_head
     from pipelines.resources import engine_resource, storage_resource
     from pipelines.summary import print_summary
-    from pipelines.transaction import BuildBusy, build_output, kept_work
+    from pipelines.transaction import BuildBusy, build_output
 
-    m = _load(mix)
     if (base is None) != (at is None):
         err.print("[bold red]error[/]: --continue and --at go together (the base build and the first new step)")
         raise typer.Exit(2)
@@ -200,44 +242,141 @@ def build(
                 shown = ", ".join(f"{s} {w:.4f}" for s, w in weights.items())
                 out.print(f"feedback ({policy}): phase {phase!r} weights {shown}", highlight=False, markup=False)
     _check_paths(m, list_sources=False)  # the build lists the sources first thing
-    remote = out_dir is not None and not is_local(out_dir)
-    dest: Path | str = out_dir if out_dir and remote else Path(out_dir or Path("build") / m.name).resolve()
     out.print(f"building mix {m.name!r} into {redact_url(str(dest))}" + (f" on {engine}" if engine != "local" else ""))
+    if STATUS_ENV in os.environ:  # the watched child under an address-space limit: start the pools while there is room
+        warm_pools()
     try:
         resource = engine_resource(kind=engine, address=ray_address)
+        runner = resource.engine()
+        address = getattr(runner, "address", None) if runner.name == "ray" else None
+        check_head(address)  # a dead head: one line now, not Ray's minutes of retries
         instance = project_instance()
-        with progress_display(out):
+        with watch_head(address, lambda lost: _head_lost(lost, run)), progress_display(out):
             build_output(
                 m,
                 dest,
                 fresh=fresh,
                 wait=wait,
-                say=lambda s: out.print(s, highlight=False, markup=False),
+                say=run.say,
                 instance=instance,
                 engine=resource,
             )
     except BuildBusy as e:
         err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
-    except (WeirError, dg.DagsterError) as e:
-        cause = getattr(e, "user_exception", None) or e
-        shown = redact(f"{type(cause).__name__}: {cause}")  # no {env_NAME} value, whatever raised it
-        err.print(f"[bold red]build failed[/]: {shown}", highlight=False, soft_wrap=True)
-        cache = kept_work(dest) if isinstance(dest, Path) else None
-        if cache is not None:
-            err.print(
-                f"kept the tokenized documents in {cache}: fix the mix, check it with `weir plan {mix} --build "
-                f"{dest}` (seconds, no tokenizing), then build again (only changed files are tokenized)",
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
-        raise typer.Exit(1) from None
     layout = storage_resource(dest, per_mix=False, bound=False).layout(m) if remote else BuildLayout(Path(dest))
     report = _with_stream(saved_report(layout) or inspect_build(layout), layout)  # the packed_shards asset's figures
     missed = print_summary(out, report)
     out.print(f"recorded in the Dagster instance at {dagster_home()} (weir ui shows it)", highlight=False)
     _exit_if_missed(missed, strict)
+
+
+class _Run:
+    """What a build's failure line names: the mix, the output (once known) and the last stage the build announced,
+    which a watched child (:mod:`pipelines.memory_guard`) also records for its watcher."""
+
+    _STEP = re.compile(r"  ([a-z_]+)( \[.+\])?")
+
+    def __init__(self, mix: Path) -> None:
+        self.mix = mix
+        self.dest: Path | str | None = None
+        self.said: str | None = None
+
+    def say(self, line: str) -> None:
+        """Print a line of the build (``say`` of :func:`pipelines.transaction.build_output`), noting its stage."""
+        from pipelines.memory_guard import WAITING, note_stage
+
+        step = self._STEP.fullmatch(line)
+        if step is not None:
+            self.said = line.strip()
+            note_stage(self.said)
+        elif line.startswith("waiting for"):
+            note_stage(WAITING)
+        out.print(line, highlight=False, markup=False)
+
+
+def _build_failed(e: BaseException, run: _Run, debug: bool) -> NoReturn:
+    """Print the build's failure as one line (:func:`pipelines.failures.explain`; the traceback before it with
+    ``--debug``) and exit 1. A plain error keeps its hint: where the tokenized work is kept, and how to plan from it."""
+    import traceback
+
+    from pipelines.failures import explain
+
+    if debug:
+        traceback.print_exception(e, file=sys.stderr)
+    dest = run.dest if run.dest is not None else run.mix
+    cache = _kept_work(dest)
+    failure = explain(e, dest, said=run.said, cache=cache)
+    line = failure.line
+    if failure.kind == "error" and not isinstance(failure.error, WeirError) and not debug:
+        line += " (--debug prints the traceback)"
+    err.print(f"[bold red]build failed[/]: {escape(line)}", highlight=False, soft_wrap=True)
+    if failure.kind == "error" and cache is not None:
+        err.print(
+            f"kept the tokenized documents in {cache}: fix the mix, check it with `weir plan {run.mix} --build "
+            f"{dest}` (seconds, no tokenizing), then build again (only changed files are tokenized)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    raise typer.Exit(1) from None
+
+
+def _kept_work(dest: Path | str) -> Path | None:
+    """:func:`pipelines.transaction.kept_work` of a local ``dest`` when the build got as far as importing it (a
+    build out of memory while starting may not import it again)."""
+    transaction = sys.modules.get("pipelines.transaction")
+    if transaction is None or not isinstance(dest, Path):
+        return None
+    return transaction.kept_work(dest)  # type: ignore[no-any-return]
+
+
+def _head_lost(lost: Exception, run: _Run) -> None:
+    """The Ray head stopped answering mid-build (:func:`pipelines.ray_head.watch_head`, on its thread): the main
+    thread waits inside Ray, which would end the process without a word; print the line and end it now."""
+    from pipelines.failures import explain
+
+    out.show_cursor(True)  # the progress display is left running
+    failure = explain(lost, run.dest if run.dest is not None else run.mix, said=run.said)
+    stage = run.dest.with_name(f".{run.dest.name}.building-{os.getpid()}") if isinstance(run.dest, Path) else None
+    left = f"; its work in {stage} is removed by the next build" if stage is not None and stage.is_dir() else ""
+    err.print(f"[bold red]build failed[/]: {escape(failure.line + left)}", highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _guarded_build(ctx: typer.Context, mix: Path, out_dir: str | None, engine: str, debug: bool) -> int:
+    """Run this ``weir build`` in a watched child under the address-space limit (:mod:`pipelines.memory_guard`):
+    the same arguments, as parsed; the child's exit status, or 1 after the one line of a child that died."""
+    from pipelines.failures import address_limit
+    from pipelines.memory_guard import supervise
+
+    argv = [ctx.command.name or "build"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if isinstance(param, typer.core.TyperArgument):
+            argv.append(str(value))
+        elif getattr(param, "is_flag", False):
+            argv += [param.opts[0]] if value else []
+        elif value is not None and value != param.default:
+            argv += [param.opts[0], str(value)]
+    name = out_dir or str(Path("build") / _load(mix).name)
+    dest: Path | str = Path(name).resolve() if "://" not in name else name
+    limit = address_limit()
+    assert limit is not None, "needs_guard() said a limit is set"
+
+    def staging(pid: int) -> Path | None:
+        return dest.with_name(f".{dest.name}.building-{pid}") if isinstance(dest, Path) else None
+
+    return supervise(argv, limit, dest, engine=engine, staging=staging, debug=debug, say=lambda line: _say_failed(line))
+
+
+def _say_failed(line: str) -> None:
+    """Print the watcher's ``build failed: ...`` line as the build's own are printed."""
+    err.print(
+        f"[bold red]build failed[/]: {escape(line.removeprefix('build failed: '))}", highlight=False, soft_wrap=True
+    )
 
 
 def _exit_if_missed(missed: list[str], strict: bool, quiet: bool = False) -> None:
