@@ -22,7 +22,10 @@ The heuristic, for ``n`` documents on ``W`` ranks in ``M`` micro-batches, ``D`` 
    block whose busiest rank is least loaded among those with a micro-batch that has room on all its ranks
    (the fullest such micro-batch). While a stack of blocks rises above the mean rank time (which the whole
    documents fill up to), one of its longest documents is split twice as far where that lowers the stack.
-3. **Whole documents**, longest first. The long ones (all of them up to :data:`EXACT` documents, else those
+3. **Whole documents**, longest first. Those that would lift even the least-loaded rank above the mean
+   rank time (where blocks lie under every rank) are split twice as far while they still would (and that
+   lowers their per-rank time) and placed as blocks: once the rest fill the ranks up to the mean, no block
+   has slack left for a split. The long ones (all of them up to :data:`EXACT` documents, else those
    above 1/:data:`TAIL_SHARE` of the mean rank time, at most :data:`EXACT`) by LPT, each onto the
    least-loaded rank with room in some micro-batch (``O(E log W)``). The rest, short against a rank's
    share, by water-filling (``O(n log n)``, :mod:`loaders.hybrid_fill`), one class of per-rank time at a
@@ -37,6 +40,11 @@ The heuristic, for ``n`` documents on ``W`` ranks in ``M`` micro-batches, ``D`` 
    least-loaded rank, swap one for a shorter one there, or split one of its longest documents twice as far
    onto the best aligned block, whichever first lowers the busiest of the ranks involved; stop when none
    does.
+
+**Second deals.** Where step 3 split a whole document, the deal without that split as well, the faster kept
+(a tie to the plain one). Where the busiest rank is above that bound with two or more split documents on it,
+each split further than its least degree (more documents than blocks of their degree, stacked), the deal with
+them half as far as well, kept if faster; at most :data:`HALVINGS` times, from the last such deal.
 
 **Micro-batches.** A deal starts from the fewest micro-batches the tokens need, ``ceil(Σ l / (W ·
 capacity))``. Where the least-loaded rank (block) has no room for a document, it goes to the least-loaded one
@@ -79,11 +87,14 @@ from loaders.hybrid_fill import CLASS_RATIO, CLASSES
 from loaders.hybrid_kernels import ENGINES, default_engine, kernels
 from loaders.hybrid_placement import EXACT, REFINE_ROUNDS, SWAP_CANDIDATES, TAIL_SHARE, Placement
 
+HALVINGS = 3  # at most this many deals more, with the split documents stacked on the busiest rank half as far
+
 __all__ = [
     "CLASSES",
     "CLASS_RATIO",
     "ENGINES",
     "EXACT",
+    "HALVINGS",
     "REFINE_ROUNDS",
     "SWAP_CANDIDATES",
     "TAIL_SHARE",
@@ -184,10 +195,27 @@ def deal(lengths: np.ndarray, world: HybridWorld, cost: CostModel, *, seed: int 
     fewest = max(1, -(-int(lens.sum()) // (ranks * world.capacity)))  # no deal has fewer micro-batches
     shape = (ranks, world.capacity, world.gpus_per_node, cost, fewest, kern)
     best = Placement(lens, degree, time, *shape).place().refine()
+    if best.unfit:  # the same degrees with no whole document split before the fill, so that it never loses
+        plain = Placement(lens, degree, time, *shape).place(split_unfit=False).refine()
+        if plain.makespan() <= best.makespan():
+            best = plain
+    halved, halved_time, last = degree, time, best
+    for _ in range(HALVINGS):
+        # split documents stacked on the busiest rank, each split for cost: the deal with them half as far, each
+        # alone on a smaller block (more of them than the blocks of their degree would stack), as well
+        stacked = _stacked(last, halved, least)
+        if not len(stacked):
+            break
+        halved, halved_time = halved.copy(), halved_time.copy()
+        halved[stacked] //= 2  # ≥ their least degree
+        halved_time[stacked] = _times(cost, lens[stacked], halved[stacked], world.gpus_per_node)
+        last = Placement(lens, halved, halved_time, *shape).place().refine()
+        if last.makespan() < best.makespan():
+            best = last
     if len(lens) <= EXACT and least.max() == 1 and np.any(degree != least):
         # every document fits one rank but some were split for cost: the deal that splits none as well, so that
         # a split never loses to not splitting
-        whole = Placement(lens, least, least_time, *shape).place().refine()
+        whole = Placement(lens, least, least_time, *shape).place(split_unfit=False).refine()
         if whole.makespan() < best.makespan():
             best = whole
     return Deal(*best.result(_relabel(seed, ranks)))
@@ -238,6 +266,17 @@ def _degrees(
         if bound2 >= bound:
             return d, t
         d, t, bound = d2, tt, bound2
+
+
+def _stacked(p: Placement, degree: np.ndarray, least: np.ndarray) -> np.ndarray:
+    """int64: the split documents on ``p``'s busiest rank, where it is above the bound no deal beats, at the
+    degrees ``p`` was dealt (``degree``) and further than their least; empty unless two or more."""
+    busiest = int(np.argmax(p.load))
+    if p.load[busiest] <= max(p.mean(), float(p.time.max())) * (1 + 1e-6):
+        return np.zeros(0, np.int64)
+    on = (p.first <= busiest) & (busiest < p.first + p.degree)
+    held = np.flatnonzero(on & (p.degree == degree) & (degree > least))
+    return held if len(held) >= 2 else np.zeros(0, np.int64)
 
 
 def _relabel(seed: int, ranks: int) -> int:

@@ -61,6 +61,7 @@ class Placement:
         self.mb = np.full(n, -1, np.int64)
         self.load = np.zeros(self.ranks)
         self.room = np.full((self.ranks, micro_batches), self.cap, np.int64)
+        self.unfit = 0  # whole documents :meth:`place` split before the whole ones were placed
 
     @property
     def micro_batches(self) -> int:
@@ -89,8 +90,9 @@ class Placement:
 
     # the phases ---------------------------------------------------------------------------------------------
 
-    def place(self) -> Placement:
-        """Blocks, then whole documents (LPT for the long, water-filling for the short); no refinement."""
+    def place(self, split_unfit: bool = True) -> Placement:
+        """Blocks, then whole documents (LPT for the long, water-filling for the short); no refinement.
+        ``split_unfit``: first split the whole documents no rank can take without rising above the mean."""
         order = np.argsort(-self.time, kind="stable")  # longest per-rank time first, ties by index
         for j in order[self.degree[order] > 1].tolist():
             self.place_block(j)
@@ -99,6 +101,7 @@ class Placement:
             busiest = int(np.argmax(self.load))
             if self.load[busiest] <= self.mean() * (1 + 1e-6) or not self._split(busiest):
                 break
+        self.unfit = self._split_unfit(order[self.degree[order] == 1]) if split_unfit else 0
         whole = order[self.degree[order] == 1]
         if len(whole) <= EXACT:
             self.lpt(whole)
@@ -108,6 +111,26 @@ class Placement:
         self.lpt(whole[:exact])
         water_fill(self, whole[exact:])
         return self
+
+    def _split_unfit(self, whole: np.ndarray) -> int:
+        """Split the whole documents (``whole``, longest first) that would lift even the least-loaded rank
+        above the mean rank time (the blocks placed so far lie under every rank), each twice as far while it
+        still would and that lowers its per-rank time, and place them as blocks: once the whole documents
+        fill the ranks up to the mean, a split in the refinement finds no block with slack left. Returns how
+        many it split."""
+        for k in range(len(whole)):  # most steps stop at the first: no list of them all
+            j = int(whole[k])
+            d, t = 1, float(self.time[j])
+            while d < self.top and t + float(self.load.min()) > self.mean() * (1 + 1e-6):
+                t2 = float(np.asarray(self.cost.time(self.lens[j : j + 1], np.array([d * 2]), self.gpus_per_node))[0])
+                if t2 >= t:
+                    break  # communication outgrows the compute a split saves
+                d, t = d * 2, t2
+                self.degree[j], self.time[j], self.share[j] = d, t, self.lens[j] * (self.top // d)
+            if d == 1:
+                return k  # the rest are no longer, and the least load only rises as blocks are placed
+            self.place_block(j)
+        return len(whole)
 
     def place_block(self, j: int, allow_open: bool = True) -> bool:
         """Place split document ``j`` on the aligned block whose busiest rank is least loaded among those with

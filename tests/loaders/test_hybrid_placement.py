@@ -1,7 +1,8 @@
 """loaders/hybrid_placement.py: a hybrid deal under way, on numpy. LPT keeps Graham's bound (no rank above
 the mean plus the longest document) and never overfills a micro-batch; a split document goes to an aligned
 block, the least busy of those with room unless a new micro-batch on the least busy one costs less;
-``state`` / ``restore`` and ``open_micro_batches`` keep the state whole; ``place`` places every document; the
+``state`` / ``restore`` and ``open_micro_batches`` keep the state whole; ``place`` places every document,
+splitting (where asked) only the longest whole ones; the
 refinement never makes the busiest rank busier; the result's rank times are the documents' times summed
 afresh, relabelled. (The kernels' engine: test_hybrid_kernels.py.)"""
 
@@ -97,6 +98,20 @@ def test_place_places_everything_and_refine_never_makes_the_busiest_busier(seed:
     for j in range(n):
         expected[p.first[j] : p.first[j] + degree[j]] += p.time[j]
     np.testing.assert_allclose(times[np.arange(p.ranks) ^ relabel], expected + width * p.per_mb, rtol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([10, 300]), st.booleans())
+def test_place_splits_only_the_longest_whole_documents_and_only_where_asked(seed: int, n: int, split: bool) -> None:
+    p = placement(seed, n, split=split)
+    whole = longest_first(p, np.flatnonzero(p.degree == 1))
+    p.place()
+    assert (p.first >= 0).all() and (p.room >= 0).all()
+    # the whole documents split before the fill: the first ``unfit`` of them, longest first, every one of them
+    assert 0 <= p.unfit <= len(whole) and (p.degree[whole[: p.unfit]] > 1).all()
+    assert (p.degree[whole[p.unfit :]] == 1).all()
+    q = placement(seed, n, split=split).place(split_unfit=False)
+    assert q.unfit == 0 and (q.degree[whole] == 1).all()
 
 
 def test_the_constants_are_sane() -> None:
