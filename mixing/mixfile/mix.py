@@ -369,6 +369,11 @@ def parse_mix(text: str, filename: str = "<mix>") -> Mix:
             msg = "field required but missing"
         elif err["type"] == "extra_forbidden":
             msg = unknown_field(Mix, loc)
+        elif err["type"] == "string_type" and isinstance(err.get("input"), bool):
+            msg = (
+                f"YAML reads an unquoted yes, no, on, off, true or false as {err['input']}, not as a name; "
+                "quote it (e.g. 'no')"
+            )
         elif err["type"] == "finite_number":
             msg = f"{err.get('input')!r} is not a finite number; expected a number such as 0.25"
         more = f" ({len(e.errors()) - 1} more problem(s) after fixing this)" if len(e.errors()) > 1 else ""

@@ -61,8 +61,8 @@ def test_each_stage_function_takes_what_the_table_says_run_passes_it() -> None:
 def mix_with(sources: list[str]) -> Mix:
     text = (
         "name: m\nsequence: {length: 64, global_batch: 1}\nsources:\n"
-        + "".join(f"  {n}: {{uri: x}}\n" for n in sources)
-        + f"curriculum:\n  - {{phase: p, steps: 1, mixture: {{{sources[0]}: 1}}}}\n"
+        + "".join(f"  '{n}': {{uri: x}}\n" for n in sources)  # quoted: YAML reads a bare `no` as false
+        + f"curriculum:\n  - {{phase: p, steps: 1, mixture: {{'{sources[0]}': 1}}}}\n"
     )
     return parse_mix(text)
 

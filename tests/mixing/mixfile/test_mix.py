@@ -62,6 +62,8 @@ def test_good_mix_round_trips() -> None:
         (("length: 128", "length: lots"), 2, "sequence.length", "integer"),
         # an unknown field
         (("format: jsonl,", "fromat: jsonl,"), 5, "sources.b.fromat", "unknown field"),
+        # a source named by a word YAML reads as a boolean
+        (("  b:", "  no:"), 3, "sources", "quote it"),
         # YAML syntax error
         (("  - phase: two", "  - phase: [two"), 11, "YAML syntax error", "expected valid YAML"),
     ],
