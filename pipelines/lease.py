@@ -25,8 +25,10 @@ build's manifest's checksums; a commit record so landed carries the stale, small
 
 **Renewal.** The renewal thread tells failures apart: the lease taken over (``PreconditionFailed``) or removed
 (``NoSuchKey``) is lost at once; an endpoint that does not answer (refused or timed-out connections, botocore's
-and aiohttp's errors, a server error) is retried every second or so until the lease would expire by the
-server's clock, then lost; anything else loses it too, with its reason. The thread never ends without saying
+and aiohttp's errors, a server error) is retried every second or so; past the lease's ttl nothing more is written
+(the fence wants a renewal), and a renewal that then lands, conditional on this build's ETag, which any
+take-over changes, proves no other build held the lease meanwhile; none within ``WEIR_OUTAGE_S`` after the ttl
+loses it. Anything else loses it too, with its reason. The thread never ends without saying
 why. Renewals use their own S3 client (:mod:`pipelines.lease_object`: short timeouts, no retries of its own,
 every request cancelled after them), so the thread keeps its beat through an outage.
 
@@ -53,7 +55,7 @@ from contract.manifest import MANIFEST
 from contract.store import Store, fenced, redact_url
 from mixing.output.commit import COMMITS
 from pipelines.lease_object import LEASE_NAME, Refused, delete, head, lease_fs, put, request_timeout
-from pipelines.outage import DEFAULT_OUTAGE_S, EndpointUnreachable, unreachable
+from pipelines.outage import DEFAULT_OUTAGE_S, EndpointUnreachable, outage_limit, unreachable
 
 __all__ = ["DEFAULT_TTL", "LEASE_NAME", "TTL_ENV", "BuildBusy", "Lease", "LeaseLost", "held_lease", "root_lease"]
 
@@ -111,7 +113,7 @@ class Lease:
 
     def confirm(self) -> None:
         """Renew the lease now, conditionally on its last ETag; raise :class:`LeaseLost` if it is no longer this
-        build's. Through an outage, tries again until the lease would expire."""
+        build's. Through an outage, tries again until the ttl and the outage limit have passed."""
         while True:
             with self._lock:
                 if self._lost is None:
@@ -190,13 +192,19 @@ class Lease:
             self._lost = e.why
         elif not unreachable(e):
             self._lost = f"its renewal failed: {type(e).__name__}: {first_line(e)}"
-        elif time.monotonic() + min(1.0, self.ttl / 8) >= self.deadline():
-            self._lost = f"the endpoint did not answer for its whole ttl of {self.ttl:g} s ({first_line(e)})"
+        elif time.monotonic() + min(1.0, self.ttl / 8) >= self.deadline() + outage_limit():
+            # Past the ttl the lease may have been taken over, so nothing is written (the fence wants a renewal);
+            # but a renewal that lands later is conditional on this build's ETag, which any take-over changes: it
+            # succeeding proves no other build held the lease meanwhile. So wait for one as long as an outage may last.
+            self._lost = (
+                f"the endpoint did not answer for its ttl of {self.ttl:g} s and {outage_limit():g} s of outage "
+                f"({first_line(e)})"
+            )
         elif not self._told:
-            left = self.deadline() - time.monotonic()
+            left = self.deadline() + outage_limit() - time.monotonic()
             self._say(
                 f"warning: {redact_url(self._store.url)}: endpoint unreachable, renewing the lease again for up "
-                f"to {left:.0f} s ({type(e).__name__})"
+                f"to {left:.0f} s ({type(e).__name__}); nothing is written past its ttl until it is renewed"
             )
             self._told = True
 
