@@ -17,15 +17,10 @@ more even for the sampler that later balances whole sequences across ranks. Only
 has such a unit does the longest unit that fits from any source fill the gap (padding does not grow; the
 next steps' dues make up for it).
 
-Units left in the pool are carried to the next step of the phase. Because every step is steered by the
-cumulative deficit, what one step could not place is made up by the next. Two rules keep what the trainer
-never sees from being chosen by length (:mod:`mixing.pack.phase_end`): a unit carried more than
-``AGE_STEPS`` steps past its own is urgent, and each choice above takes an urgent unit before any other (so
-it waits only while its source is at its due or nothing has room for it); and when the pool first holds all
-that a phase has left, what cannot fit in its remaining steps (the plan's draw beyond the phase's capacity)
-is set aside per source in the proportion of its surplus over its due tokens, by a seeded hash of each unit,
-the latest planned first. The units set aside, with whatever the phase's last fill could not place, are
-dropped and reported per source.
+Units left in the pool are carried to the next step of the phase; those left at a phase end are dropped
+and reported per source. Because every step is steered by the cumulative deficit, what one step could not
+place is made up by the next, and what is dropped at a phase end is what the plan drew beyond the phase's
+share of each source (and the padding), spread over the sources instead of falling on the shortest units.
 
 The packer streams: ``stream_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (about
 ``chunk_units`` units, in Arrow batches; a helper thread reads the next block while the current one is
@@ -39,7 +34,7 @@ reference packer, ``tests/mixing/pack/reference.py``, on ``benchmarks/packing.py
 the same packing, unit for unit, either way. Its results are :mod:`mixing.pack.result`'s types.
 
 Deterministic for the same plan, whatever the engine and however the units are read (ties broken by
-length, due tokens, source, step, draw order, then bin index; the drops by the units' hashes).
+length, due tokens, source, step, draw order, then bin index).
 """
 
 from __future__ import annotations
@@ -52,11 +47,10 @@ import duckdb
 import numpy as np
 
 from contract.cost import CostModel
-from mixing.pack.phase_end import AGE_STEPS, OVERSHOOT, take_drops
 from mixing.pack.pool import default_engine, make_pool
 from mixing.pack.result import PackedStep, Packing, PackStream
 
-__all__ = ["due", "pack_plan", "pack_units", "stream_plan"]
+__all__ = ["pack_plan", "pack_units", "stream_plan"]
 
 _CHUNK_UNITS = 1 << 18  # units read from DuckDB per block of steps (12 MB as int64 rows; two in flight)
 
@@ -69,12 +63,9 @@ def pack_plan(
     *,
     engine: str | None = None,
     chunk_units: int = _CHUNK_UNITS,
-    fair_drops: bool = True,
 ) -> Packing:
     """:func:`stream_plan` collected into one :class:`Packing` (32 bytes per segment, held whole)."""
-    stream = stream_plan(
-        db_path, seq_len, global_batch, cost, engine=engine, chunk_units=chunk_units, fair_drops=fair_drops
-    )
+    stream = stream_plan(db_path, seq_len, global_batch, cost, engine=engine, chunk_units=chunk_units)
     return _collect(stream)
 
 
@@ -88,7 +79,6 @@ def stream_plan(
     chunk_units: int = _CHUNK_UNITS,
     config: Mapping[str, str | int | bool] | None = None,
     sources: Sequence[str] | None = None,
-    fair_drops: bool = True,
 ) -> PackStream:
     """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file, a step at a time as the
     stream is read; deterministic for the same plan.
@@ -100,9 +90,7 @@ def stream_plan(
     ``config``: DuckDB settings of both connections (``memory_limit``: the pages it reads stay in DuckDB's
     buffer pool up to its limit, 80% of the RAM by default). ``sources``: the order of the source indices in
     the stream's segments (default: the plan's sources by name; a continuation keeps its base's order and
-    appends, and may name sources the plan has none of). ``fair_drops``: ageing and the phase end's seeded
-    choice (:mod:`mixing.pack.phase_end`); False packs without them, a phase end then dropping what the last
-    fill left, its shortest units (``benchmarks/packing.py`` compares the two).
+    appends, and may name sources the plan has none of).
     """
     settings: dict[str, str | bool | int | float | list[str]] = dict(config or {})
     with duckdb.connect(str(db_path), read_only=True, config=settings) as con:
@@ -131,7 +119,7 @@ def stream_plan(
             blocks = _prefetched(con, names, ranges)
             try:
                 units = _by_step(blocks, step_values, seq_len)
-                yield from _steps(units, steps, len(names), seq_len, global_batch, cost, quotas, engine, fair_drops)
+                yield from _steps(units, steps, len(names), seq_len, global_batch, cost, quotas, engine)
             finally:
                 blocks.close()  # on an error: wait for a read in flight before the connection closes
 
@@ -149,14 +137,13 @@ def pack_units(
     quotas: np.ndarray | None = None,
     *,
     engine: str | None = None,
-    fair_drops: bool = True,
 ) -> Packing:
     """Pack ``units`` int64 [n, 6] = (length, source index, doc_id, start, step, ord), each length ≤ S.
 
     ``steps`` lists (step, phase) in order; every step gets exactly ``global_batch`` sequences.
     ``quotas`` [len(steps), len(sources)]: planned tokens per step (row i is ``steps[i]``) and source, the
     shares the realized mixture tracks; by default the units' own lengths per planned step. The order of
-    ``units`` does not matter. ``engine``, ``fair_drops``: as :func:`stream_plan`'s.
+    ``units`` does not matter.
     """
     units = np.asarray(units, dtype=np.int64).reshape(-1, 6)
     step_values = np.array([s for s, _p in steps], dtype=np.int64)
@@ -165,7 +152,7 @@ def pack_units(
         if len(units):
             np.add.at(quotas, (_rows_of(step_values, units[:, 4]), units[:, 1]), units[:, 0])
     units_by_step = _by_step([units], step_values, seq_len)
-    packed = _steps(units_by_step, steps, len(sources), seq_len, global_batch, cost, quotas, engine, fair_drops)
+    packed = _steps(units_by_step, steps, len(sources), seq_len, global_batch, cost, quotas, engine)
     return _collect(PackStream(sources, seq_len, global_batch, cost, len(steps) * global_batch, len(units), packed))
 
 
@@ -207,64 +194,33 @@ def _steps(
     cost: CostModel,
     quotas: np.ndarray,
     engine: str | None,
-    fair_drops: bool = True,
 ) -> Iterator[PackedStep]:
     """The step loop: ``step_units`` yields (row in ``steps``, that step's units) in increasing row order,
     each step's units sorted by (source, ord, doc_id, start); steps without units may be skipped. Yields
     every step of ``steps`` in order; holds the pool and the blocks being read, nothing of earlier steps."""
     quotas = np.asarray(quotas, dtype=np.float64).reshape(len(steps), n_src)
     cap = float(seq_len * global_batch)
-    pool = make_pool(engine or default_engine(), n_src, seq_len, cost, ageing=fair_drops)
+    pool = make_pool(engine or default_engine(), n_src, seq_len, cost)
     pending = _Lookahead(step_units)
     q_cum = np.zeros(n_src)
     r_cum = np.zeros(n_src)
-    first = 0  # the phase's first row
-    aside = np.zeros((0, 6), np.int64)  # units the phase end drops, set aside when the pool held all that was left
     for i, (step, phase) in enumerate(steps):
         if i == 0 or steps[i - 1][1] != phase:  # a phase starts: its own pool and its own shares
             q_cum[:], r_cum[:] = 0.0, 0.0
-            first = i
             pool.add(pending.take(i))
         last_of_phase = i + 1 == len(steps) or steps[i + 1][1] != phase
         if not last_of_phase:
             pool.add(pending.take(i + 1))  # lookahead: the next step's units may fill gaps
         q_cum += quotas[i]
-        if fair_drops and i - AGE_STEPS - 1 >= first:
-            pool.age(steps[i - AGE_STEPS - 1][0])  # carried too long: placed first
-        ends_next = not last_of_phase and (i + 2 == len(steps) or steps[i + 2][1] != phase)
-        if fair_drops and (ends_next or (last_of_phase and i == first)):
-            left = 1 if last_of_phase else 2  # the pool holds all the phase has left, for this and the last step
-            q_end = q_cum if last_of_phase else q_cum + quotas[i + 1]
-            aside = take_drops(pool, due(q_end, r_cum, left * cap), left * cap, OVERSHOOT * q_end.sum())
-        want = due(q_cum, r_cum, cap)
+        total = q_cum.sum()
+        want = q_cum * ((r_cum.sum() + cap) / total) - r_cum if total > 0 else np.full(n_src, cap / max(n_src, 1))
         segs = np.zeros((len(pool), 4), np.int64)
         counts = np.zeros(global_batch, np.int64)
         n, placed = pool.fill(want, segs, counts)
         r_cum += placed
-        drop = np.zeros((0, 4), np.int64)
-        if last_of_phase:
-            drop = _segments(np.concatenate([aside, pool.drain()]))
-            aside = aside[:0]
+        drop = pool.drain().astype(np.int64).reshape(-1, 4) if last_of_phase else np.zeros((0, 4), np.int64)
         yield PackedStep(step, counts, segs[:n].copy(), drop)
     pending.finish()
-
-
-def due(q_cum: np.ndarray, r_cum: np.ndarray, capacity: float) -> np.ndarray:
-    """float64 [k]: each source's due tokens for the next ``capacity`` tokens of the phase, given its
-    cumulative quota ``q_cum`` and the tokens placed so far ``r_cum``: ``q_cum·ρ − r_cum`` with
-    ρ = (Σ r_cum + capacity) ÷ Σ q_cum, so Σ due = capacity and placing them puts every source on its share
-    (an equal split where the phase has no quota yet)."""
-    total = q_cum.sum()
-    if total <= 0:
-        return np.full(len(q_cum), capacity / max(len(q_cum), 1))
-    return q_cum * ((r_cum.sum() + capacity) / total) - r_cum  # type: ignore[no-any-return]
-
-
-def _segments(rows: np.ndarray) -> np.ndarray:
-    """Rows (length, source, doc_id, start, step, ord) as segments (source, doc_id, start, length), ordered
-    by (source, step, ord, length, doc_id, start)."""
-    order = np.lexsort((rows[:, 3], rows[:, 2], rows[:, 0], rows[:, 5], rows[:, 4], rows[:, 1]))
-    return rows[order][:, [1, 2, 3, 0]].astype(np.int64).reshape(-1, 4)
 
 
 class _Lookahead:

@@ -3,21 +3,19 @@
 About 10 µs per unit (the ``"compiled"`` engine of :mod:`mixing.pack.pool`, 0.3 µs). It makes the same
 decisions as the compiled kernels, unit for unit (``tests/mixing/pack/test_packing_scale.py`` holds both to the
 reference packer). Units are tuples (length, planned step, ord, source index, doc_id, start), whose natural
-order is the candidates' order: by length, then earliest planned. Each source's units are in two tiers: the
-urgent ones (carried too long, :mod:`mixing.pack.phase_end`), placed first, and the others. Deterministic:
-ties broken by length, due tokens, source, step, draw order, then bin index.
+order is the candidates' order: by length, then earliest planned. Deterministic: ties broken by length, due
+tokens, source, step, draw order, then bin index.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 
 import numpy as np
 
 from contract.cost import CostModel, cost_formula
 
-__all__ = ["Bins", "PythonPool", "Unit", "UnitPool", "choose", "closer", "longest"]
+__all__ = ["Bins", "PythonPool", "Unit", "UnitPool", "choose"]
 
 # A unit inside the packer: (length, planned step, ord, source index, doc_id, start). Tuples keep the hot
 # loop cheap, and their natural order is the candidates' order: by length, then earliest planned.
@@ -28,26 +26,15 @@ class PythonPool:
     """The pure-Python engine behind :class:`mixing.pack.pool.Pool`'s interface: a :class:`UnitPool` filling
     :class:`Bins`."""
 
-    def __init__(self, n_src: int, seq_len: int, cost: CostModel, *, ageing: bool = True) -> None:
+    def __init__(self, n_src: int, seq_len: int, cost: CostModel) -> None:
         self.pool = UnitPool(n_src)
-        self.seq_len, self.cost, self.ageing = seq_len, cost, ageing
+        self.seq_len, self.cost = seq_len, cost
 
     def add(self, units: np.ndarray) -> None:
         self.pool.add([tuple(u) for u in units[:, [0, 4, 5, 1, 2, 3]].tolist()])  # type: ignore[misc]
 
     def __len__(self) -> int:
-        return sum(len(us) for us in self.pool.units) + sum(len(us) for us in self.pool.urgent)
-
-    def age(self, step: int) -> None:
-        if not self.ageing:
-            raise ValueError("this pool was made without ageing")
-        self.pool.age(step)
-
-    def held(self) -> np.ndarray:
-        return _rows(self.pool.held())
-
-    def remove(self, mask: np.ndarray) -> None:
-        self.pool.remove(mask.tolist())
+        return sum(len(us) for us in self.pool.units)
 
     def fill(self, want: np.ndarray, segs: np.ndarray, counts: np.ndarray) -> tuple[int, np.ndarray]:
         bins = Bins(len(counts), self.seq_len, self.cost)
@@ -58,12 +45,8 @@ class PythonPool:
         return len(rows), placed
 
     def drain(self) -> np.ndarray:
-        return _rows(sorted(self.pool.drain(), key=lambda u: (u[3], u[1], u[2], u[0], u[4], u[5])))
-
-
-def _rows(units: list[Unit]) -> np.ndarray:
-    """Units as int64 [n, 6] rows (length, source, doc_id, start, step, ord)."""
-    return np.asarray([(u[0], u[3], u[4], u[5], u[1], u[2]) for u in units], dtype=np.int64).reshape(-1, 6)
+        left = sorted(self.pool.drain(), key=lambda u: (u[3], u[1], u[2]))
+        return np.asarray([(u[3], u[4], u[5], u[0]) for u in left], dtype=np.int64).reshape(-1, 4)
 
 
 class Bins:
@@ -90,18 +73,13 @@ class Bins:
 
 
 class UnitPool:
-    """A phase's unplaced units, per source and tier (urgent or not), sorted (length, plan order), with their
-    lengths to bisect."""
+    """A phase's unplaced units, per source, sorted (length, plan order), with their lengths to bisect."""
 
     def __init__(self, n_src: int) -> None:
         self.units: list[list[Unit]] = [[] for _ in range(n_src)]
         self.lens: list[list[int]] = [[] for _ in range(n_src)]
-        self.urgent: list[list[Unit]] = [[] for _ in range(n_src)]  # planned at or before ``aged``: placed first
-        self.ulens: list[list[int]] = [[] for _ in range(n_src)]
-        self.aged = -(1 << 62)
 
     def add(self, units: list[Unit]) -> None:
-        """Add one step's units (a later step than those already held, planned after ``aged``)."""
         new: dict[int, list[Unit]] = {}
         for u in units:
             new.setdefault(u[3], []).append(u)
@@ -109,75 +87,27 @@ class UnitPool:
             self.units[s] = sorted(self.units[s] + us)  # two sorted runs: timsort merges them in O(n)
             self.lens[s] = [u[0] for u in self.units[s]]
 
-    def age(self, step: int) -> None:
-        """Units planned at or before ``step`` become urgent (``step`` never decreases within a phase)."""
-        self.aged = max(self.aged, step)
-        for s, us in enumerate(self.units):
-            old = [u for u in us if u[1] <= step]
-            if old:
-                self.units[s] = [u for u in us if u[1] > step]
-                self.lens[s] = [u[0] for u in self.units[s]]
-                self.urgent[s] = sorted(self.urgent[s] + old)
-                self.ulens[s] = [u[0] for u in self.urgent[s]]
-
-    def held(self) -> list[Unit]:
-        """The units held, in (source, step, ord, doc_id, start) order."""
-        return sorted((u for us in (*self.units, *self.urgent) for u in us), key=_plan_order)
-
-    def remove(self, mask: list[bool]) -> None:
-        """Take out the units of :meth:`held` whose ``mask`` entry is true."""
-        gone = Counter(u for u, m in zip(self.held(), mask, strict=True) if m)
-        for tier, lens in ((self.units, self.lens), (self.urgent, self.ulens)):
-            for s, us in enumerate(tier):
-                kept = []
-                for u in us:
-                    if gone[u]:
-                        gone[u] -= 1
-                    else:
-                        kept.append(u)
-                tier[s], lens[s] = kept, [u[0] for u in kept]
-
     def drain(self) -> list[Unit]:
-        out = [u for us in (*self.units, *self.urgent) for u in us]
-        n = len(self.units)
-        self.units, self.lens = [[] for _ in range(n)], [[] for _ in range(n)]
-        self.urgent, self.ulens = [[] for _ in range(n)], [[] for _ in range(n)]
-        self.aged = -(1 << 62)
+        out = [u for us in self.units for u in us]
+        self.units = [[] for _ in self.units]
+        self.lens = [[] for _ in self.lens]
         return out
 
     def fill(self, bins: Bins, want: list[float]) -> np.ndarray:
-        """Fill ``bins`` from the pool given each source's due tokens ``want``; return tokens placed per source
-        (float64 [n_src]). Placed units leave the pool. Each next unit: by :func:`closer`, from the urgent units,
-        else from the others; where neither has one, by :func:`longest`, from the urgent units, else from the
-        others. So the urgent units go first, in the limits of the dues, and fill what gaps are left first."""
+        """Fill ``bins`` from the pool given each source's due tokens ``want``; return tokens placed per
+        source (float64 [n_src]). Placed units leave the pool."""
         due = list(want)
         placed = np.zeros(len(due))
-        urgent = sum(map(len, self.urgent))
         while (free := bins.max_free) > 0:
-            for pick, units, lens in (
-                (closer, self.urgent, self.ulens),
-                (closer, self.units, self.lens),
-                (longest, self.urgent, self.ulens),
-                (longest, self.units, self.lens),
-            ):
-                if units is self.urgent and not urgent:
-                    continue
-                s, j = pick(lens, due, free)
-                if s >= 0:
-                    break
+            s, j = choose(self.lens, due, free)
             if s < 0:
                 break
-            urgent -= units is self.urgent
-            u = units[s].pop(j)
-            del lens[s][j]
+            u = self.units[s].pop(j)
+            del self.lens[s][j]
             bins.place(u)
             placed[s] += u[0]
             due[s] -= u[0]
         return placed
-
-
-def _plan_order(u: Unit) -> tuple[int, int, int, int, int]:
-    return u[3], u[1], u[2], u[4], u[5]  # source, step, ord, doc_id, start
 
 
 def choose(lens: list[list[int]], due: list[float], free: int) -> tuple[int, int]:
@@ -189,13 +119,6 @@ def choose(lens: list[list[int]], due: list[float], free: int) -> tuple[int, int
     source, so that padding does not grow; the next steps' dues make up for it. Ties: the source further
     behind, then the lower index; among equally long units the earliest planned.
     """
-    s, j = closer(lens, due, free)
-    return (s, j) if s >= 0 else longest(lens, due, free)
-
-
-def closer(lens: list[list[int]], due: list[float], free: int) -> tuple[int, int]:
-    """:func:`choose`'s first rule alone: the longest unit that fits among the sources behind their due tokens
-    that brings its source closer to them (length < 2·due); (-1, -1) if none. Ties as :func:`choose`'s."""
     best, best_len, best_due = -1, 0, 0.0
     fit = free + 1
     for s, ls in enumerate(lens):
@@ -206,19 +129,10 @@ def closer(lens: list[list[int]], due: list[float], free: int) -> tuple[int, int
         if j >= 0 and (ls[j] > best_len or (ls[j] == best_len and d > best_due)):
             best, best_len, best_due = s, ls[j], d
     if best < 0:
-        return -1, -1
-    return best, bisect.bisect_left(lens[best], best_len)
-
-
-def longest(lens: list[list[int]], due: list[float], free: int) -> tuple[int, int]:
-    """(source, index into its length-sorted candidates) of the longest unit that fits (≤ ``free``) from any
-    source, whatever the due tokens; (-1, -1) if none. Ties: the source further behind, then the lower index;
-    among equally long units the earliest planned."""
-    best, best_len, best_due = -1, 0, 0.0
-    for s, ls in enumerate(lens):
-        j = bisect.bisect_right(ls, free) - 1
-        if j >= 0 and (ls[j] > best_len or (ls[j] == best_len and due[s] > best_due)):
-            best, best_len, best_due = s, ls[j], due[s]
+        for s, ls in enumerate(lens):
+            j = bisect.bisect_right(ls, free) - 1
+            if j >= 0 and (ls[j] > best_len or (ls[j] == best_len and due[s] > best_due)):
+                best, best_len, best_due = s, ls[j], due[s]
     if best < 0:
         return -1, -1
     return best, bisect.bisect_left(lens[best], best_len)

@@ -1,20 +1,18 @@
-"""The reference packer, a test oracle: weir's packer as one Python loop over the whole plan.
+"""The reference packer, a test oracle: weir's first packer, the whole plan in one Python loop.
 
 Its cost of a unit is the shared :class:`~contract.cost.CostModel`'s; its pool and bins are the ``"python"``
-engine's (:mod:`mixing.pack.python_pool`), its rules against a length bias (ageing, the phase end's seeded
-choice) :mod:`mixing.pack.phase_end`'s, and its loop over steps is written here on its own.
+engine's (:mod:`mixing.pack.python_pool`), its loop over steps is the first one written.
 
 :mod:`mixing.pack.packing` packs with the same algorithm, streamed; ``tests/mixing/pack/test_packing_scale.py``
 holds every engine to this packer, which must give the same packing for the same plan, and
 ``benchmarks/packing.py`` measures weir's packer beside it. Its ``pack_plan`` fetches every unit into Python
 tuples at once (about 575 bytes per unit at its peak): never a build's packer.
 
-The algorithm (mixture-steered best-fit decreasing, carry within a phase, urgent units first, drops at phase
-ends chosen by a seeded priority) is described once, in :mod:`mixing.pack.packing`'s docstring. Cost:
+The algorithm (mixture-steered best-fit decreasing, carry within a phase, drops at phase ends) is described
+once, in :mod:`mixing.pack.packing`'s docstring; this module is its first implementation. Cost:
 O(n log n + n·(k + log B)) per step for n units in the pool, k sources and B bins (bisects over sorted
 lists); deterministic for the same plan (ties broken by length, due tokens, source, step, draw order, then
-bin index). ``fair_drops=False`` packs without ageing and without the phase end's choice, as
-:func:`mixing.pack.packing.pack_units` does then.
+bin index).
 """
 
 from __future__ import annotations
@@ -25,16 +23,13 @@ import duckdb
 import numpy as np
 
 from contract.cost import CostModel
-from mixing.pack.phase_end import AGE_STEPS, OVERSHOOT, drop_targets, set_aside
 from mixing.pack.python_pool import Bins, Unit, UnitPool
 from mixing.pack.result import Packing
 
 __all__ = ["pack_plan", "pack_units"]
 
 
-def pack_plan(
-    db_path: Path, seq_len: int, global_batch: int, cost: CostModel = CostModel(), *, fair_drops: bool = True
-) -> Packing:
+def pack_plan(db_path: Path, seq_len: int, global_batch: int, cost: CostModel = CostModel()) -> Packing:
     """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file; deterministic for the same plan."""
     with duckdb.connect(str(db_path), read_only=True) as con:
         sources = tuple(r[0] for r in con.sql("SELECT DISTINCT source FROM plan_quotas ORDER BY 1").fetchall())
@@ -51,7 +46,7 @@ def pack_plan(
     quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
     quotas[[row[int(s)] for s in q["step"]], [src_idx[s] for s in q["source"]]] = np.asarray(q["quota"], np.float64)
     step_list = [(int(s), str(p)) for s, p in steps]
-    return pack_units(units, step_list, sources, seq_len, global_batch, cost, quotas=quotas, fair_drops=fair_drops)
+    return pack_units(units, step_list, sources, seq_len, global_batch, cost, quotas=quotas)
 
 
 def pack_units(
@@ -62,8 +57,6 @@ def pack_units(
     global_batch: int,
     cost: CostModel = CostModel(),
     quotas: np.ndarray | None = None,
-    *,
-    fair_drops: bool = True,
 ) -> Packing:
     """Pack ``units`` int64 [n, 6] = (length, source index, doc_id, start, step, ord), each length ≤ S.
 
@@ -85,50 +78,31 @@ def pack_units(
             np.add.at(quotas, (step_rows, units[:, 1]), units[:, 0])
     quotas = np.asarray(quotas, dtype=np.float64).reshape(len(steps), n_src)
     cap = float(seq_len * global_batch)
-    bounds: list[tuple[int, int]] = []  # per row: its phase's first and last rows (a phase: a run of one name)
-    for i, (_s, phase) in enumerate(steps):
-        bounds.append((i if i == 0 or steps[i - 1][1] != phase else bounds[-1][0], i))
-    for i in range(len(steps) - 2, -1, -1):
-        if steps[i + 1][1] == steps[i][1]:
-            bounds[i] = (bounds[i][0], bounds[i + 1][1])
     seq_step: list[int] = []
     seg_counts: list[int] = []
     segments: list[tuple[int, int, int, int]] = []
     dropped: list[tuple[int, int, int, int]] = []
     pool = UnitPool(n_src)
-    aside: list[Unit] = []
     q_cum = np.zeros(n_src)
     r_cum = np.zeros(n_src)
-    for i, (step, _phase) in enumerate(steps):
-        first, last = bounds[i]
-        if i == first:  # a phase starts: its own pool and its own shares
+    for i, (step, phase) in enumerate(steps):
+        if i == 0 or steps[i - 1][1] != phase:  # a phase starts: its own pool and its own shares
             q_cum[:], r_cum[:] = 0.0, 0.0
             pool.add(by_step.get(i, []))
-        if i < last:
+        last_of_phase = i + 1 == len(steps) or steps[i + 1][1] != phase
+        if not last_of_phase:
             pool.add(by_step.get(i + 1, []))  # lookahead: the next step's units may fill gaps
         q_cum += quotas[i]
-        if fair_drops and i - AGE_STEPS - 1 >= first:
-            pool.age(steps[i - AGE_STEPS - 1][0])
-        if fair_drops and i == max(first, last - 1):  # the pool holds all the phase has left
-            left = last - i + 1
-            q_end = q_cum + quotas[i + 1] if i < last else q_cum
-            held = pool.held()
-            rows_held = np.array([(u[0], u[3], u[4], u[5], u[1], u[2]) for u in held], np.int64).reshape(-1, 6)
-            tokens = np.bincount(rows_held[:, 1], weights=rows_held[:, 0], minlength=n_src)
-            targets = drop_targets(tokens, _due(q_end, r_cum, left * cap), left * cap)
-            mask = set_aside(rows_held, targets, OVERSHOOT * q_end.sum())
-            pool.remove(mask.tolist())
-            aside = [u for u, m in zip(held, mask.tolist(), strict=True) if m]
+        total = q_cum.sum()
+        want = q_cum * ((r_cum.sum() + cap) / total) - r_cum if total > 0 else np.full(n_src, cap / max(n_src, 1))
         bins = Bins(global_batch, seq_len, cost)
-        r_cum += pool.fill(bins, _due(q_cum, r_cum, cap).tolist())
+        r_cum += pool.fill(bins, want.tolist())
         for b in bins.items:
             seq_step.append(step)
             seg_counts.append(len(b))
             segments.extend((u[3], u[4], u[5], u[0]) for u in b)
-        if i == last:
-            left_over = sorted(aside + pool.drain(), key=lambda u: (u[3], u[1], u[2], u[0], u[4], u[5]))
-            dropped.extend((u[3], u[4], u[5], u[0]) for u in left_over)
-            aside = []
+        if last_of_phase:
+            dropped.extend((u[3], u[4], u[5], u[0]) for u in sorted(pool.drain(), key=lambda u: (u[3], u[1], u[2])))
     return Packing(
         sources=sources,
         seq_len=seq_len,
@@ -138,10 +112,3 @@ def pack_units(
         dropped=np.asarray(dropped, dtype=np.int64).reshape(-1, 4),
         cost=cost,
     )
-
-
-def _due(q_cum: np.ndarray, r_cum: np.ndarray, capacity: float) -> np.ndarray:
-    total = q_cum.sum()
-    if total <= 0:
-        return np.full(len(q_cum), capacity / max(len(q_cum), 1))
-    return q_cum * ((r_cum.sum() + capacity) / total) - r_cum  # type: ignore[no-any-return]

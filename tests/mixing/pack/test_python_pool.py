@@ -3,9 +3,7 @@ unit that fits among sources behind their due tokens that brings them closer (le
 that fits from any source, ties to the source further behind, then the lower index, then the earliest planned;
 ``Bins.place`` puts a unit into the tightest bin that holds it (then the cheapest, then the lowest index) and
 never overfills one; ``UnitPool`` keeps each source's units sorted (length, plan order) with their lengths beside
-them, and ``drain`` empties it; ``longest`` picks the longest unit that fits whatever the dues; ``age`` moves the units
-planned up to a step to the urgent tier, which ``fill`` places first; ``held`` and ``remove`` list and take out units in
-(source, step, ord, doc_id, start) order. (The ``Pool`` interface both engines share is ``test_pool.py``'s.)"""
+them, and ``drain`` empties it. (The ``Pool`` interface both engines share is ``test_pool.py``'s.)"""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contract.cost import CostModel
-from mixing.pack.python_pool import Bins, Unit, UnitPool, choose, longest
+from mixing.pack.python_pool import Bins, Unit, UnitPool, choose
 
 LENGTHS = st.integers(1, 12)
 DUES = st.integers(-4, 30).map(lambda x: x / 2) | st.sampled_from([0.0, 3.0, 6.0])  # exact halves: l = 2·due edges
@@ -104,47 +102,3 @@ def test_unit_pool_keeps_each_source_sorted_and_drains_whole(batches: list[list[
             assert pool.lens[s] == [u[0] for u in pool.units[s]]
     assert sorted(pool.drain()) == sorted(added)
     assert pool.units == [[], [], []] and pool.lens == [[], [], []] and pool.drain() == []
-
-
-@given(
-    data=st.lists(st.tuples(st.lists(LENGTHS, max_size=6), DUES), min_size=1, max_size=5),
-    free=st.integers(0, 14),
-)
-def test_longest_ignores_the_dues(data: list[tuple[list[int], float]], free: int) -> None:
-    lens = [sorted(ls) for ls, _ in data]
-    due = [d for _, d in data]
-    fits = [(s, j, ln) for s, ls in enumerate(lens) for j, ln in enumerate(ls) if ln <= free]
-    expect = max(fits, key=lambda c: (c[2], due[c[0]], -c[0], -c[1]))[:2] if fits else (-1, -1)
-    assert longest(lens, due, free) == expect
-
-
-def test_urgent_units_are_placed_first_and_held_lists_every_tier() -> None:
-    pool = UnitPool(2)
-    pool.add([(9, 0, 0, 0, 10, 0), (2, 0, 1, 0, 11, 0), (3, 0, 2, 0, 12, 0)])  # step 0, source 0
-    pool.add([(9, 1, 0, 1, 20, 0), (8, 1, 1, 1, 21, 0)])  # step 1, source 1
-    pool.age(0)
-    assert [u[4] for u in pool.urgent[0]] == [11, 12, 10] and pool.units[0] == []  # by length, in their tier
-    assert [u[4] for u in pool.units[1]] == [21, 20] and pool.urgent[1] == []
-    assert [u[4] for u in pool.held()] == [10, 11, 12, 20, 21]  # by source, step, ord
-    bins = Bins(2, 10, CostModel())
-    placed = pool.fill(bins, [100.0, 100.0])  # both behind: source 0's urgent units first, longest first
-    assert [[u[4] for u in b] for b in bins.items] == [[10], [12, 11]]  # then nothing of source 1 fits
-    assert placed.tolist() == [14.0, 0.0]
-    pool.remove([u[4] == 21 for u in pool.held()])
-    assert [u[4] for u in pool.held()] == [20]
-    assert pool.drain() == [(9, 1, 0, 1, 20, 0)] and pool.held() == []
-
-
-def test_urgent_units_yield_to_the_dues_then_fill_the_gaps_first() -> None:
-    pool = UnitPool(3)
-    pool.add([(6, 0, 0, 0, 1, 0), (3, 0, 1, 2, 3, 0)])  # step 0: source 0 (ahead), source 2 (behind)
-    pool.add([(6, 1, 0, 1, 2, 0), (3, 1, 1, 2, 4, 0)])  # step 1: source 1 (behind), source 2
-    pool.age(0)
-    bins = Bins(1, 10, CostModel())
-    pool.fill(bins, [0.0, 10.0, 10.0])
-    # source 2's urgent unit first (its source is behind), then source 1's fresh one (behind, the longest that
-    # brings its source closer), before source 0's urgent one (ahead: it waits, and no longer fits)
-    assert [u[4] for u in bins.items[0]] == [3, 2]
-    bins = Bins(1, 10, CostModel())
-    pool.fill(bins, [0.0, 0.0, 0.0])  # every source at its due: the gap fill takes the urgent unit first
-    assert [u[4] for u in bins.items[0]] == [1, 4]
