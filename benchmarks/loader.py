@@ -17,14 +17,14 @@ Peers run in a separate venv (``--peer-python``; their pins need not match ours)
 int64 torch tensors, single process (``num_workers=0``), after one warm-up pass so the files are in page
 cache; each row says which arrays it writes per sequence.
 
-    .venv/bin/python benchmarks/loader.py [--build build/demo] [--peer-python /tmp/peer/bin/python]
+    .venv/bin/python benchmarks/loader.py [--build build/demo] [--peer-python build/peer/bin/python]
     .venv/bin/python benchmarks/loader.py --provenance-only --repeat 15
 
 The peer venv (it borrows this venv's torch and numpy through a .pth file, so no other torch is pulled)::
 
-    python3 -m venv /tmp/peer
-    /tmp/peer/bin/pip install --no-deps litdata==0.2.76 megatron-core==0.16.1 lightning-utilities
-    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/peer/lib/python3.11/site-packages/weir-venv.pth
+    python3 -m venv build/peer
+    build/peer/bin/pip install --no-deps litdata==0.2.76 megatron-core==0.16.1 lightning-utilities
+    echo "$PWD/.venv/lib/python3.11/site-packages" > build/peer/lib/python3.11/site-packages/weir-venv.pth
 """
 
 from __future__ import annotations
