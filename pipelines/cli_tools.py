@@ -21,8 +21,9 @@ def calibrate(
     heads: Annotated[int, typer.Option("--heads", help="attention heads of the layer timed")] = 32,
     head_dim: Annotated[int, typer.Option("--head-dim", help="dimension of a head")] = 128,
 ) -> None:
-    """Fit the cost model's compute terms (α·l² + β·l + γ seconds per document) to one attention layer's forward
-    and backward on this machine's GPU, and print them as the mix file's balance.cost. Exits 2 without a GPU."""
+    """Fit the cost model's compute terms (α·Σl² + β·Σl + δ per document + γ per micro-batch, seconds) to one
+    attention layer's forward and backward on this machine's GPU (single documents and packed micro-batches), and
+    print them as the mix file's balance.cost. Exits 2 without a GPU."""
     import torch
 
     from pipelines.calibrate import measure
@@ -41,10 +42,11 @@ def calibrate(
         err.print(f"[bold red]cannot calibrate[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    for n, s in zip(c.lengths.tolist(), c.seconds.tolist(), strict=True):
-        out.print(f"l = {n:>7,}  {s * 1e3:10.3f} ms", highlight=False)
+    for m, n, t in zip(c.documents.tolist(), c.lengths.tolist(), c.seconds.tolist(), strict=True):
+        out.print(f"{m:>3} × {n:>7,} tokens  {t * 1e3:10.3f} ms", highlight=False)
     out.print(
-        f"fit on {name}: {c.alpha:.4g}·l² + {c.beta:.4g}·l + {c.gamma:.4g} s (worst point off by {c.worst:.1%})",
+        f"fit on {name} ({c.attention}): {c.alpha:.4g}·Σl² + {c.beta:.4g}·Σl + {c.delta:.4g} per document + "
+        f"{c.gamma:.4g} per micro-batch, seconds (worst point off by {c.worst:.1%})",
         highlight=False,
         markup=False,
     )

@@ -13,29 +13,56 @@ import torch
 import yaml
 
 from mixing.mixfile.parts import Cost
-from pipelines.calibrate import fit, measure
+from pipelines.calibrate import PACKED, AttentionLayer, fit, measure
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_fit_recovers_its_coefficients_and_never_goes_negative() -> None:
-    l = 2.0 ** np.arange(10, 18)  # noqa: E741
-    t = 3e-12 * l * l + 2e-8 * l + 5e-4
-    a, b, c, worst = fit(l, t)
-    assert a == pytest.approx(3e-12, rel=1e-6) and b == pytest.approx(2e-8, rel=1e-6) and c == pytest.approx(5e-4)
-    assert worst < 1e-9
-    a, b, c, _ = fit(l, 3e-12 * l * l - 1e-9 * l + 5e-4)  # a negative term is dropped, not kept
-    assert min(a, b, c) >= 0 and b == 0
+    l = np.concatenate([2.0 ** np.arange(10, 18), [128, 512, 2048]])  # noqa: E741
+    m = np.concatenate([np.ones(8), [64, 16, 4]])  # single documents, then packed micro-batches of 8192 tokens
+    features = np.stack([m * l * l, m * l, m, np.ones_like(l)], axis=1)
+    truth = np.array([3e-12, 2e-8, 4e-6, 5e-4])
+    coef, worst = fit(features, features @ truth)
+    assert coef == pytest.approx(truth, rel=1e-6) and worst < 1e-9
+    coef, _ = fit(features, features @ np.array([3e-12, -1e-9, 4e-6, 5e-4]))  # a negative term is dropped
+    assert coef.min() >= 0 and coef[1] == 0
 
 
 def test_a_cpu_measurement_gives_a_cost_the_mix_file_accepts() -> None:
     cal = measure("cpu", min_len=64, max_len=512, heads=2, head_dim=16, repeats=2)
-    assert list(cal.lengths) == [64, 128, 256, 512] and (cal.seconds > 0).all()
+    assert list(zip(cal.documents.tolist(), cal.lengths.tolist(), strict=True)) == [
+        *((1, n) for n in (64, 128, 256, 512)),
+        *((m, 512 // m) for m in PACKED),
+    ]
+    assert (cal.seconds > 0).all() and cal.attention == "sdpa-per-piece"
     cost = yaml.safe_load(cal.mix_yaml())["balance"]["cost"]
     model = Cost(**cost).model()
-    unit = cal.alpha or cal.beta
+    unit = cal.alpha or cal.beta or cal.delta or cal.gamma or 1.0
     assert model.unit_seconds == pytest.approx(unit, rel=1e-5)
-    assert model.attention * unit == pytest.approx(cal.alpha, rel=1e-4, abs=1e-18)
+    assert model.comm_bytes == 2 * 2 * 2 * 16 * 4  # one layer's K and V in and out, float32 on the CPU
+    for term, seconds in zip(
+        ("attention", "linear", "per_document", "per_micro_batch"),
+        (cal.alpha, cal.beta, cal.delta, cal.gamma),
+        strict=True,
+    ):
+        assert getattr(model, term) * unit == pytest.approx(seconds, rel=1e-4, abs=1e-15), term
+
+
+def test_the_layer_runs_split_pieces_bottom_right_causal() -> None:
+    """A chunk of a split document attends to the keys up to its end: its output equals the same rows of the
+    whole document's causal attention (the reference, unsplit)."""
+    torch.manual_seed(0)
+    layer = AttentionLayer("cpu", heads=2, head_dim=8)
+    q, k, v = (torch.randn(1, 2, 24, 8) for _ in range(3))
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    from torch.nn.attention.bias import causal_lower_right
+
+    chunk = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, 8:16], k[:, :, :16], v[:, :, :16], attn_mask=causal_lower_right(8, 16)
+    )
+    assert torch.allclose(chunk, full[:, :, 8:16], atol=1e-6)
+    layer.run(np.array([24, 8, 8]), np.array([24, 16, 32]), 24)  # one whole document, two chunks of a split one
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
