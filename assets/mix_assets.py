@@ -7,31 +7,30 @@ stage table; the group is the mix name.
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import dagster as dg
 import polars as pl
 from dagster import AssetExecutionContext
 
+from assets.checks import (
+    MIN_PACKING_EFFICIENCY,
+    check_specs,
+    continuation,
+    float_value,
+    int_value,
+    mixture_check,
+    stream_check,
+)
 from assets.engine import WeirEngine
 from assets.plots import length_histogram_md, mixture_area_md
 from assets.storage import WeirStorage
-from mixing import BuildLayout, Mix, stages
-from mixing.continuation import Base
+from mixing import Mix, stages
 from mixing.ingest.records import chat_markers_warning
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
-from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureReport, goal_text, unit_goal
 from mixing.report import inspect_build, write_report
 
-__all__ = ["BLOCKING_CHECKS", "MIN_PACKING_EFFICIENCY", "mix_assets"]
+__all__ = ["mix_assets"]
 
-MIN_PACKING_EFFICIENCY = 0.995  # docs/design.md goal
-BLOCKING_CHECKS = frozenset(
-    {"planned_documents_exist", "token_budget_per_phase", "manifest_checksums", "prefix_unchanged"}
-)
-"""Checks whose failure stops what follows (``blocking``): a stage after a plan that draws missing pieces or runs
-short, or after shards that do not match their manifest or a continuation's base, would build on a wrong
-result. The goals (``mixture_error``, ``packing_efficiency``: WARN) and the rest report without stopping."""
 _LOG = logging.getLogger("weir.documents")  # `weir build` prints this logger's warnings
 
 
@@ -41,14 +40,10 @@ def _pieces(tok: TextTokenizer) -> Callable[[str], int]:
     return lambda text: len(tok.encode_batch([text])[0]) - extra
 
 
-def _int(value: Any) -> dg.IntMetadataValue:
-    """A count as Dagster's int metadata (numpy's integers are not ``int``: they would be stored as text)."""
-    return dg.MetadataValue.int(int(value))
-
-
-def _float(value: Any) -> dg.FloatMetadataValue:
-    """A figure as Dagster's float metadata, which the asset's *Plots* tab draws across materializations."""
-    return dg.MetadataValue.float(float(value))
+def _base_options(mix: Mix, storage: WeirStorage) -> dict[str, object] | None:
+    """The resource's fsspec options when a continuation's base is in an object store."""
+    base = mix.continues.base if mix.continues is not None else ""
+    return storage.storage_options() if "://" in base and not base.startswith("file://") else None
 
 
 def _markdown(df: pl.DataFrame) -> str:
@@ -66,90 +61,6 @@ def _s3(mix: Mix, storage: WeirStorage) -> dict[str, object] | None:
     """The resource's fsspec options, only for mixes that read from a remote store."""
     remote = any("://" in mix.source_uri(n) and not mix.source_uri(n).startswith("file://") for n in mix.sources)
     return storage.storage_options() if remote else None
-
-
-def _base_options(mix: Mix, storage: WeirStorage) -> dict[str, object] | None:
-    """The resource's fsspec options when a continuation's base is in an object store."""
-    base = mix.continues.base if mix.continues is not None else ""
-    return storage.storage_options() if "://" in base and not base.startswith("file://") else None
-
-
-def _continuation(mix: Mix, layout: BuildLayout, storage: WeirStorage) -> tuple[dict[str, Any], list[Any]]:
-    """A continuation's metadata (its base, the switch step, the lineage) and its ``prefix_unchanged`` check;
-    nothing for a build of its own."""
-    if mix.continues is None:
-        return {}, []
-    base = Base(mix.continues.base, mix.continues.at, _base_options(mix, storage))
-    problems = base.prefix_problems(layout.shard_set())
-    at = mix.continues.at
-    meta = {
-        "continues": dg.MetadataValue.path(mix.continues.base),
-        "continues_build_id": base.build_id,
-        "switch_step": _int(at),
-        "lineage": dg.MetadataValue.md(
-            "\n".join(f"- {e.base[:12]}… → this build at step {e.at} (base mix {e.base_mix})" for e in base.lineage())
-        ),
-    }
-    check = dg.AssetCheckResult(
-        check_name="prefix_unchanged",
-        passed=not problems,
-        description=f"steps 0..{at - 1} identical to the base ({at} digests, the base's shard files)"
-        if not problems
-        else "; ".join(problems),
-        metadata={"switch_step": _int(at)},
-    )
-    return meta, [check]
-
-
-def _check_specs(asset: dg.AssetKey, described: dict[str, str]) -> list[dg.AssetCheckSpec]:
-    """One check spec per ``name: description`` on ``asset``, blocking when named in :data:`BLOCKING_CHECKS`."""
-    return [
-        dg.AssetCheckSpec(name, asset=asset, description=text, blocking=name in BLOCKING_CHECKS)
-        for name, text in described.items()
-    ]
-
-
-def _mixture_check(
-    window: float, phase: float, what: str, units: tuple[float, float], unit: str = "sequence"
-) -> dg.AssetCheckResult:
-    """The ``mixture_error`` check (WARN) against docs/design.md's goals, with both figures in its one line;
-    where one whole ``unit`` (sequence, or the plan's document) is a larger share of a window or of the
-    smallest phase (``units``, see :func:`mixing.plan.mixture.unit_goal`), the goal is that share, and the
-    line says so."""
-    goal_w, goal_p = unit_goal(GOAL_WINDOW, units[0]), unit_goal(GOAL_PHASE, units[1])
-    return dg.AssetCheckResult(
-        check_name="mixture_error",
-        passed=bool(window <= goal_w and phase <= goal_p),
-        severity=dg.AssetCheckSeverity.WARN,
-        description=f"{what}: window {window:.4f} (goal {goal_text(GOAL_WINDOW, units[0], window, 'a window', unit)}), "
-        f"phase {phase:.4f} (goal {goal_text(GOAL_PHASE, units[1], phase, 'the smallest phase', unit)})",
-        metadata={
-            "window": _float(window),
-            "phase": _float(phase),
-            "goal_window": _float(goal_w),
-            "goal_phase": _float(goal_p),
-        },
-    )
-
-
-def _stream_check(root: BuildLayout, built: MixtureReport) -> dg.AssetCheckResult:
-    """The ``mixture_error`` check of the build's steps and, when the mix file regroups them, of the stream
-    the trainer receives (:func:`assets.stream.stream_report`): the worse of the two is judged."""
-    regroup = root.shard_set().manifest.regrouping
-    if regroup.window <= 1:
-        return _mixture_check(
-            built.window, built.phase, "realized after packing", (built.unit_window, built.unit_phase)
-        )
-    from assets.stream import stream_report
-
-    st = stream_report(root)
-    return _mixture_check(
-        max(built.window, st.window),
-        max(built.phase, st.phase),
-        f"build's steps {built.window:.4f} / {built.phase:.4f}; trainer's stream (regroup window "
-        f"{regroup.window}, period {regroup.period})",
-        (max(built.unit_window, st.unit_window), max(built.unit_phase, st.unit_phase)),
-    )
 
 
 def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
@@ -177,7 +88,7 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                 deps=[key(d) for d in row.deps],
                 kinds=kinds,
                 description=description,
-                check_specs=_check_specs(key(stage), checks or {}),
+                check_specs=check_specs(key(stage), checks or {}),
             )(body)
             return made[stage]
 
@@ -194,9 +105,9 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         listed = [{"path": p, "reason": r} for p, r in skipped.head(100).select("path", "skipped").iter_rows()]
         return dg.MaterializeResult(
             metadata={
-                "files": _int(len(df) - len(skipped)),
-                "bytes": _int(df["size"].sum()),
-                "skipped": _int(len(skipped)),
+                "files": int_value(len(df) - len(skipped)),
+                "bytes": int_value(df["size"].sum()),
+                "skipped": int_value(len(skipped)),
                 "skipped_paths": dg.MetadataValue.json(listed),  # the first 100 (all are in quarantine.jsonl)
             }
         )
@@ -211,8 +122,8 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         return dg.MaterializeResult(
             metadata={
                 "kind": mix.tokenizer.kind,
-                "vocab_size": _int(tok.vocab_size),
-                "eos_id": _int(tok.eos_id),
+                "vocab_size": int_value(tok.vocab_size),
+                "eos_id": int_value(tok.eos_id),
                 "fingerprint": tok.fingerprint,
             }
         )
@@ -239,22 +150,22 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         warnings = [*([chat] if chat else []), *r.warnings]
         return dg.MaterializeResult(
             metadata={
-                "docs_seen": _int(r.docs_seen),
-                "docs_kept": _int(r.docs_kept),
-                "docs_quarantined": _int(r.docs_quarantined),
-                "tokens": _int(r.tokens),
-                "bytes": _int(r.bytes_in),
+                "docs_seen": int_value(r.docs_seen),
+                "docs_kept": int_value(r.docs_kept),
+                "docs_quarantined": int_value(r.docs_quarantined),
+                "tokens": int_value(r.tokens),
+                "bytes": int_value(r.bytes_in),
                 "quarantine_reasons": r.quarantine_reasons,
                 "quarantine": dg.MetadataValue.path(f"{layout.url}/sources/{name}/quarantine.jsonl"),
                 "quarantine_sample": dg.MetadataValue.json(r.quarantine_sample),
                 "tokenizer_fingerprint": r.tokenizer,
-                "chunks": _int(r.chunks),
-                "chunks_reused": _int(r.chunks_reused),
-                "chunks_damaged": _int(len(r.chunks_damaged)),
+                "chunks": int_value(r.chunks),
+                "chunks_reused": int_value(r.chunks_reused),
+                "chunks_damaged": int_value(len(r.chunks_damaged)),
                 "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in warnings) or "none"),
-                "mb_per_s": _float(round(r.bytes_in / 1e6 / max(r.seconds, 1e-9), 2)),
+                "mb_per_s": float_value(round(r.bytes_in / 1e6 / max(r.seconds, 1e-9), 2)),
                 "engine": r.engine,
-                "workers": _int(r.workers),
+                "workers": int_value(r.workers),
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -279,9 +190,9 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             metadata={
                 "histogram": dg.MetadataValue.md(length_histogram_md(st.histogram, mix.sequence.length)),
                 "summary": dg.MetadataValue.md(_markdown(st.summary)),
-                "documents": _int(overall["docs"][0]),
-                "tokens": _int(overall["tokens"][0]),
-                "share_over_seq": _float(overall["share_over_seq"][0]),
+                "documents": int_value(overall["docs"][0]),
+                "tokens": int_value(overall["tokens"][0]),
+                "share_over_seq": float_value(overall["share_over_seq"][0]),
             }
         )
 
@@ -303,24 +214,27 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         short = audit.budget.filter(pl.col("short") > 0)
         return dg.MaterializeResult(
             metadata={
-                "steps": _int(mix.total_steps),
-                "units": _int(p.units),
+                "steps": int_value(mix.total_steps),
+                "units": int_value(p.units),
                 "mixture": dg.MetadataValue.md(mixture_area_md(p.quotas)),
                 "phases": dg.MetadataValue.md(_markdown(p.phases)),
                 "per_source": dg.MetadataValue.md(_markdown(p.per_source)),
                 "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in p.warnings) or "none"),
-                "mixture_error_window": _float(me.window),
-                "mixture_error_phase": _float(me.phase),
+                "mixture_error_window": float_value(me.window),
+                "mixture_error_phase": float_value(me.phase),
                 **stages.fingerprints(mix, layout),
             },
             check_results=[
-                _mixture_check(me.window, me.phase, "planned", (me.unit_window, me.unit_phase), "document"),
+                mixture_check(me.window, me.phase, "planned", (me.unit_window, me.unit_phase), "document"),
                 dg.AssetCheckResult(
                     check_name="planned_documents_exist",
                     passed=audit.missing_units == 0 and audit.duplicate_units == 0,
                     description=f"{audit.missing_units} planned units missing, "
                     f"{audit.duplicate_units} drawn twice within an epoch (goal 0 and 0)",
-                    metadata={"missing": _int(audit.missing_units), "duplicates": _int(audit.duplicate_units)},
+                    metadata={
+                        "missing": int_value(audit.missing_units),
+                        "duplicates": int_value(audit.duplicate_units),
+                    },
                 ),
                 dg.AssetCheckResult(
                     check_name="token_budget_per_phase",
@@ -355,25 +269,25 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
         r = inspect_build(layout)  # hashes every shard (in threads) once; the CLI reads the saved figures
         write_report(layout, r)
         eff, trunc, bad, me = r.packing_efficiency, r.truncated_docs, r.corrupt_files, r.mixture_error
-        continued, prefix_check = _continuation(mix, layout, storage)
+        continued, prefix_check = continuation(mix, layout, _base_options(mix, storage))
         return dg.MaterializeResult(
             metadata={
                 "path": dg.MetadataValue.path(layout.shards_url),
-                "sequences": _int(r.sequences),
-                "tokens": _int(r.tokens),
-                "tokens_dropped": _int(r.tokens_dropped),
-                "packing_efficiency": _float(eff),
-                "truncated_docs": _float(trunc),
-                "mixture_error_window": _float(me.window),
-                "mixture_error_phase": _float(me.phase),
+                "sequences": int_value(r.sequences),
+                "tokens": int_value(r.tokens),
+                "tokens_dropped": int_value(r.tokens_dropped),
+                "packing_efficiency": float_value(eff),
+                "truncated_docs": float_value(trunc),
+                "mixture_error_window": float_value(me.window),
+                "mixture_error_phase": float_value(me.phase),
                 # the balance the build sees without a world: its sequences' cost spread, the dp_imbalance of
                 # one sequence per DP rank a step (the loader's sampler evens it out further)
-                "sequence_cost_max_over_mean": _float(r.sequence_cost.max_over_mean),
-                "sequence_cost_p95_over_mean": _float(r.sequence_cost.p95_over_mean),
+                "sequence_cost_max_over_mean": float_value(r.sequence_cost.max_over_mean),
+                "sequence_cost_p95_over_mean": float_value(r.sequence_cost.p95_over_mean),
                 **(
                     {  # what the trainer receives, where the mix file regroups steps (else: the build's steps)
-                        "stream_mixture_error_window": _float(r.mixture_error_stream.window),
-                        "stream_mixture_error_phase": _float(r.mixture_error_stream.phase),
+                        "stream_mixture_error_window": float_value(r.mixture_error_stream.window),
+                        "stream_mixture_error_phase": float_value(r.mixture_error_stream.phase),
                     }
                     if r.mixture_error_stream is not None
                     else {}
@@ -388,20 +302,20 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
                     passed=eff >= MIN_PACKING_EFFICIENCY,
                     severity=dg.AssetCheckSeverity.WARN,
                     description=f"{eff:.4f} (goal ≥ {MIN_PACKING_EFFICIENCY})",
-                    metadata={"value": _float(eff)},
+                    metadata={"value": float_value(eff)},
                 ),
                 dg.AssetCheckResult(
                     check_name="truncated_docs",
                     passed=trunc == 0,
                     description=f"{trunc:.4f} of documents ≤ S were split (goal 0)",
-                    metadata={"value": _float(trunc)},
+                    metadata={"value": float_value(trunc)},
                 ),
                 dg.AssetCheckResult(
                     check_name="manifest_checksums",
                     passed=not bad,
                     description="all shard checksums match" if not bad else f"corrupt: {', '.join(bad)}",
                 ),
-                _stream_check(layout, me),
+                stream_check(layout, me),
             ],
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from assets.mix_assets import MIN_PACKING_EFFICIENCY
+from assets.checks import MIN_PACKING_EFFICIENCY
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, goal_text
 from mixing.report import BuildReport
 

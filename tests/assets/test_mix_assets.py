@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from assets import WeirEngine, WeirStorage, mix_assets
-from assets.mix_assets import _markdown, _mixture_check, _s3
+from assets.checks import mixture_check
+from assets.mix_assets import _markdown, _s3
 from contract.shards import ShardSet
 from mixing import load_mix
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, unit_goal
@@ -81,7 +82,7 @@ SHARES = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 def test_the_mixture_check_passes_exactly_when_both_goals_that_apply_are_met(
     window: float, phase: float, units: tuple[float, float], unit: str
 ) -> None:
-    check = _mixture_check(window, phase, "planned", units, unit)
+    check = mixture_check(window, phase, "planned", units, unit)
     goal_w, goal_p = unit_goal(GOAL_WINDOW, units[0]), unit_goal(GOAL_PHASE, units[1])
     assert goal_w >= GOAL_WINDOW and goal_p >= GOAL_PHASE  # a coarse unit only ever relaxes the goal
     assert check.passed == (window <= goal_w and phase <= goal_p)

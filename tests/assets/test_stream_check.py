@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from assets.mix_assets import _stream_check
+from assets.checks import stream_check
 from assets.stream import stream_report
 from mixing.output.layout import BuildLayout
 from mixing.report import inspect_build
@@ -25,7 +25,7 @@ def test_the_mixture_error_check_judges_the_trainers_stream(tmp_path: Path) -> N
     )  # fmt: skip
     layout = BuildLayout.of(tmp_path / "b")
     built, stream = inspect_build(layout).mixture_error, stream_report(layout)
-    check = _stream_check(layout, built)
+    check = stream_check(layout, built)
     text = check.description or ""
     assert f"build's steps {built.window:.4f} / {built.phase:.4f}" in text
     assert "trainer's stream (regroup window 2, period 2)" in text

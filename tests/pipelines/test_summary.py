@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from assets.mix_assets import MIN_PACKING_EFFICIENCY
+from assets.checks import MIN_PACKING_EFFICIENCY
 from mixing.output.layout import BuildLayout
 from mixing.report import BuildReport, StreamMixtureReport, inspect_build
 from pipelines.summary import missed_goals, print_summary

@@ -84,14 +84,14 @@ def test_whole_units_set_the_goal_where_one_is_more_than_it() -> None:
 
 
 def test_the_check_and_the_summary_state_the_bound() -> None:
-    from assets.mix_assets import _mixture_check
+    from assets.checks import mixture_check
     from mixing.plan.mixture import goal_text
 
-    small = _mixture_check(0.0127, 0.0058, "realized after packing", (0.025, 0.03125))
+    small = mixture_check(0.0127, 0.0058, "realized after packing", (0.025, 0.03125))
     described = small.description or ""
     assert small.passed and "window 0.0127 (goal ≤ 0.0250: one whole sequence is that share of a window" in described
     assert "phase 0.0058 (goal ≤ 0.0312: one whole sequence is that share of the smallest phase" in described
-    assert not _mixture_check(0.0127, 0.0001, "planned", (0.00625, 0.0005)).passed  # 0.01 applies here
+    assert not mixture_check(0.0127, 0.0001, "planned", (0.00625, 0.0005)).passed  # 0.01 applies here
     assert goal_text(GOAL_WINDOW, 0.00625, 0.0127, "a window") == "≤ 0.01"  # a sequence is finer than the goal
     assert goal_text(GOAL_WINDOW, 0.025, 0.008, "a window") == "≤ 0.01"  # met: nothing to explain
 
