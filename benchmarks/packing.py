@@ -1,8 +1,8 @@
-"""Packing benchmark: weir's packer now, the reference packer before it, and concatenate-and-chunk, on real data.
+"""Packing benchmark: weir's packer, the same without its phase-end choice (by length), and concatenate-and-chunk.
 
 Builds a five-source mix of the real sets in ``../shared/data`` (books, code, math, chat, multilingual)
 through the real pipeline stages (``mixing.stages``) into a temporary folder, tokenized with tiktoken
-``o200k_base`` from ``../shared/tokenizers``, at S=8192, then prints for the same plan:
+``o200k_base`` from ``../shared/tokenizers``, at S=8192 (``--seq-len``), then prints for the same plan:
 
 - ``packing_efficiency`` = real tokens ÷ (sequences × S) and ``truncated_docs`` = documents ≤ S that were
   split ÷ all documents (occurrences in the plan), for weir and for the baseline B0
@@ -10,15 +10,21 @@ through the real pipeline stages (``mixing.stages``) into a temporary folder, to
 - the spread of per-sequence cost (max/mean, cv; cost = attention·l² + linear·l from the mix);
 - ``mixture_error`` (realized vs planned token shares, per 10-step window and per phase) for weir's
   shards, for B0 and for the plan itself;
+- what the phase ends drop, with weir's seeded choice (``mixing.pack.phase_end``)
+  and without it (``fair_drops=False``: a phase end drops what the last fill left): tokens dropped, the dropped
+  units' mean length percentile within their source (mid-rank among the source's planned units; 0.5 when the
+  choice is blind to length), the documents planned in a phase that no step of that phase delivered, and the
+  longest any unit waited past its planned step;
 - packing throughput (documents/s, best of ``--repeat``) and peak memory (tracemalloc, bytes per unit) of
-  weir's packer (``mixing.pack.packing.pack_plan``, compiled with numba where installed) beside the reference
-  implementation it replaced (``pack_plan`` of ``tests/mixing/pack/reference.py``), with the quality figures above
-  for both,
-  computed the same way from each packing (and, for weir's, checked against ``inspect_build`` of its shards);
+  weir's packer (``mixing.pack.packing.pack_plan``, compiled with numba where installed), with and without the
+  choice, beside the reference packer (``pack_plan`` of ``tests/mixing/pack/reference.py``, pure Python, which
+  must give the same packing), with the quality figures above computed the same way from each packing (and,
+  for weir's, checked against ``inspect_build`` of its shards);
 - each stage's wall time, and the load average before and after.
 
 Run:  .venv/bin/python benchmarks/packing.py            (about a minute on 2 cores)
       .venv/bin/python benchmarks/packing.py --steps 400 --global-batch 64   (bigger: ~435,000 units)
+      .venv/bin/python benchmarks/packing.py --seq-len 32768 --global-batch 16 --steps 200   (long context)
 """
 
 from __future__ import annotations
@@ -175,6 +181,52 @@ def packing_figures(p: Packing, quotas: pl.DataFrame, doc_len: dict[str, np.ndar
     }
 
 
+def drop_figures(p: Packing, plan: dict[str, np.ndarray], phase_of_step: np.ndarray) -> dict[str, float]:
+    """What the phase ends dropped: ``pct``, the dropped units' mean length percentile within their source (the
+    mid-rank of each length among the source's planned units: ~0.5 when the choice is blind to length, ~0 when
+    it takes the shortest); ``lost``, the documents (source, doc_id) planned in a phase that no step of that
+    phase delivered; ``wait``, the most steps any unit was placed after its own (a unit planned again in a later
+    epoch paired with its placements in order). ``plan``: int64 columns ``src`` (index into ``p.sources``),
+    ``doc_id``, ``start``, ``step``, ``length``, ``phase`` of every planned unit; ``phase_of_step``: each
+    step's phase index."""
+    pct = np.zeros(len(p.dropped))
+    for k in range(len(p.sources)):
+        lengths = np.sort(plan["length"][plan["src"] == k])
+        mine = p.dropped[:, 0] == k
+        if mine.any():
+            lo = np.searchsorted(lengths, p.dropped[mine, 3], "left")
+            pct[mine] = (lo + np.searchsorted(lengths, p.dropped[mine, 3], "right")) / 2 / len(lengths)
+    span = int(max(plan["doc_id"].max(initial=0), p.segments[:, 1].max(initial=0))) + 1
+    planned_key = plan["src"] * span + plan["doc_id"]
+    seg_phase = phase_of_step[np.repeat(p.seq_step, np.diff(p.seg_offsets))]
+    seg_key = p.segments[:, 0] * span + p.segments[:, 1]
+    lost = sum(
+        len(np.setdiff1d(planned_key[plan["phase"] == ph], seg_key[seg_phase == ph]))
+        for ph in np.unique(plan["phase"]).tolist()
+    )
+    # how long units waited: each (source, doc_id, start)'s placements paired in step order with its plannings
+    planned: dict[tuple[int, ...], list[int]] = {}
+    keys = np.stack([plan["src"], plan["doc_id"], plan["start"]], axis=1).tolist()
+    for key, step in zip(map(tuple, keys), plan["step"].tolist(), strict=True):
+        planned.setdefault(key, []).append(step)
+    placed: dict[tuple[int, ...], list[int]] = {}
+    seg_step = np.repeat(p.seq_step, np.diff(p.seg_offsets)).tolist()
+    for key, step in zip(map(tuple, p.segments[:, :3].tolist()), seg_step, strict=True):
+        placed.setdefault(key, []).append(step)
+    waits = [
+        a - b
+        for key, got in placed.items()
+        if len(got) == len(planned[key])  # a unit dropped once: its pairing is ambiguous, left out
+        for a, b in zip(sorted(got), sorted(planned[key]), strict=True)
+    ]
+    return {
+        "pct": float(pct.mean()) if len(pct) else float("nan"),
+        "lost": lost,
+        "units": len(p.dropped),
+        "wait": max(waits, default=0),
+    }
+
+
 def document_share(p: Packing, window: int = 10) -> float:
     """The largest share of any one document (source, doc_id) in the tokens of any ``window`` consecutive steps
     of the packing: how much of what the trainer sees over a window one long document can be."""
@@ -198,6 +250,19 @@ def _timed_best(fn, repeat: int) -> tuple[Packing, float]:  # type: ignore[no-un
         out = fn()
         best = min(best, time.perf_counter() - t)
     return out, best  # type: ignore[return-value]
+
+
+def _timed_pair(fa, fb, repeat: int) -> tuple[tuple[Packing, float, float], tuple[Packing, float, float]]:  # type: ignore[no-untyped-def]
+    """Each of two packers' result, best wall time and best CPU time (this process's, the reading thread's
+    included) of ``repeat`` runs, the two taking turns: a shared machine's load then weighs on both alike, and
+    the CPU time hardly at all."""
+    wall, cpu, out = [float("inf")] * 2, [float("inf")] * 2, [None, None]
+    for _ in range(repeat):
+        for i, fn in enumerate((fa, fb)):
+            t, c = time.perf_counter(), time.process_time()
+            out[i] = fn()
+            wall[i], cpu[i] = min(wall[i], time.perf_counter() - t), min(cpu[i], time.process_time() - c)
+    return (out[0], wall[0], cpu[0]), (out[1], wall[1], cpu[1])  # type: ignore[return-value]
 
 
 def _peak_bytes(fn) -> int:  # type: ignore[no-untyped-def]
@@ -253,7 +318,12 @@ def main() -> int:
         pack_plan(db, S, B, cost, chunk_units=args.chunk_units)
         first_call = time.perf_counter() - t
         old, old_s = _timed_best(lambda: _packing_v1.pack_plan(db, S, B, cost), args.repeat)
-        packing, new_s = _timed_best(lambda: pack_plan(db, S, B, cost, chunk_units=args.chunk_units), args.repeat)
+        (packing, new_s, new_cpu), (by_len, by_len_s, by_len_cpu) = _timed_pair(
+            lambda: pack_plan(db, S, B, cost, chunk_units=args.chunk_units),
+            lambda: pack_plan(db, S, B, cost, chunk_units=args.chunk_units, fair_drops=False),
+            args.repeat,
+        )
+        old_by_len = _packing_v1.pack_plan(db, S, B, cost, fair_drops=False)
         py_s = (
             _timed_best(lambda: pack_plan(db, S, B, cost, engine="python", chunk_units=args.chunk_units), 1)[1]
             if engine != "python"
@@ -286,6 +356,26 @@ def main() -> int:
                 "SELECT source, count(*), median(n_tokens), max(n_tokens) FROM documents GROUP BY 1 ORDER BY 1"
             ).fetchall()
             docs = con.sql("SELECT source, doc_id, n_tokens FROM documents").pl()
+            names = list(packing.sources)
+            phases = "(SELECT phase, row_number() OVER (ORDER BY min(step)) - 1 AS i FROM plan_quotas GROUP BY 1)"
+            plan = {
+                k: np.asarray(v, np.int64)
+                for k, v in con.sql(
+                    "SELECT list_position($n, source) - 1 AS src, doc_id, start, step, length, p.i AS phase "
+                    "FROM plan_units "
+                    f"JOIN {phases} p USING (phase)",
+                    params={"n": names},
+                )
+                .fetchnumpy()
+                .items()
+            }
+            phase_of_step = np.asarray(
+                con.sql(
+                    f"SELECT p.i FROM (SELECT DISTINCT step, phase FROM plan_quotas) q JOIN {phases} p USING (phase) "
+                    "ORDER BY step"
+                ).fetchnumpy()["i"],
+                np.int64,
+            )
         make_plan(mix, layout.duckdb, duckdb_config(), spread=False)  # the pieces of a document consecutive
         consecutive_share = document_share(pack_plan(db, S, B, cost, chunk_units=args.chunk_units))
     doc_len = {}
@@ -308,57 +398,70 @@ def main() -> int:
         quotas,
     )
     b_cost = _baseline_cost(*base["cuts"], args.seq_len, cost)
-    now = packing_figures(packing, quotas, doc_len)
-    before = packing_figures(old, quotas, doc_len)  # type: ignore[arg-type]
+    weir = packing_figures(packing, quotas, doc_len) | drop_figures(packing, plan, phase_of_step)
+    by_length = packing_figures(by_len, quotas, doc_len) | drop_figures(by_len, plan, phase_of_step)
     me = report.mixture_error
     shards_agree = (
-        abs(now["packing_efficiency"] - report.packing_efficiency) < 1e-12
-        and now["truncated_docs"] == report.truncated_docs
-        and now["tokens_dropped"] == report.tokens_dropped
-        and abs(now["window"] - me.window) < 1e-12
-        and abs(now["phase"] - me.phase) < 1e-12
+        abs(weir["packing_efficiency"] - report.packing_efficiency) < 1e-12
+        and weir["truncated_docs"] == report.truncated_docs
+        and weir["tokens_dropped"] == report.tokens_dropped
+        and abs(weir["window"] - me.window) < 1e-12
+        and abs(weir["phase"] - me.phase) < 1e-12
     )
-    same = all(
-        np.array_equal(getattr(packing, f), getattr(old, f)) for f in ("seq_step", "seg_offsets", "segments", "dropped")
+    fields = ("seq_step", "seg_offsets", "segments", "dropped")
+    same = all(np.array_equal(getattr(packing, f), getattr(old, f)) for f in fields) and all(
+        np.array_equal(getattr(by_len, f), getattr(old_by_len, f)) for f in fields
     )
     print(f"mix: {mix.total_steps} steps × {args.global_batch} sequences × S={args.seq_len}, tokenizer o200k_base")
     print("sources (documents, median tokens, max tokens):")
     for s, n, med, mx in per_src:
         print(f"  {s:13s} {n:7,d} {med:9,.0f} {mx:11,d}")
     print(f"planned units (documents or S-pieces of longer ones): {n_units:,}\n")
-    print(f"{'':28s}{'weir now':>12s}{'weir before':>13s}{'B0 concat+chunk':>18s}")
-    print(f"{'packing_efficiency':28s}{now['packing_efficiency']:12.4f}{before['packing_efficiency']:13.4f}"
+    print(f"{'':28s}{'weir':>12s}{'by length':>13s}{'B0 concat+chunk':>18s}   ('by length': weir without "
+          "the phase end's seeded choice)")  # fmt: skip
+    print(f"{'packing_efficiency':28s}{weir['packing_efficiency']:12.4f}{by_length['packing_efficiency']:13.4f}"
           f"{base['packing_efficiency']:18.4f}")  # fmt: skip
-    print(f"{'truncated_docs':28s}{now['truncated_docs']:12.4f}{before['truncated_docs']:13.4f}"
+    print(f"{'truncated_docs':28s}{weir['truncated_docs']:12.4f}{by_length['truncated_docs']:13.4f}"
           f"{base['truncated_docs']:18.4f}")  # fmt: skip
-    print(f"{'sequences':28s}{now['sequences']:12,d}{before['sequences']:13,d}{base['sequences']:18,d}")
-    print(f"{'tokens dropped (phase ends)':28s}{now['tokens_dropped']:12,d}{before['tokens_dropped']:13,d}{0:18,d}")
+    print(f"{'sequences':28s}{weir['sequences']:12,d}{by_length['sequences']:13,d}{base['sequences']:18,d}")
+    print(f"{'tokens dropped (phase ends)':28s}{weir['tokens_dropped']:12,d}{by_length['tokens_dropped']:13,d}{0:18,d}")
+    print(f"{'units dropped':28s}{weir['units']:12,d}{by_length['units']:13,d}{0:18,d}")
+    print(f"{'dropped: mean length pct':28s}{weir['pct']:12.3f}{by_length['pct']:13.3f}{'':18s}   (within its source; "
+          "0.5: blind to length)")  # fmt: skip
+    print(f"{'documents a phase never gave':28s}{weir['lost']:12,d}{by_length['lost']:13,d}{0:18,d}   "
+          "(planned in a phase, in none of its steps)")  # fmt: skip
+    print(f"{'longest wait (steps)':28s}{weir['wait']:12,d}{by_length['wait']:13,d}{'':18s}   "
+          "(placed step − planned step, the most of any unit)")  # fmt: skip
     bm, bc = _cost_spread(b_cost)
-    print(f"{'sequence cost max/mean':28s}{now['cost_max']:12.3f}{before['cost_max']:13.3f}{bm:18.3f}")
-    print(f"{'sequence cost cv':28s}{now['cost_cv']:12.3f}{before['cost_cv']:13.3f}{bc:18.3f}")
+    print(f"{'sequence cost max/mean':28s}{weir['cost_max']:12.3f}{by_length['cost_max']:13.3f}{bm:18.3f}")
+    print(f"{'sequence cost cv':28s}{weir['cost_cv']:12.3f}{by_length['cost_cv']:13.3f}{bc:18.3f}")
     for label, key, base_v, plan_v, goal in (
         ("mixture_error 10-step window", "window", b_mix[0], plan_me.window, GOAL_WINDOW),
         ("mixture_error phase", "phase", b_mix[1], plan_me.phase, GOAL_PHASE),
     ):
-        print(f"{label:28s}{now[key]:12.4f}{before[key]:13.4f}{base_v:18.4f}   (plan {plan_v:.4f}; goal ≤ {goal})")
+        print(f"{label:28s}{weir[key]:12.4f}{by_length[key]:13.4f}{base_v:18.4f}   (plan {plan_v:.4f}; goal ≤ {goal})")
     print(
-        f"{'one document in a window':28s}{spread_share:12.4f}{consecutive_share:13.4f}{'':18s}   (the largest "
-        "share of any one document in any 10-step window; 'before': its pieces consecutive in the draw order)"
+        f"one document in a window: {spread_share:.4f} (its pieces spread over the draw order), "
+        f"{consecutive_share:.4f} (consecutive): the largest share of any one document in any 10-step window"
     )
-    print(f"same packing as before, unit for unit: {same}; weir's figures match inspect_build of its shards: "
-          f"{shards_agree}")  # fmt: skip
+    print(f"same packing as the reference packer, unit for unit (with and without the choice): {same}; weir's "
+          f"figures match inspect_build of its shards: {shards_agree}")  # fmt: skip
     print(f"\npacking throughput, {n_units:,} units, best of {args.repeat}:")
-    print(f"  weir now ({engine:8s})   {n_units / new_s:12,.0f} documents/s  ({new_s:.3f} s; "
-          f"{old_s / new_s:.1f}× before)")  # fmt: skip
+    print(f"  weir ({engine:8s})       {n_units / new_s:12,.0f} documents/s  ({new_s:.3f} s; "
+          f"{old_s / new_s:.1f}× the reference)")  # fmt: skip
+    print(f"  weir by length ({engine:8s}){n_units / by_len_s:9,.0f} documents/s  ({by_len_s:.3f} s)")
+    print(f"  CPU time, best of {args.repeat}: weir {new_cpu:.3f} s ({n_units / new_cpu:,.0f} documents/s), by length "
+          f"{by_len_cpu:.3f} s ({n_units / by_len_cpu:,.0f}/s): the choice costs {new_cpu / by_len_cpu - 1:+.1%} "
+          f"(wall: {new_s / by_len_s - 1:+.1%})")  # fmt: skip
     if engine != "python":
-        print(f"  weir now (python, 1 run) {n_units / py_s:12,.0f} documents/s  ({py_s:.3f} s; numba not installed)")
-    print(f"  weir before (reference)  {n_units / old_s:12,.0f} documents/s  ({old_s:.3f} s)")
+        print(f"  weir (python, 1 run)     {n_units / py_s:12,.0f} documents/s  ({py_s:.3f} s; numba not installed)")
+    print(f"  reference (pure Python)  {n_units / old_s:12,.0f} documents/s  ({old_s:.3f} s)")
     print(f"  first call in a process  {first_call:.3f} s (loads or compiles the numba kernels)")
     result = packing.segments.nbytes + packing.dropped.nbytes + packing.seg_offsets.nbytes + packing.seq_step.nbytes
-    print(f"peak memory while packing (tracemalloc): now {new_peak / 2**20:,.1f} MiB "
+    print(f"peak memory while packing (tracemalloc): weir {new_peak / 2**20:,.1f} MiB "
           f"= {new_peak / n_units:,.0f} B/unit "
           f"(the result {result / 2**20:,.1f} MiB; the rest is bounded by --chunk-units, not the plan), "
-          f"before {old_peak / 2**20:,.1f} MiB = {old_peak / n_units:,.0f} B/unit")  # fmt: skip
+          f"the reference {old_peak / 2**20:,.1f} MiB = {old_peak / n_units:,.0f} B/unit")  # fmt: skip
     print("stage wall times (s):")
     for k, v in times.items():
         print(f"  {k:30s}{v:8.2f}")

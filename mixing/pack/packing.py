@@ -20,7 +20,10 @@ next steps' dues make up for it).
 Units left in the pool are carried to the next step of the phase; those left at a phase end are dropped
 and reported per source. Because every step is steered by the cumulative deficit, what one step could not
 place is made up by the next, and what is dropped at a phase end is what the plan drew beyond the phase's
-share of each source (and the padding), spread over the sources instead of falling on the shortest units.
+share of each source (and the padding). Which units those are is not left to the fills, which would leave
+each source's shortest: when the pool first holds all its phase has left, :mod:`mixing.pack.phase_end`
+dry-runs the phase's remaining fills and sets aside as many tokens per source by a seeded hash, the latest
+planned first, kept only where the padding and the mixture stay as they were (within small bounds).
 
 The packer streams: ``stream_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (about
 ``chunk_units`` units, in Arrow batches; a helper thread reads the next block while the current one is
@@ -34,7 +37,7 @@ reference packer, ``tests/mixing/pack/reference.py``, on ``benchmarks/packing.py
 the same packing, unit for unit, either way. Its results are :mod:`mixing.pack.result`'s types.
 
 Deterministic for the same plan, whatever the engine and however the units are read (ties broken by
-length, due tokens, source, step, draw order, then bin index).
+length, due tokens, source, step, draw order, then bin index; the drops by the units' hashes).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import duckdb
 import numpy as np
 
 from contract.cost import CostModel
+from mixing.pack.phase_end import drop_mask, due
 from mixing.pack.pool import default_engine, make_pool
 from mixing.pack.result import PackedStep, Packing, PackStream
 
@@ -63,9 +67,12 @@ def pack_plan(
     *,
     engine: str | None = None,
     chunk_units: int = _CHUNK_UNITS,
+    fair_drops: bool = True,
 ) -> Packing:
     """:func:`stream_plan` collected into one :class:`Packing` (32 bytes per segment, held whole)."""
-    stream = stream_plan(db_path, seq_len, global_batch, cost, engine=engine, chunk_units=chunk_units)
+    stream = stream_plan(
+        db_path, seq_len, global_batch, cost, engine=engine, chunk_units=chunk_units, fair_drops=fair_drops
+    )
     return _collect(stream)
 
 
@@ -79,6 +86,7 @@ def stream_plan(
     chunk_units: int = _CHUNK_UNITS,
     config: Mapping[str, str | int | bool] | None = None,
     sources: Sequence[str] | None = None,
+    fair_drops: bool = True,
 ) -> PackStream:
     """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file, a step at a time as the
     stream is read; deterministic for the same plan.
@@ -90,7 +98,9 @@ def stream_plan(
     ``config``: DuckDB settings of both connections (``memory_limit``: the pages it reads stay in DuckDB's
     buffer pool up to its limit, 80% of the RAM by default). ``sources``: the order of the source indices in
     the stream's segments (default: the plan's sources by name; a continuation keeps its base's order and
-    appends, and may name sources the plan has none of).
+    appends, and may name sources the plan has none of). ``fair_drops``: what a phase end drops chosen by a
+    seeded hash (:mod:`mixing.pack.phase_end`); False drops what the phase's last fill left, its shortest units
+    (``benchmarks/packing.py`` compares the two).
     """
     settings: dict[str, str | bool | int | float | list[str]] = dict(config or {})
     with duckdb.connect(str(db_path), read_only=True, config=settings) as con:
@@ -119,7 +129,7 @@ def stream_plan(
             blocks = _prefetched(con, names, ranges)
             try:
                 units = _by_step(blocks, step_values, seq_len)
-                yield from _steps(units, steps, len(names), seq_len, global_batch, cost, quotas, engine)
+                yield from _steps(units, steps, len(names), seq_len, global_batch, cost, quotas, engine, fair_drops)
             finally:
                 blocks.close()  # on an error: wait for a read in flight before the connection closes
 
@@ -137,13 +147,14 @@ def pack_units(
     quotas: np.ndarray | None = None,
     *,
     engine: str | None = None,
+    fair_drops: bool = True,
 ) -> Packing:
     """Pack ``units`` int64 [n, 6] = (length, source index, doc_id, start, step, ord), each length ≤ S.
 
     ``steps`` lists (step, phase) in order; every step gets exactly ``global_batch`` sequences.
     ``quotas`` [len(steps), len(sources)]: planned tokens per step (row i is ``steps[i]``) and source, the
     shares the realized mixture tracks; by default the units' own lengths per planned step. The order of
-    ``units`` does not matter.
+    ``units`` does not matter. ``engine``, ``fair_drops``: as :func:`stream_plan`'s.
     """
     units = np.asarray(units, dtype=np.int64).reshape(-1, 6)
     step_values = np.array([s for s, _p in steps], dtype=np.int64)
@@ -152,7 +163,7 @@ def pack_units(
         if len(units):
             np.add.at(quotas, (_rows_of(step_values, units[:, 4]), units[:, 1]), units[:, 0])
     units_by_step = _by_step([units], step_values, seq_len)
-    packed = _steps(units_by_step, steps, len(sources), seq_len, global_batch, cost, quotas, engine)
+    packed = _steps(units_by_step, steps, len(sources), seq_len, global_batch, cost, quotas, engine, fair_drops)
     return _collect(PackStream(sources, seq_len, global_batch, cost, len(steps) * global_batch, len(units), packed))
 
 
@@ -194,33 +205,63 @@ def _steps(
     cost: CostModel,
     quotas: np.ndarray,
     engine: str | None,
+    fair_drops: bool = True,
 ) -> Iterator[PackedStep]:
     """The step loop: ``step_units`` yields (row in ``steps``, that step's units) in increasing row order,
     each step's units sorted by (source, ord, doc_id, start); steps without units may be skipped. Yields
     every step of ``steps`` in order; holds the pool and the blocks being read, nothing of earlier steps."""
     quotas = np.asarray(quotas, dtype=np.float64).reshape(len(steps), n_src)
     cap = float(seq_len * global_batch)
-    pool = make_pool(engine or default_engine(), n_src, seq_len, cost)
+    name = engine or default_engine()
+    pool = make_pool(name, n_src, seq_len, cost)
     pending = _Lookahead(step_units)
     q_cum = np.zeros(n_src)
     r_cum = np.zeros(n_src)
+    first = 0  # the phase's first row
+    aside = np.zeros((0, 6), np.int64)  # what the phase end drops, set aside when the pool held all that was left
     for i, (step, phase) in enumerate(steps):
         if i == 0 or steps[i - 1][1] != phase:  # a phase starts: its own pool and its own shares
             q_cum[:], r_cum[:] = 0.0, 0.0
+            first = i
             pool.add(pending.take(i))
         last_of_phase = i + 1 == len(steps) or steps[i + 1][1] != phase
         if not last_of_phase:
             pool.add(pending.take(i + 1))  # lookahead: the next step's units may fill gaps
         q_cum += quotas[i]
-        total = q_cum.sum()
-        want = q_cum * ((r_cum.sum() + cap) / total) - r_cum if total > 0 else np.full(n_src, cap / max(n_src, 1))
+        ends_next = not last_of_phase and (i + 2 == len(steps) or steps[i + 2][1] != phase)
+        if fair_drops and (ends_next or (last_of_phase and i == first)):  # the pool holds all the phase has left
+            rows = pool.take_all()
+            later = quotas[i + 1 : i + 2] if ends_next else quotas[:0]
+            mask = drop_mask(
+                rows,
+                lambda: make_pool(name, n_src, seq_len, cost),
+                q_cum,
+                r_cum,
+                later,
+                cap,
+                global_batch,
+                step,
+                i + len(later) + 1 - first,
+            )
+            aside = rows[mask]
+            pool.add(rows[~mask])
         segs = np.zeros((len(pool), 4), np.int64)
         counts = np.zeros(global_batch, np.int64)
-        n, placed = pool.fill(want, segs, counts)
+        n, placed = pool.fill(due(q_cum, r_cum, cap), segs, counts)
         r_cum += placed
-        drop = pool.drain().astype(np.int64).reshape(-1, 4) if last_of_phase else np.zeros((0, 4), np.int64)
+        drop = np.zeros((0, 4), np.int64)
+        if last_of_phase:
+            drop = pool.drain().astype(np.int64).reshape(-1, 4)
+            if len(aside):
+                drop = _segments(np.concatenate([aside[:, [1, 2, 3, 0]], drop]))
+                aside = aside[:0]
         yield PackedStep(step, counts, segs[:n].copy(), drop)
     pending.finish()
+
+
+def _segments(segs: np.ndarray) -> np.ndarray:
+    """Segments (source, doc_id, start, length) in a drain's order: by source, then as given (stable)."""
+    return segs[np.argsort(segs[:, 0], kind="stable")]
 
 
 class _Lookahead:

@@ -43,7 +43,8 @@ class Pool(Protocol):
     """A phase's unplaced units. Units are int64 rows (length, source index, doc_id, start, step, ord)."""
 
     def add(self, units: np.ndarray) -> None:
-        """Add one step's units, sorted by (source, ord, doc_id, start); steps come in increasing order."""
+        """Add one step's units, sorted by (source, ord, doc_id, start), steps in increasing order; or, into an
+        empty pool, several steps' units sorted by (step, source, ord, doc_id, start)."""
 
     def __len__(self) -> int:
         """Units in the pool."""
@@ -58,6 +59,12 @@ class Pool(Protocol):
 
     def drain(self) -> np.ndarray:
         """Empty the pool: its units as int64 [n, 4] segments ordered by (source, step, ord, length)."""
+        ...
+
+    def take_all(self) -> np.ndarray:
+        """Empty the pool: its units as int64 [n, 6] rows (length, source, doc_id, start, step, ord) ordered by
+        (step, source, ord, doc_id, start), which :meth:`add` takes back as they were (the phase end's dry
+        runs, :mod:`mixing.pack.phase_end`)."""
         ...
 
 
@@ -137,6 +144,16 @@ class CompiledPool:
         u = self.units[slots]
         order = np.lexsort((u[:, 3], u[:, 2], u[:, 0], u[:, 5], u[:, 4], u[:, 1]))  # source, step, ord, len
         out = u[order][:, [1, 2, 3, 0]]
+        self._reset()
+        return out
+
+    def take_all(self) -> np.ndarray:
+        u = self.units[np.flatnonzero(self.live)]
+        out = u[np.lexsort((u[:, 3], u[:, 2], u[:, 5], u[:, 1], u[:, 4]))]  # step, source, ord, doc_id, start
+        self._reset()
+        return out
+
+    def _reset(self) -> None:
         self.head.fill(-1)
         self.tail.fill(-1)
         self.fen.fill(0)
@@ -147,7 +164,6 @@ class CompiledPool:
         cap = len(self.units)
         self.free = np.arange(cap - 1, -1, -1, dtype=np.int64)
         self.meta[0] = cap
-        return out
 
     def _state(self) -> tuple[Any, ...]:
         return (

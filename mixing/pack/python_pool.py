@@ -48,6 +48,10 @@ class PythonPool:
         left = sorted(self.pool.drain(), key=lambda u: (u[3], u[1], u[2]))
         return np.asarray([(u[3], u[4], u[5], u[0]) for u in left], dtype=np.int64).reshape(-1, 4)
 
+    def take_all(self) -> np.ndarray:
+        left = sorted(self.pool.drain(), key=lambda u: (u[1], u[3], u[2], u[4], u[5]))  # step, source, ord, doc, start
+        return np.asarray([(u[0], u[3], u[4], u[5], u[1], u[2]) for u in left], dtype=np.int64).reshape(-1, 6)
+
 
 class Bins:
     """``n`` bins of ``seq_len`` slots; ``slots`` is sorted by (free, cost, bin) for best-fit bisects."""

@@ -1,7 +1,8 @@
 """The reference packer, a test oracle: weir's first packer, the whole plan in one Python loop.
 
 Its cost of a unit is the shared :class:`~contract.cost.CostModel`'s; its pool and bins are the ``"python"``
-engine's (:mod:`mixing.pack.python_pool`), its loop over steps is the first one written.
+engine's (:mod:`mixing.pack.python_pool`), its loop over steps is the first one written, and what a phase end
+drops is :func:`mixing.pack.phase_end.drop_mask`'s choice (dry runs on the ``"python"`` engine's pool).
 
 :mod:`mixing.pack.packing` packs with the same algorithm, streamed; ``tests/mixing/pack/test_packing_scale.py``
 holds every engine to this packer, which must give the same packing for the same plan, and
@@ -12,7 +13,8 @@ The algorithm (mixture-steered best-fit decreasing, carry within a phase, drops 
 once, in :mod:`mixing.pack.packing`'s docstring; this module is its first implementation. Cost:
 O(n log n + n·(k + log B)) per step for n units in the pool, k sources and B bins (bisects over sorted
 lists); deterministic for the same plan (ties broken by length, due tokens, source, step, draw order, then
-bin index).
+bin index). ``fair_drops=False`` packs without the phase end's choice, as
+:func:`mixing.pack.packing.pack_units` does then.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import duckdb
 import numpy as np
 
 from contract.cost import CostModel
-from mixing.pack.python_pool import Bins, Unit, UnitPool
+from mixing.pack.phase_end import drop_mask, due
+from mixing.pack.python_pool import Bins, PythonPool, Unit, UnitPool
 from mixing.pack.result import Packing
 
 __all__ = ["pack_plan", "pack_units"]
 
 
-def pack_plan(db_path: Path, seq_len: int, global_batch: int, cost: CostModel = CostModel()) -> Packing:
+def pack_plan(
+    db_path: Path, seq_len: int, global_batch: int, cost: CostModel = CostModel(), *, fair_drops: bool = True
+) -> Packing:
     """Pack ``plan_units`` against ``plan_quotas`` from the build's DuckDB file; deterministic for the same plan."""
     with duckdb.connect(str(db_path), read_only=True) as con:
         sources = tuple(r[0] for r in con.sql("SELECT DISTINCT source FROM plan_quotas ORDER BY 1").fetchall())
@@ -46,7 +51,7 @@ def pack_plan(db_path: Path, seq_len: int, global_batch: int, cost: CostModel = 
     quotas = np.zeros((len(steps), len(sources)), dtype=np.float64)
     quotas[[row[int(s)] for s in q["step"]], [src_idx[s] for s in q["source"]]] = np.asarray(q["quota"], np.float64)
     step_list = [(int(s), str(p)) for s, p in steps]
-    return pack_units(units, step_list, sources, seq_len, global_batch, cost, quotas=quotas)
+    return pack_units(units, step_list, sources, seq_len, global_batch, cost, quotas=quotas, fair_drops=fair_drops)
 
 
 def pack_units(
@@ -57,6 +62,8 @@ def pack_units(
     global_batch: int,
     cost: CostModel = CostModel(),
     quotas: np.ndarray | None = None,
+    *,
+    fair_drops: bool = True,
 ) -> Packing:
     """Pack ``units`` int64 [n, 6] = (length, source index, doc_id, start, step, ord), each length ≤ S.
 
@@ -83,26 +90,48 @@ def pack_units(
     segments: list[tuple[int, int, int, int]] = []
     dropped: list[tuple[int, int, int, int]] = []
     pool = UnitPool(n_src)
+    aside: list[Unit] = []
     q_cum = np.zeros(n_src)
     r_cum = np.zeros(n_src)
+    first = 0
     for i, (step, phase) in enumerate(steps):
         if i == 0 or steps[i - 1][1] != phase:  # a phase starts: its own pool and its own shares
             q_cum[:], r_cum[:] = 0.0, 0.0
+            first = i
             pool.add(by_step.get(i, []))
         last_of_phase = i + 1 == len(steps) or steps[i + 1][1] != phase
         if not last_of_phase:
             pool.add(by_step.get(i + 1, []))  # lookahead: the next step's units may fill gaps
         q_cum += quotas[i]
-        total = q_cum.sum()
-        want = q_cum * ((r_cum.sum() + cap) / total) - r_cum if total > 0 else np.full(n_src, cap / max(n_src, 1))
+        left = 1 if last_of_phase else 2 if i + 2 == len(steps) or steps[i + 2][1] != phase else 0
+        if fair_drops and left and (left == 2 or i == first):  # the pool holds all the phase has left
+            held = sorted(pool.drain(), key=lambda u: (u[1], u[3], u[2], u[4], u[5]))
+            rows = np.array([(u[0], u[3], u[4], u[5], u[1], u[2]) for u in held], np.int64).reshape(-1, 6)
+            mask = drop_mask(
+                rows,
+                lambda: PythonPool(n_src, seq_len, cost),
+                q_cum,
+                r_cum,
+                quotas[i + 1 : i + left],
+                cap,
+                global_batch,
+                step,
+                i + left - first,
+            ).tolist()
+            pool.add([u for u, m in zip(held, mask, strict=True) if not m])
+            aside = [u for u, m in zip(held, mask, strict=True) if m]
         bins = Bins(global_batch, seq_len, cost)
-        r_cum += pool.fill(bins, want.tolist())
+        r_cum += pool.fill(bins, due(q_cum, r_cum, cap).tolist())
         for b in bins.items:
             seq_step.append(step)
             seg_counts.append(len(b))
             segments.extend((u[3], u[4], u[5], u[0]) for u in b)
-        if last_of_phase:
-            dropped.extend((u[3], u[4], u[5], u[0]) for u in sorted(pool.drain(), key=lambda u: (u[3], u[1], u[2])))
+        if last_of_phase:  # per source: what was set aside, then what the last fill left, each in plan order
+            rest = sorted(pool.drain(), key=lambda u: (u[3], u[1], u[2]))
+            aside.sort(key=lambda u: (u[3], u[1], u[2], u[4], u[5]))
+            for s in range(n_src):
+                dropped.extend((u[3], u[4], u[5], u[0]) for part in (aside, rest) for u in part if u[3] == s)
+            aside = []
     return Packing(
         sources=sources,
         seq_len=seq_len,

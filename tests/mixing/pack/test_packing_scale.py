@@ -1,4 +1,5 @@
-"""The streamed packer (either engine) against the reference one it replaced, on random plans.
+"""The streamed packer (every engine) against the reference packer, on random plans, with and without its rules
+against a length bias (``fair_drops``).
 
 Same packing unit for unit (hence the same packing_efficiency, truncated_docs, tokens dropped and
 mixture_error), the packing invariants, reading DuckDB in blocks of any size, and bounded memory.
@@ -127,6 +128,7 @@ plans = st.tuples(
     st.integers(1, 4),  # sources
     st.sampled_from([0.7, 1.0, 1.05, 1.3]),  # plan draws this × each step's capacity
     st.sampled_from([CostModel(1.0, 0.0), CostModel(1.0, 64.0), CostModel(0.0, 1.0)]),  # cost
+    st.booleans(),  # fair_drops
 )
 
 
@@ -134,11 +136,11 @@ plans = st.tuples(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plans)
 def test_same_packing_and_figures_as_the_reference(engine: str, plan: tuple) -> None:  # type: ignore[type-arg]
-    seed, n_steps, batch, seq_len, n_src, overdraw, cost = plan
+    seed, n_steps, batch, seq_len, n_src, overdraw, cost, fair = plan
     units, steps, quotas = random_plan(seed, n_steps, batch, seq_len, n_src, overdraw)
     sources = tuple(f"s{k}" for k in range(n_src))
-    ref = v1.pack_units(units, steps, sources, seq_len, batch, cost, quotas=quotas)
-    new = pack_units(units, steps, sources, seq_len, batch, cost, quotas=quotas, engine=engine)
+    ref = v1.pack_units(units, steps, sources, seq_len, batch, cost, quotas=quotas, fair_drops=fair)
+    new = pack_units(units, steps, sources, seq_len, batch, cost, quotas=quotas, engine=engine, fair_drops=fair)
     assert figures(new, units, steps, quotas) == figures(ref, units, steps, quotas)
     for f in FIELDS:
         assert np.array_equal(getattr(new, f), getattr(ref, f)), f
@@ -149,10 +151,10 @@ def test_same_packing_and_figures_as_the_reference(engine: str, plan: tuple) -> 
 @settings(max_examples=40, deadline=None)
 @given(plans)
 def test_packing_invariants(engine: str, plan: tuple) -> None:  # type: ignore[type-arg]
-    seed, n_steps, batch, seq_len, n_src, overdraw, cost = plan
+    seed, n_steps, batch, seq_len, n_src, overdraw, cost, fair = plan
     units, steps, quotas = random_plan(seed, n_steps, batch, seq_len, n_src, overdraw)
     sources = tuple(f"s{k}" for k in range(n_src))
-    p = pack_units(units, steps, sources, seq_len, batch, cost, quotas=quotas, engine=engine)
+    p = pack_units(units, steps, sources, seq_len, batch, cost, quotas=quotas, engine=engine, fair_drops=fair)
     # every planned unit packed once, whole, or reported dropped: tokens conserved, no document ≤ S split
     planned = Counter(map(tuple, units[:, [1, 2, 3, 0]].tolist()))
     assert Counter(map(tuple, np.concatenate([p.segments, p.dropped]).tolist())) == planned
@@ -168,7 +170,9 @@ def test_packing_invariants(engine: str, plan: tuple) -> None:  # type: ignore[t
         at = planned_step[(src, doc, start)]
         assert steps[at][1] == steps[step][1] and step >= at - 1
     # deterministic whatever the input order
-    again = pack_units(units[::-1].copy(), steps, sources, seq_len, batch, cost, quotas=quotas, engine=engine)
+    again = pack_units(
+        units[::-1].copy(), steps, sources, seq_len, batch, cost, quotas=quotas, engine=engine, fair_drops=fair
+    )
     for f in FIELDS:
         assert np.array_equal(getattr(again, f), getattr(p, f)), f
 

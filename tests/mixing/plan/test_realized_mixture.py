@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from contract.cost import CostModel
@@ -51,6 +51,8 @@ def _plan(seed: int, n_src: int) -> tuple[np.ndarray, list[tuple[int, str]], np.
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n_src=st.integers(2, 5))
+@example(seed=118, n_src=2)  # the phase ends' seeded choice once padded ordinary steps here (0.9874)
+@example(seed=598, n_src=2)  # one 24-step phase at 0.9911 by length: the choice may cost it little padding
 def test_realized_mixture_meets_the_goals_and_tokens_are_conserved(seed: int, n_src: int) -> None:
     units, steps, quotas = _plan(seed, n_src)
     sources = tuple(f"s{k}" for k in range(n_src))
