@@ -44,7 +44,7 @@ from loaders import PackedDataset
 from loaders.config import Balance, Payload
 from loaders.hybrid import HybridWorld
 from loaders.hybrid_steps import HybridStepLoader
-from pipelines.calibrate import AttentionLayer, measure
+from pipelines.calibrate import AttentionLayer, fit, measure
 
 Pieces = tuple[np.ndarray, np.ndarray, int]  # per micro-batch: query lengths, key lengths, tokens whole (degree 1)
 
@@ -176,14 +176,7 @@ def refit(layouts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     rows = [r for lay in layouts.values() for step in lay["steps"] for r in step if r[0] > 0]
     a = np.array([r[2] for r in rows])
     t = np.array([r[0] for r in rows])
-    keep = [0, 1, 2, 3]
-    while True:
-        coef, *_ = np.linalg.lstsq(a[:, keep] / t[:, None], np.ones_like(t), rcond=None)
-        if (coef >= 0).all() or len(keep) == 1:
-            break
-        keep.pop(int(np.argmin(coef)))
-    full = np.zeros(4)
-    full[keep] = np.maximum(coef, 0)
+    full, _ = fit(a, t)  # the same non-negative weighted least squares as the calibration
     err = np.abs(a @ full - t) / t
     names = ("attention_s", "linear_s", "per_document_s", "per_micro_batch_s")
     return {
