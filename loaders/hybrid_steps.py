@@ -23,28 +23,9 @@ metadata: no collective. A document is whole on one rank (degree 1), or split ov
 padded at its end to a multiple of ``2·d``, local rank ``r`` holding chunks ``r`` and ``2d − 1 − r``,
 :func:`loaders.context_parallel.thd_slots`), all ranks of the block meeting it in the same micro-batch.
 
-**A micro-batch** (one dict per rank and micro-batch; ``n`` this rank's slots, ``k`` its documents):
-
-- ``input_ids``, ``labels``, ``position_ids``, ``indices`` int64 [1, n] and ``source_ids`` int32 [1, n]: the
-  rank's slots of its documents, in order; labels are the next token inside the document (-100 at each
-  document's last token), made on the unsplit document, so a split document's chunk ends with the label of a
-  token another rank holds; CP padding holds ``pad_id``, -100, the THD position (counting on through the
-  padding, as Transformer Engine's ``generate_positional_ids_for_cp`` makes it), index -1 and source -1;
-  ``indices`` is each slot's position among the micro-batch's documents laid whole end to end (the
-  coordinates of ``cu_seqlens``);
-- per document, int [k] or [k + 1]: ``documents`` (the document's index in the step, the deal's index),
-  ``degree``, ``first_rank``, ``cu_seqlens`` int32 [k + 1] (real lengths), ``cu_seqlens_padded`` int32 [k + 1]
-  (each rounded up to a multiple of ``2·degree``, unpadded at degree 1), ``cu_slots`` int32 [k + 1] (where
-  each document's slots begin among this rank's: its padded length ÷ its degree), ``seg_source`` int32,
-  ``seg_doc`` int64, ``seg_offset`` int64 [k] (source index, document id, offset of the piece in its document);
-  ``max_seqlen`` (int): the longest padded document, 0 for none;
-- ``blocks``: a tuple of :class:`HybridBlock`, one per degree present, largest first: the block's global
-  ``ranks``, ``local_cp_size``, this rank's ``local_cp_rank``, its documents' and slots' ranges in the
-  micro-batch, and the ``cu_seqlens``, ``cu_seqlens_padded``, ``max_seqlen`` that a THD attention call over
-  the block's process group takes (Transformer Engine's ``DotProductAttention`` with ``cp_group`` the block's
-  ranks; degree 1: plain varlen attention over ``cu_seqlens``);
-- ``step``, ``micro_batch`` (its index), ``num_tokens`` (real tokens among this rank's slots) and
-  ``num_targets`` (labels that are not -100 among them).
+**A micro-batch** is one dict per rank and micro-batch, laid out by :func:`loaders.hybrid_batch.micro_batch`
+(its docstring lists the fields): this rank's slots of its documents, per document its degree, block and
+``cu_seqlens``, and ``blocks``, what each THD attention call over a block's process group takes.
 
 Ranks of one block reach their shared documents in the same micro-batch and in the same order (documents
 by degree, largest first, then by index: a rank is in exactly one aligned block of each degree), so the
@@ -78,11 +59,11 @@ import torch
 
 from contract.cost import CostModel
 from loaders.config import Balance, Payload, Reading
-from loaders.context_parallel import thd_slots
 from loaders.dataset import ExhaustedError, PackedDataset
 from loaders.feed import feed_for
-from loaders.fields import IGNORE_INDEX, check_fields
+from loaders.fields import check_fields
 from loaders.hybrid import Deal, HybridWorld, deal
+from loaders.hybrid_batch import HybridBlock, StepDocuments, micro_batch
 from loaders.items import ItemBuilder
 from loaders.state import LoaderState, StateError
 from loaders.varlen import concat
@@ -101,58 +82,6 @@ def step_seed(seed: int, step: int) -> int:
     """The deal's seed for build ``step`` of a run seeded ``seed``: a different rank relabelling every step
     (so the heaviest blocks do not land on the same ranks step after step), the same on every rank."""
     return (int(seed) << 32) + int(step)
-
-
-@dataclass(frozen=True)
-class StepDocuments:
-    """A build step's ``n`` documents: its sequences' segments in order (whole documents, or pieces of longer
-    ones), read whole. ``sequences`` int64 [g]: the step's global sequence indices; ``cu`` int64 [n + 1]:
-    document ``j`` is ``input_ids[cu[j]:cu[j+1]]``; ``input_ids``, ``labels`` int64 [T] and ``source_ids``
-    int32 [T] (``T = cu[-1]``, the step's real tokens; labels -100 at each document's last token);
-    ``seg_source`` int32, ``seg_doc`` int64, ``seg_offset`` int64 [n]: each document's source index, id and
-    offset of the piece in its document."""
-
-    step: int
-    sequences: np.ndarray
-    cu: np.ndarray
-    input_ids: torch.Tensor
-    labels: torch.Tensor
-    source_ids: torch.Tensor
-    seg_source: torch.Tensor
-    seg_doc: torch.Tensor
-    seg_offset: torch.Tensor
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """int64 [n]: each document's tokens."""
-        return np.diff(self.cu)
-
-    @property
-    def num_targets(self) -> int:
-        """Labels of the step that are not -100: each document's tokens but its last."""
-        return int(self.cu[-1]) - (len(self.cu) - 1)
-
-
-@dataclass(frozen=True)
-class HybridBlock:
-    """The documents of one micro-batch that this rank shares with the same ranks (one degree).
-
-    ``ranks``: the block's global ranks (``local_cp_size`` of them, aligned: the first a multiple of the
-    size); ``local_cp_rank``: this rank's place in it; ``documents`` / ``slots``: ``[start, stop)`` of the
-    block's documents among the micro-batch's ``k`` and of their slots among its ``n``; ``cu_seqlens`` /
-    ``cu_seqlens_padded`` int32 [documents + 1] (real lengths / each rounded up to a multiple of
-    ``2·local_cp_size``, from 0) and ``max_seqlen`` (the longest padded one): the whole documents', the same on
-    every rank of the block, as Transformer Engine's THD attention takes them (it divides them by the CP size
-    itself)."""
-
-    ranks: tuple[int, ...]
-    local_cp_size: int
-    local_cp_rank: int
-    documents: tuple[int, int]
-    slots: tuple[int, int]
-    cu_seqlens: torch.Tensor
-    cu_seqlens_padded: torch.Tensor
-    max_seqlen: int
 
 
 @dataclass(frozen=True)
@@ -289,7 +218,9 @@ class HybridStepLoader:
         docs = self.documents(step)
         lengths = docs.lengths
         d = self.deal_of(step, lengths)
-        mbs = tuple(self._micro_batch(docs, d, m, held) for m, held in enumerate(d.rank_documents(self.rank)))
+        mbs = tuple(
+            micro_batch(docs, d, self.rank, m, held, self.pad_id) for m, held in enumerate(d.rank_documents(self.rank))
+        )
         return HybridStep(
             step=step,
             rank=self.rank,
@@ -301,80 +232,6 @@ class HybridStepLoader:
             rank_tokens=sum(int(mb["num_tokens"]) for mb in mbs),
             rank_targets=sum(int(mb["num_targets"]) for mb in mbs),
         )
-
-    def _micro_batch(self, docs: StepDocuments, d: Deal, m: int, held: np.ndarray) -> dict[str, Any]:
-        """This rank's micro-batch ``m``: its documents ``held`` (degree descending, then index) cut for it."""
-        lengths = docs.lengths[held]
-        degree, first = d.degree[held], d.first_rank[held]
-        k = len(held)
-        # per slot: where its token lies among the step's tokens (T: a padding slot), its THD position and
-        # its position among the micro-batch's documents laid whole end to end
-        where, position, index = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        cu_slots, blocks = [0], []
-        slot0, real0, T = 0, 0, int(docs.cu[-1])
-        bounds = np.flatnonzero(np.diff(degree)) + 1  # degree descending: each run is one block
-        for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), k], strict=True):
-            if a == b:
-                continue
-            size, start = int(degree[a]), int(first[a])
-            local = self.rank - start
-            s = thd_slots(lengths[a:b], size, local)
-            seg = np.searchsorted(s.cu_seqlens_padded[1:], s.padded, side="right")  # each slot's document
-            real = s.indices >= 0
-            where.append(np.where(real, docs.cu[held[a:b]][seg] + s.position_ids, T))
-            position.append(s.position_ids)
-            index.append(np.where(real, s.indices + real0, -1))
-            padded = np.diff(s.cu_seqlens_padded.astype(np.int64))
-            cu_slots += (slot0 + np.cumsum(padded // size)).tolist()
-            blocks.append(
-                HybridBlock(
-                    ranks=tuple(range(start, start + size)),
-                    local_cp_size=size,
-                    local_cp_rank=local,
-                    documents=(a, b),
-                    slots=(slot0, slot0 + len(s.padded)),
-                    cu_seqlens=torch.from_numpy(s.cu_seqlens),
-                    cu_seqlens_padded=torch.from_numpy(s.cu_seqlens_padded),
-                    max_seqlen=int(padded.max()),
-                )
-            )
-            slot0 += len(s.padded)
-            real0 += int(s.cu_seqlens[-1])
-        gather = torch.from_numpy(np.concatenate(where))
-
-        def take(values: torch.Tensor, fill: int) -> torch.Tensor:
-            # one gather per field; the appended slot T is what a padding slot reads
-            return torch.cat([values, values.new_full((1,), fill)])[gather].unsqueeze(0)
-
-        labels = take(docs.labels, IGNORE_INDEX)
-        two = np.where(degree > 1, 2 * degree, 1)
-        pcu = np.zeros(k + 1, np.int64)
-        np.cumsum(-(-lengths // two) * two, out=pcu[1:])
-        cu = np.zeros(k + 1, np.int64)
-        np.cumsum(lengths, out=cu[1:])
-        sel = torch.from_numpy(held)
-        return {
-            "input_ids": take(docs.input_ids, self.pad_id),
-            "labels": labels,
-            "position_ids": torch.from_numpy(np.concatenate(position)).unsqueeze(0),
-            "indices": torch.from_numpy(np.concatenate(index)).unsqueeze(0),
-            "source_ids": take(docs.source_ids, -1),
-            "documents": sel.clone(),
-            "degree": torch.from_numpy(degree.copy()),
-            "first_rank": torch.from_numpy(first.copy()),
-            "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
-            "cu_seqlens_padded": torch.from_numpy(pcu.astype(np.int32)),
-            "cu_slots": torch.tensor(cu_slots, dtype=torch.int32),
-            "max_seqlen": int(np.diff(pcu).max()) if k else 0,
-            "seg_source": docs.seg_source[sel],
-            "seg_doc": docs.seg_doc[sel],
-            "seg_offset": docs.seg_offset[sel],
-            "blocks": tuple(blocks),
-            "step": docs.step,
-            "micro_batch": m,
-            "num_tokens": int((gather < T).sum()),
-            "num_targets": int((labels != IGNORE_INDEX).sum()),
-        }
 
     # -- iteration and resume ------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 shown, quarantine links to the records counted; the ``mixture_error`` check's verdict (docs/design.md's goals,
 or one whole unit's share where that is more) in one line; metadata tables holding every row; storage options
 handed only to mixes that read a remote store. (The graph's shape: ``test_stage_table.py``; the documents and
-plan assets: ``test_documents_asset.py``, ``test_plan_assets.py``; the stream check: ``test_stream_check.py``.)"""
+plan assets: ``test_documents_asset.py``, ``test_plan_assets.py``; the stream check: ``test_checks.py``.)"""
 
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from assets import WeirEngine, WeirStorage, mix_assets
-from assets.checks import mixture_check
 from assets.mix_assets import _markdown, _s3
 from contract.shards import ShardSet
 from mixing import load_mix
-from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, unit_goal
 from mixing.report import inspect_build
 from mixing.stages import STAGES
 
@@ -75,25 +73,6 @@ def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, 
 
 
 SHARES = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
-
-
-@settings(max_examples=200, deadline=None)
-@given(window=SHARES, phase=SHARES, units=st.tuples(SHARES, SHARES), unit=st.sampled_from(["sequence", "document"]))
-def test_the_mixture_check_passes_exactly_when_both_goals_that_apply_are_met(
-    window: float, phase: float, units: tuple[float, float], unit: str
-) -> None:
-    check = mixture_check(window, phase, "planned", units, unit)
-    goal_w, goal_p = unit_goal(GOAL_WINDOW, units[0]), unit_goal(GOAL_PHASE, units[1])
-    assert goal_w >= GOAL_WINDOW and goal_p >= GOAL_PHASE  # a coarse unit only ever relaxes the goal
-    assert check.passed == (window <= goal_w and phase <= goal_p)
-    assert check.check_name == "mixture_error" and check.severity == dg.AssetCheckSeverity.WARN
-    text = check.description or ""
-    assert "\n" not in text and text.startswith("planned: ")
-    assert f"window {window:.4f}" in text and f"phase {phase:.4f}" in text
-    if window > GOAL_WINDOW and units[0] > GOAL_WINDOW:  # the goal that applies is the unit's, and it says why
-        assert f"one whole {unit} is that share of a window" in text
-    meta = {k: v.value for k, v in check.metadata.items()}
-    assert meta == {"window": window, "phase": phase, "goal_window": goal_w, "goal_phase": goal_p}
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,7 +1,7 @@
 """``assets/stream.py``: the trainer's stream judged against the plan. Without ``balance.regroup`` the stream's
 steps are the build's own, so its ``mixture_error`` is the build's, measured under the recorded regroup; the
 report is the same whichever way the build is named, and reading it changes nothing. (A regrouped build, and
-the Dagster check that judges both: ``test_stream_check.py``.)"""
+the Dagster check that judges both: ``test_checks.py``.)"""
 
 from __future__ import annotations
 
