@@ -1,6 +1,6 @@
 """weir: mix, tokenize and pack training data for LLM training.
 
-Commands: validate, plan, build, inspect, lookup, epochs, diff, export-megatron, demo-data, ui.
+Commands: validate, plan, build, inspect, lookup, epochs, diff, calibrate, export-megatron, demo-data, ui.
 
 The cheap loop: weir plan MIX (seconds, from tokenized documents), edit the mix file, plan again, then weir build MIX.
 """

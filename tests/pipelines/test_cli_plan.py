@@ -1,10 +1,12 @@
-"""``weir plan``: the plan of a mix from an existing build's stats, as a table or JSON, writing nothing; an
-infeasible one refused in one line, in seconds and bounded memory however many steps it asks for."""
+"""``pipelines/cli_plan.py``: ``weir plan``, the plan of a mix from an existing build's stats, as a table or JSON,
+writing nothing; an infeasible one refused in one line, in seconds and bounded memory however many steps it asks for.
+``weir validate``: the everyday mistakes of a mix file, in seconds, one line each (exit 2)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,12 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-WEIR = [sys.executable, "-m", "pipelines.cli"]
-
-
-def weir(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*WEIR, *args], capture_output=True, text=True, cwd=ROOT)
+from tests.pipelines.cli_helpers import ROOT, tiny_mix, weir, weir_in
 
 
 def digest(p: Path) -> str:
@@ -120,3 +117,56 @@ def test_a_phase_of_50b_tokens_on_a_tiny_build_is_refused_in_seconds_in_bounded_
     f = json.loads(figures.read_text())
     planning_mib = (f["peak_kib"] - f["imported_kib"]) / 1024
     assert f["seconds"] < 15 and planning_mib < 150, f
+
+
+# --- weir validate: the everyday mistakes, in seconds, one line each (exit 2) ----------------------------
+
+
+def test_validate_a_valid_mix_prints_its_one_line_from_any_current_directory(tmp_path: Path) -> None:
+    mix = tiny_mix(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    r = weir_in(tmp_path / "elsewhere", "validate", str(mix))  # tokenizer.path and the uris: from the mix's folder
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout == f"{mix}: ok — mix 'tiny', 2 sources, 2 phases, 8 steps of 4×64 tokens\n"
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "words"),
+    [
+        (("notes/*.txt", "notes/*.md"), 6, "sources.notes.uri: no file matches '{cfg}/data/notes/*.md'"),
+        (("tok/tokenizer.json", "tok/tokenizer.jsn"), 3, "tokenizer.path: no such file '{cfg}/tok/tokenizer.jsn'"),
+        (
+            ("data/qa.jsonl", "{{mix_dir}}/data/qa.jsonl"),
+            7,
+            "sources.qa.uri: expanding it leaves the placeholder {mix_dir}",
+        ),
+        (
+            ("data/notes", "{env_WEIR_TEST_UNSET}/notes"),
+            6,
+            "sources.notes.uri: environment variable WEIR_TEST_UNSET is not set",
+        ),
+        (
+            ("max_epochs: 50", "max_epoch: 50"),
+            6,
+            "sources.notes.max_epoch: unknown field 'max_epoch'; did you mean 'max_epochs'?",
+        ),
+    ],
+)
+def test_validate_names_each_mistake_in_one_line(tmp_path: Path, edit: tuple[str, str], line: int, words: str) -> None:
+    mix = tiny_mix(tmp_path, edit)
+    r = weir_in(tmp_path, "validate", str(mix), env={k: v for k, v in os.environ.items() if k != "WEIR_TEST_UNSET"})
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    words = words.replace("{cfg}", str(mix.parent))
+    assert r.stderr.startswith(f"invalid mix file: {mix}:{line}: {words}"), r.stderr
+
+
+def test_validate_notes_an_s3_source_it_cannot_list(tmp_path: Path) -> None:
+    mix = tiny_mix(tmp_path, ("data/qa.jsonl", "s3://corpus/qa.jsonl"))
+    r = weir_in(tmp_path, "validate", str(mix), env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{mix}: ok — mix 'tiny', 2 sources, 2 phases, 8 steps of 4×64 tokens\n"
+    assert r.stderr.startswith(f"note: {mix}:7: sources.qa.uri: not checked: 's3://corpus/qa.jsonl' is in object"), (
+        r.stderr
+    )
+    assert r.stderr.count("\n") == 1, r.stderr
