@@ -58,6 +58,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -71,7 +72,7 @@ import numpy as np
 from benchmarks.curriculum import curriculum, planned_shares
 from benchmarks.megatron_dcp import Schedule, check, dp_balanced, traffic
 from benchmarks.megatron_dcp import schedule as megatron_schedule
-from benchmarks.simulation import COST, MIXTURE, SHARED, SimulatedShards, bfd, draw, lengths
+from benchmarks.simulation import COST, MIXTURE, SHARED, SimulatedShards, Step, bfd, draw, lengths
 from contract.cost import CostModel
 from loaders.planner import StepPlanner
 from loaders.refinement import SLACK
@@ -219,14 +220,16 @@ class Build:
 
 
 def simulated_build(
-    name: str, lens: dict[str, np.ndarray], seq_len: int, steps: int, seed: int, batch: int = 16
+    name: str, lens: dict[str, np.ndarray], seq_len: int, steps: int, seed: int, batch: int = 16, packer: str = "weir"
 ) -> Build:
-    """A three-phase build (``benchmarks/curriculum.py``'s ``ramps`` curriculum) drawn from ``lens`` and packed
-    best-fit decreasing as ``benchmarks/simulation.py`` does; balance ``regroup: {window: 20, period: 10,
-    slack: 1.15}``, cost l² + 49152·l."""
+    """A three-phase build (``benchmarks/curriculum.py``'s ``ramps`` curriculum) drawn from ``lens`` and packed by
+    weir's packer (``packer="weir"``, :func:`weir_packed`: what a build hands the trainer) or best-fit decreasing
+    as ``benchmarks/simulation.py`` does (``"bfd"``); balance ``regroup: {window: 20, period: 10, slack: 1.15}``,
+    cost l² + 49152·l."""
     phases = curriculum(steps, "ramps")
     shares, caps, phase = planned_shares(phases)
-    packed = bfd(draw(lens, seq_len, batch, len(shares), seed, shares, caps), seq_len, batch)
+    drawn = draw(lens, seq_len, batch, len(shares), seed, shares, caps)
+    packed = weir_packed(drawn, shares, phase, seq_len, batch) if packer == "weir" else bfd(drawn, seq_len, batch)
     starts = [int(np.flatnonzero(phase == k)[0]) for k in range(len(phases))]
     shards = SimulatedShards(packed, batch, starts)
 
@@ -239,6 +242,26 @@ def simulated_build(
         name, seq_len, batch, COST, shards.seg_offsets, shards.segments[:, 0].copy(), shards.segments[:, 3].copy(),
         shares * seq_len * batch, phase, [p[0] for p in phases], list(MIXTURE), planner,
     )  # fmt: skip
+
+
+def weir_packed(
+    drawn: list[list[tuple[int, int]]], shares: np.ndarray, phase: np.ndarray, seq_len: int, batch: int
+) -> list[Step]:
+    """The drawn units (per step, (source, length)) packed by weir's packer (:func:`mixing.pack.packing.
+    pack_units`, its default engine) against the planned ``shares`` [steps, sources] per step, phases as
+    ``phase`` [steps] numbers them: per step, per sequence its (source, length) segments."""
+    from mixing.pack.packing import pack_units
+
+    rows = [(n, k, 0, 0, t, 0) for t, units in enumerate(drawn) for k, n in units]
+    units = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    units[:, 2] = np.arange(len(units))  # every unit its own document
+    plan_steps = [(t, f"phase{int(p)}") for t, p in enumerate(phase)]
+    p = pack_units(units, plan_steps, tuple(MIXTURE), seq_len, batch, COST, shares * seq_len * batch)
+    seqs = [
+        [(int(src), int(n)) for src, _doc, _start, n in p.segments[a:b]]
+        for a, b in itertools.pairwise(p.seg_offsets.tolist())
+    ]
+    return [Step(seqs[t * batch : (t + 1) * batch]) for t in range(len(seqs) // batch)]
 
 
 def real_build(path: str) -> Build:
@@ -614,6 +637,10 @@ def main() -> None:
     ap.add_argument("--only", choices=("real", "longtail"), help="run only these simulated regimes")
     ap.add_argument("--seq-len", type=int, choices=(32768, 131072), help="run only at this S")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 30 steps")
+    ap.add_argument(
+        "--packer", choices=("weir", "bfd"), default="weir",
+        help="what packs the simulated builds: weir's packer (default) or plain best-fit decreasing",
+    )  # fmt: skip
     ap.add_argument("--validate", action="store_true", help="against a published result, then exit")
     ap.add_argument("--json", action="store_true", help="one JSON object per layout")
     ap.add_argument(
@@ -645,14 +672,14 @@ def main() -> None:
         if real_data_here():
             lens = lengths((SHARED or ROOT) / "data")
             for s, dp, cp in shapes:
-                build = simulated_build(f"real S={s}", lens, s, steps, args.seed)
+                build = simulated_build(f"real S={s}", lens, s, steps, args.seed, packer=args.packer)
                 build.cost = overridden(build.cost, overrides)
                 run_regime(build, dp, cp, args.gpus_per_node, args.capacity or s // cp, args.json)
         else:
             print("real-data regimes skipped: ../shared/data is not here (nor the cached lengths)")
     if args.only in (None, "longtail"):
         for s, dp, cp in shapes:
-            build = simulated_build(f"longtail S={s}", long_tailed(args.seed), s, steps, args.seed)
+            build = simulated_build(f"longtail S={s}", long_tailed(args.seed), s, steps, args.seed, packer=args.packer)
             build.cost = overridden(build.cost, overrides)
             run_regime(build, dp, cp, args.gpus_per_node, args.capacity or s // cp, args.json)
 

@@ -166,7 +166,7 @@ def main() -> None:
     regimes: list[Regime] = []
     for name, lens in sources:
         for s, batch, dp, cp in SHAPES:
-            build = simulated_build(f"{name} S={s}", lens, s, args.steps, args.seed, batch=batch)
+            build = simulated_build(f"{name} S={s}", lens, s, args.steps, args.seed, batch=batch, packer="bfd")
             steps = [step_documents(build, t)[0] for t in range(build.steps)]
             regimes.append((build.name, steps, (dp, cp, s // cp, 8), dataclasses.asdict(build.cost)))
     timed = dict(zip(engines, time_deals(regimes, list(engines)), strict=True))
