@@ -26,13 +26,13 @@ import dagster as dg
 
 from mixing import Mix, stages
 from pipelines.build import BUILD_TAG, ELSEWHERE_TAG
-from pipelines.transaction import lock_holder
+from pipelines.output_lock import lock_holder
 
 __all__ = ["LatestBuiltBy", "OutputFree", "automated", "automation_sensor", "chained"]
 
 
 class OutputFree(dg.AutomationCondition):  # type: ignore[type-arg]
-    """True while no process holds the output's lock (:func:`pipelines.transaction.lock_holder`): a ``weir
+    """True while no process holds the output's lock (:func:`pipelines.output_lock.lock_holder`): a ``weir
     build`` writing the mix's own output keeps automation from starting a run that would write it too.
 
     Python evaluated in the code server, so the automation sensor runs there (``use_user_code_server``).

@@ -69,7 +69,7 @@ _FRAMES = {
     ("stages.py", "length_stats"): "length_stats",
     ("stages.py", "plan"): "plan",
     ("stages.py", "pack"): "packed_shards",
-    ("transaction.py", "output_lock"): "taking the output's lock",
+    ("output_lock.py", "output_lock"): "taking the output's lock",
     ("transaction.py", "_remove_leftovers"): "removing what killed builds left",
     ("transaction.py", "reuse_previous"): "seeding from the previous output",
     ("transaction.py", "_swap"): "replacing the output",

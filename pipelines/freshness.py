@@ -35,7 +35,8 @@ from mixing.mixfile.mix import SourceSpec
 from mixing.output.layout import BuildLayout
 from mixing.stages import stages_until
 from pipelines.build import step_line
-from pipelines.transaction import output_lock, reuse_previous, work_cache
+from pipelines.output_lock import output_lock
+from pipelines.transaction import reuse_previous, work_cache
 
 __all__ = ["compute_stats", "differences", "has_documents", "stats_folders"]
 

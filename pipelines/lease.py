@@ -1,7 +1,7 @@
 """One build at a time per object-store root: a lease object taken and renewed with conditional writes, and the
 fence that keeps a build that lost it from publishing anything more.
 
-A local output is guarded by an ``flock`` (:func:`pipelines.transaction.output_lock`), which the kernel
+A local output is guarded by an ``flock`` (:func:`pipelines.output_lock.output_lock`), which the kernel
 releases when its holder dies. Two drivers on two machines building into one ``s3://`` root share no kernel:
 the root holds the lease instead, the object :data:`LEASE_NAME`, JSON naming its holder (host, pid, start), its
 ``ttl`` and its ``generation``. It is created only if absent (``If-None-Match: *``), renewed every ``ttl / 4``
@@ -66,7 +66,7 @@ _CLOCK_S = 1.0  # Last-Modified and Date have whole seconds: a lease is taken ov
 
 class BuildBusy(WeirError):
     """Another ``weir build`` is building into the same output: it holds a local output's lock
-    (:func:`pipelines.transaction.output_lock`) or renews an object-store root's lease."""
+    (:func:`pipelines.output_lock.output_lock`) or renews an object-store root's lease."""
 
 
 class LeaseLost(WeirError):

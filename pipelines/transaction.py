@@ -1,7 +1,7 @@
 """The transaction behind ``weir build``: one build at a time per output, and never a partial output.
 
-:func:`build_output` takes the output's lock (:func:`output_lock`), removes what killed builds left beside
-it, builds (:func:`pipelines.build.build_mix`) into a staging folder beside the output, and swaps it in only
+:func:`build_output` takes the output's lock (:mod:`pipelines.output_lock`), clears what killed builds left
+beside it, builds (:func:`pipelines.build.build_mix`) into a staging folder beside the output, and swaps it in only
 when the build succeeded. :func:`reuse_previous` seeds a fresh staging folder with the previous output's
 tokenized chunks and trained tokenizer (hard links; those files are only ever replaced, never written in
 place), so that an incremental rebuild re-tokenizes only chunks whose files changed, while the staging
@@ -16,25 +16,22 @@ A build that fails (an infeasible plan after minutes of tokenizing) keeps its wo
 its shards, becomes the hidden sibling ``.<dest>.cache`` (see :func:`work_cache`, :func:`kept_work`), never
 ``dest`` itself, so no reader sees a partial build. The next build seeds from it as from the previous output
 (reused chunks are verified against their checksums, :mod:`mixing.ingest.chunks`), ``weir plan`` plans
-from its documents in seconds, and a successful build removes it.
+from its documents in seconds, and a successful build removes it. A build killed (``kill -9``, a machine that
+died) keeps its work too: the next build makes the tokenized chunks of the staging folder it left the kept work
+(only chunks published whole; each verified on reuse) before seeding from it.
 
-One writer per output, with the Dagster UI beside: a build into the mix's own output (the folder the UI builds,
-:func:`pipelines.build.ui_output`) waits for, or refuses, the UI's runs in progress that write it
-(:func:`dagster_writers`) before it starts, and waits for them again before it swaps its staging folder in; the
-UI's automation starts nothing while the output's lock is held (:func:`lock_holder`, read by
-:class:`pipelines.automation.OutputFree`), and a build's own materializations never prompt it to build again
-(:data:`pipelines.build.BUILD_TAG`).
+One writer per output (the output's lock, and the Dagster UI's runs that write it) is
+:mod:`pipelines.output_lock`'s.
 """
 
 from __future__ import annotations
 
-import fcntl
+import json
 import os
 import re
 import shutil
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +44,10 @@ from contract.errors import WeirError
 from contract.store import Store, is_local, redact_url
 from mixing import Mix
 from mixing.output.commit import COMMITS
-from pipelines.build import ELSEWHERE_TAG, build_mix, build_tags
+from pipelines.build import build_mix, build_tags
 from pipelines.lease import BuildBusy, Lease, LeaseLost, root_lease
 from pipelines.outage import Outages, riding_outages, unreachable
+from pipelines.output_lock import output_lock, wait_for_writers
 from pipelines.resources import storage_resource
 
 __all__ = [
@@ -57,11 +55,7 @@ __all__ = [
     "BuildOutcome",
     "build_output",
     "build_remote",
-    "dagster_writers",
     "kept_work",
-    "lock_file",
-    "lock_holder",
-    "output_lock",
     "reuse_previous",
     "work_cache",
 ]
@@ -69,12 +63,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BuildOutcome:
-    """What :func:`build_output` did besides building: files reused, leftovers of killed builds removed."""
+    """What :func:`build_output` did besides building: files reused, leftovers of killed builds removed, and the
+    tokenized chunks of killed builds kept as the work cache (:func:`work_cache`) before seeding."""
 
     dest: Path | str
     reused_files: int
     leftovers: int
     leftover_bytes: int
+    kept_chunks: int = 0
 
 
 def build_output(
@@ -92,9 +88,11 @@ def build_output(
     Holds ``.<dest>.lock`` (an ``flock``, released by the kernel even on ``kill -9``) for the whole build
     and removes it at the end;
     a second build into the same ``dest`` raises :class:`BuildBusy` naming the holder's pid, or with ``wait``
-    blocks until the lock is free. Under the lock, the staging folders that killed builds left beside
-    ``dest`` (``.<dest>.building-<pid>``, ``.<dest>.old-<pid>``) are removed; if a build was killed between
-    the two renames of its swap, the previous output is put back first. The build runs in
+    blocks until the lock is free. Under the lock, what killed builds left beside ``dest`` is cleared: if a build
+    was killed between the two renames of its swap, the previous output is put back; the tokenized chunks of a
+    killed build's staging folder (``.<dest>.building-<pid>``) are kept as :func:`work_cache`, as a failed
+    build's are (:func:`_adopt_killed_work`); the rest (``.<dest>.old-<pid>``, staging folders) is removed.
+    The build runs in
     ``.<dest>.building-<pid>`` (seeded by :func:`reuse_previous` unless ``fresh``) and replaces ``dest`` only
     when it succeeded. Raises what :func:`build_mix` raises; then the staging folder, less its shards, is
     kept as :func:`work_cache` (when it holds tokenized chunks) for the next build and ``weir plan``.
@@ -109,8 +107,8 @@ def build_output(
     cache = work_cache(dest)
     tags = build_tags(mix, dest)
     with output_lock(dest, wait, say):
-        _wait_for_writers(instance, mix, tags, dest, wait, say)
-        n, size = _remove_leftovers(dest, say)
+        wait_for_writers(instance, mix, tags, dest, wait, say)
+        n, size, kept = _remove_leftovers(dest, say)
         if n:
             say(f"removed {n} leftover{'s' if n > 1 else ''} of killed builds ({_human(size)})")
         stage = dest.with_name(f".{dest.name}.building-{os.getpid()}")
@@ -122,16 +120,17 @@ def build_output(
                 base = Path(mix.continues.base) if mix.continues is not None and is_local(mix.continues.base) else None
                 reused += reuse_previous(base, stage) if base is not None and base.is_dir() else 0
             if cache.is_dir() and not fresh:
-                say(f"reusing the work a failed build kept in {cache} ({reused} files with the output's)")
+                who = "killed" if kept else "failed"
+                say(f"reusing the work a {who} build kept in {cache} ({reused} files with the output's)")
             build_mix(mix, stage, say=say, instance=instance, engine=engine, tags=tags)
             # a run the UI launched just before this build took the lock may be writing dest: let it finish
-            _wait_for_writers(instance, mix, tags, dest, True, say)
+            wait_for_writers(instance, mix, tags, dest, True, say)
             _swap(stage, dest)
         except BaseException:
             _keep_work(stage, cache)
             raise
         shutil.rmtree(cache, ignore_errors=True)  # its chunks live on in dest (or were stale)
-    return BuildOutcome(dest, reused, n, size)
+    return BuildOutcome(dest, reused, n, size, kept)
 
 
 def build_remote(
@@ -170,7 +169,7 @@ def build_remote(
     try:
         with output_lock(work, wait, say):
             # before the lease, not while holding it: the UI's runs into this root take the lease too
-            _wait_for_writers(instance, mix, tags, store.url, wait, say)
+            wait_for_writers(instance, mix, tags, store.url, wait, say)
             with (
                 root_lease(store, wait, say) as lease,
                 riding_outages(where, say, until=lease.deadline if lease is not None else None) as outages,
@@ -208,8 +207,8 @@ def build_remote(
 
 
 def work_cache(dest: Path) -> Path:
-    """``.<dest>.cache`` beside ``dest``: a failed build's (or ``weir plan --compute``'s) work, stages up to
-    the documents (and their length stats, if reached), for the next build to reuse."""
+    """``.<dest>.cache`` beside ``dest``: a failed or killed build's (or ``weir plan --compute``'s) work, stages up
+    to the documents (and their length stats, if reached), for the next build to reuse."""
     return dest.with_name(f".{dest.name}.cache")
 
 
@@ -220,7 +219,18 @@ def kept_work(dest: Path) -> Path | None:
 
 
 def _tokenized(folder: Path) -> bool:
-    return any(folder.glob("sources/*/chunks/*/report.json"))
+    return any(not _is_temp(p.parent.name) for p in folder.glob("sources/*/chunks/*/report.json"))
+
+
+def _chunks(folder: Path) -> dict[Path, int]:
+    """``folder``'s complete chunks (published under their key, ``report.json`` in), relative, with the bytes of
+    their tokens. A writer's temporary folder (:func:`_is_temp`) is no chunk, whatever it holds."""
+    found = {}
+    for report in folder.glob("sources/*/chunks/*/report.json"):
+        if not _is_temp(report.parent.name):
+            with suppress(OSError):
+                found[report.parent.relative_to(folder)] = (report.parent / "tokens.bin").stat().st_size
+    return found
 
 
 def _keep_work(stage: Path, cache: Path) -> None:
@@ -236,173 +246,10 @@ def _keep_work(stage: Path, cache: Path) -> None:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-@contextmanager
-def output_lock(dest: Path, wait: bool, say: Callable[[str], None]) -> Iterator[None]:
-    """Hold ``.<dest>.lock``; the holder removes it when done, so a failed build leaves nothing beside ``dest``.
-
-    Removing a lock file is safe because a process that got the flock checks that the file it locked is
-    still the one at the path (not one its holder has just removed) and otherwise starts over.
-    """
-    lock = lock_file(dest)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    waiting = False
-    while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except PermissionError:  # another user's lock file: reading is enough to take the flock
-            fd = os.open(lock, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            if not wait:
-                os.close(fd)
-                raise BuildBusy(
-                    f"{dest}: another weir build (pid {holder}) is building into this folder; "
-                    f"wait for it, or pass --wait to start when it is done (lock {lock})"
-                ) from None
-            if not waiting:
-                say(f"waiting for the build of pid {holder} into {dest} to finish")
-                waiting = True
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            st = os.stat(lock)
-        except FileNotFoundError:
-            st = None
-        if st is not None and (st.st_dev, st.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
-            break
-        os.close(fd)  # we locked a file its holder removed meanwhile: take the one at the path now
-    try:
-        with suppress(OSError):  # opened read-only: the lock holds, only the pid is not shown to others
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        with suppress(OSError):  # removed while still held (see above); a folder we may not write: kept
-            lock.unlink()
-        os.close(fd)
-
-
-def lock_file(dest: Path | str) -> Path:
-    """The file :func:`output_lock` locks for ``dest``: ``.<dest>.lock`` beside a local folder; beside the local
-    working folder (:func:`assets.storage.work_folder`) of an object-store root, which its build locks instead."""
-    if is_local(str(dest)):
-        path = Path(str(dest).removeprefix("file://")).expanduser().resolve()
-    else:
-        path = work_folder(str(dest).rstrip("/"))
-    return path.with_name(f".{path.name}.lock")
-
-
-def lock_holder(dest: Path | str) -> int | None:
-    """The pid of the live process that holds ``dest``'s lock (:func:`output_lock`), else ``None``.
-
-    Read, never taken: the UI's automation asks this every tick, and taking the lock even for an instant could
-    make a ``weir build`` starting at that instant report the output busy. The holder writes its pid into the
-    file and removes the file when done; a file left by a killed holder names a dead pid, which is not a
-    holder. A file without a pid, younger than a minute (a holder between taking the lock and writing its pid),
-    counts as held (-1). Only processes of this machine are seen.
-    """
-    try:
-        text = lock_file(dest).read_text().strip()
-    except OSError:  # no lock file: nobody holds it
-        return None
-    if not text.isdigit():  # taken this instant, its pid not written yet; or left so by a holder killed then
-        with suppress(OSError):
-            return -1 if time.time() - lock_file(dest).stat().st_mtime < 60 else None
-        return None
-    pid = int(text)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:  # another user's live process
-        pass
-    return pid
-
-
-_WRITING = (
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-)
-
-
-def dagster_writers(instance: dg.DagsterInstance, mix: Mix) -> list[dg.DagsterRun]:
-    """The runs in ``instance`` that are writing (or queued to write) the mix's own output: runs of its job
-    ``build_<mix>`` or of any of its assets (automation's, *Materialize all*'s), not finished, less runs of
-    ``weir build`` into other outputs (:data:`pipelines.build.ELSEWHERE_TAG`). What a stopped UI left is left out:
-    a started run whose processes all died (every process that logged an event of it is looked for on this
-    machine), and a queued run while no Dagster daemon beats (no daemon, no start: when one starts again, the
-    output's lock keeps automation still, and a build looks again before it swaps its folder in)."""
-    found = []
-    daemon = _daemon_alive(instance)
-    for run in instance.get_runs(filters=dg.RunsFilter(statuses=list(_WRITING))):
-        if run.tags.get(ELSEWHERE_TAG) == "true":
-            continue
-        assets = run.asset_selection or set()
-        if run.job_name != f"build_{mix.name}" and not any(k.path[0] == mix.name for k in assets):
-            continue
-        queued = run.status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
-        if (queued and daemon) or (not queued and _alive(instance, run)):
-            found.append(run)
-    return found
-
-
-def _daemon_alive(instance: dg.DagsterInstance, within_s: float = 120.0) -> bool:
-    """Whether a Dagster daemon of ``instance`` beat in the last ``within_s`` seconds (it beats every 30 s)."""
-    now = time.time()
-    return any(now - beat.timestamp < within_s for beat in instance.get_daemon_heartbeats().values())
-
-
-def _alive(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
-    """Whether a process that logged an event of ``run`` still lives (True when none is known yet)."""
-    pids = {e.dagster_event.pid for e in instance.all_logs(run.run_id) if e.dagster_event is not None}
-    pids.discard(None)
-    if not pids:
-        return True
-    for pid in pids:
-        try:
-            os.kill(int(pid), 0)  # type: ignore[arg-type]
-        except ProcessLookupError:
-            continue
-        except PermissionError:
-            return True
-        return True
-    return False
-
-
-def _wait_for_writers(
-    instance: dg.DagsterInstance | None,
-    mix: Mix,
-    tags: dict[str, str],
-    dest: Path | str,
-    wait: bool,
-    say: Callable[[str], None],
-    poll_s: float = 1.0,
-) -> None:
-    """Return once no run of ``instance`` writes ``dest`` (:func:`dagster_writers`); only for a build into the
-    mix's own output (``tags`` without :data:`pipelines.build.ELSEWHERE_TAG`), as nothing else writes another.
-    Without ``wait``, raise :class:`BuildBusy` naming the run instead of waiting."""
-    if instance is None or ELSEWHERE_TAG in tags:
-        return
-    told = False
-    while writers := dagster_writers(instance, mix):
-        run = writers[0]
-        what = f"Dagster run {run.run_id} ({run.job_name}, {run.status.value.lower()})"
-        if not wait:
-            raise BuildBusy(
-                f"{dest}: {what} is writing this folder; wait for it, or pass --wait to start when it is done"
-            )
-        if not told:
-            say(f"waiting for {what} writing {dest} to finish")
-            told = True
-        time.sleep(poll_s)
-
-
-def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int]:
-    """Remove the staging folders of dead builds beside ``dest`` (call with the lock held); (count, bytes)."""
+def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int, int]:
+    """Clear what dead builds left beside ``dest`` (call with the lock held): put back an output a build was killed
+    while replacing, keep killed builds' tokenized chunks (:func:`_adopt_killed_work`), remove the rest;
+    (folders removed, their bytes, chunks kept)."""
     pattern = re.compile(rf"\.{re.escape(dest.name)}\.(building|old)-\d+")
     found = sorted(p for p in dest.parent.iterdir() if pattern.fullmatch(p.name)) if dest.parent.is_dir() else []
     olds = [p for p in found if ".old-" in p.name[len(dest.name) + 1 :]]
@@ -411,11 +258,65 @@ def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int]
         back.rename(dest)
         found.remove(back)
         say(f"restored {dest} from {back.name} (a build was killed while replacing it)")
+    adopted, kept = _adopt_killed_work([p for p in found if p not in olds], work_cache(dest), say)
+    found = [p for p in found if p != adopted]
     size = 0
     for p in found:
         size += _tree_bytes(p)
         shutil.rmtree(p, ignore_errors=True)
-    return len(found), size
+    return len(found), size, kept
+
+
+def _adopt_killed_work(stages: list[Path], cache: Path, say: Callable[[str], None]) -> tuple[Path | None, int]:
+    """Keep the tokenized chunks of killed builds' staging folders ``stages`` as the work ``cache``; (the stage
+    that became ``cache``, if one did; the chunks ``cache`` holds), (None, 0) when no stage had a chunk.
+
+    Only what a writer published whole is kept: a chunk is renamed into ``chunks/<key>`` after its files and
+    last its ``report.json`` are written, so a chunk the kill interrupted is a temporary folder (:func:`_is_temp`).
+    Of ``cache`` and the stages, the one with the most tokens becomes ``cache`` (a stage less its shards, its
+    temporary files and a tokenizer whose JSON does not parse: :func:`_tidy`), and the others' chunks it lacks
+    are moved into it (whole folders, renamed); the others are left for the caller to remove. Bytes a machine
+    that died never wrote back are not trusted either: the next build verifies every reused chunk against its
+    checksums (:mod:`mixing.ingest.chunks`) and tokenizes a damaged one again."""
+    folders = [f for f in (cache, *stages) if f.is_dir() and _chunks(f)]
+    if not any(f != cache for f in folders):
+        return None, 0
+    best = max(folders, key=lambda f: sum(_chunks(f).values()))
+    for other in (f for f in folders if f != best):
+        for rel in set(_chunks(other)) - set(_chunks(best)):
+            with suppress(OSError):  # another file system, say: that chunk is tokenized again
+                (best / rel).parent.mkdir(parents=True, exist_ok=True)
+                (other / rel).rename(best / rel)
+    if best != cache:
+        try:
+            _tidy(best)
+            shutil.rmtree(cache, ignore_errors=True)
+            best.rename(cache)
+        except OSError:  # the work is lost, never the build: it tokenizes again
+            return None, 0
+    chunks = _chunks(cache)
+    killed = "killed builds" if len(folders) - (cache in folders) > 1 else "a killed build"
+    n = f"{len(chunks)} chunk{'s' if len(chunks) != 1 else ''}"
+    say(f"kept the tokenized work of {killed} in {cache} ({n}, {_human(sum(chunks.values()))})")
+    return (best if best != cache else None), len(chunks)
+
+
+def _tidy(stage: Path) -> None:
+    """Remove a killed build's shards, its writers' temporary files, and a tokenizer whose JSON files do not parse."""
+    shutil.rmtree(stage / "shards", ignore_errors=True)
+    for d, dirs, files in os.walk(stage):
+        for name in [x for x in dirs if _is_temp(x)]:
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+            dirs.remove(name)
+        for name in filter(_is_temp, files):
+            with suppress(OSError):
+                os.unlink(os.path.join(d, name))
+    for f in (stage / "tokenizer").glob("*.json"):
+        try:
+            json.loads(f.read_bytes())
+        except (OSError, ValueError):
+            shutil.rmtree(stage / "tokenizer", ignore_errors=True)
+            break
 
 
 def _swap(stage: Path, dest: Path) -> None:

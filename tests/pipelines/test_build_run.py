@@ -26,7 +26,8 @@ from mixing.stages import Stage
 from pipelines import build
 from pipelines.build import BUILD_TAG, ELSEWHERE_TAG, OUT_TAG, BlockingCheckFailed, build_job, build_tags, ui_output
 from pipelines.definitions import load_definitions
-from pipelines.transaction import BuildBusy, build_output, dagster_writers, output_lock
+from pipelines.output_lock import dagster_writers, output_lock
+from pipelines.transaction import BuildBusy, build_output
 
 EXPECTED_BLOCKING = {
     ("plan", "planned_documents_exist"),

@@ -29,7 +29,8 @@ from assets import WeirEngine, WeirStorage, mix_assets
 from mixing import Mix, load_mix, stages
 from pipelines.build import BUILD_TAG, ELSEWHERE_TAG, OUT_TAG, build_job
 from pipelines.instance import project_instance
-from pipelines.transaction import build_output, output_lock
+from pipelines.output_lock import output_lock
+from pipelines.transaction import build_output
 from tests.conftest import TINY_MIX, write_tiny_sources
 
 ROOT = Path(__file__).resolve().parents[2]
