@@ -38,7 +38,7 @@ def main() -> None:
     from mixing import load_mix
     from mixing.ingest.synthetic import write_demo_data
     from pipelines.build import build_mix
-    from pipelines.transaction import reuse_previous
+    from pipelines.kept_work import reuse_previous
 
     quiet = lambda _s: None  # noqa: E731
     with tempfile.TemporaryDirectory() as d:

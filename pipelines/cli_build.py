@@ -247,12 +247,12 @@ def _build_failed(e: BaseException, run: _Run, debug: bool) -> NoReturn:
 
 
 def _kept_work(dest: Path | str) -> Path | None:
-    """:func:`pipelines.transaction.kept_work` of a local ``dest`` when the build got as far as importing it (a
+    """:func:`pipelines.kept_work.kept_work` of a local ``dest`` when the build got as far as importing it (a
     build out of memory while starting may not import it again)."""
-    transaction = sys.modules.get("pipelines.transaction")
-    if transaction is None or not isinstance(dest, Path):
+    kept = sys.modules.get("pipelines.kept_work")
+    if kept is None or not isinstance(dest, Path):
         return None
-    return transaction.kept_work(dest)  # type: ignore[no-any-return]
+    return kept.kept_work(dest)  # type: ignore[no-any-return]
 
 
 def _head_lost(lost: Exception, run: _Run) -> None:

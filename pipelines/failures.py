@@ -3,7 +3,7 @@
 :func:`explain` takes what a build raised and the output it was building, and returns a :class:`Failure`: the
 error under Dagster's wrappers (:func:`original`), the stage it failed in (:func:`stage_of`), its kind (one of
 :data:`KINDS`) and the line, which names the path, the stage and the next step. A failed build keeps its
-tokenized work beside the output (``.NAME.cache``, :func:`pipelines.transaction.work_cache`); when that work
+tokenized work beside the output (``.NAME.cache``, :func:`pipelines.kept_work.work_cache`); when that work
 holds space on the file system that ran out, the line names it, its size and how to remove it.
 
 Kinds are told by the error's type names, its ``errno`` (or the ``os error N`` / ``[Errno N]`` its text quotes:
@@ -71,7 +71,7 @@ _FRAMES = {
     ("stages.py", "pack"): "packed_shards",
     ("output_lock.py", "output_lock"): "taking the output's lock",
     ("transaction.py", "_remove_leftovers"): "removing what killed builds left",
-    ("transaction.py", "reuse_previous"): "seeding from the previous output",
+    ("kept_work.py", "reuse_previous"): "seeding from the previous output",
     ("transaction.py", "_swap"): "replacing the output",
 }
 _ERRNO_TEXT = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]|Os \{ code: (\d+)")
@@ -164,7 +164,7 @@ def explain(error: BaseException, dest: Path | str, *, said: str | None = None, 
     """The :class:`Failure` of a build of ``dest`` that raised ``error``.
 
     ``said``: the last stage the build announced (used when the error names none); ``cache``: the work the
-    failed build kept beside ``dest`` (:func:`pipelines.transaction.kept_work`), named with its size where it
+    failed build kept beside ``dest`` (:func:`pipelines.kept_work.kept_work`), named with its size where it
     holds the space that ran out. Deterministic for a given error and file-system state."""
     if isinstance(dest, str) and "://" in dest:  # an object-store root: never its credentials
         from contract.store import redact_url

@@ -35,8 +35,8 @@ from mixing.mixfile.mix import SourceSpec
 from mixing.output.layout import BuildLayout
 from mixing.stages import stages_until
 from pipelines.build import step_line
+from pipelines.kept_work import reuse_previous, work_cache
 from pipelines.output_lock import output_lock
-from pipelines.transaction import reuse_previous, work_cache
 
 __all__ = ["compute_stats", "differences", "has_documents", "stats_folders"]
 
@@ -51,7 +51,7 @@ def has_documents(root: Path) -> bool:
 
 
 def stats_folders(mix: Mix, root: Path, storage_options: dict[str, Any] | None = None) -> dict[Path, list[str]]:
-    """``root`` and its work cache (:func:`pipelines.transaction.work_cache`), those holding documents, each with
+    """``root`` and its work cache (:func:`pipelines.kept_work.work_cache`), those holding documents, each with
     :func:`differences` (empty: it fits ``mix``), in that order."""
     return {f: differences(mix, f, storage_options) for f in (root, work_cache(root)) if has_documents(f)}
 

@@ -2,23 +2,15 @@
 
 :func:`build_output` takes the output's lock (:mod:`pipelines.output_lock`), clears what killed builds left
 beside it, builds (:func:`pipelines.build.build_mix`) into a staging folder beside the output, and swaps it in only
-when the build succeeded. :func:`reuse_previous` seeds a fresh staging folder with the previous output's
-tokenized chunks and trained tokenizer (hard links; those files are only ever replaced, never written in
-place), so that an incremental rebuild re-tokenizes only chunks whose files changed, while the staging
-folder still replaces the output only when the whole build succeeded.
+when the build succeeded. The staging folder is seeded with the previous output's and the kept work's tokenized
+chunks and trained tokenizer, and a build that fails or is killed keeps its chunks as ``.<dest>.cache``, never
+``dest`` itself, so no reader sees a partial build (:mod:`pipelines.kept_work`); ``weir plan`` plans from them in
+seconds, and a successful build removes them.
 
 A build into object storage (``dest`` an fsspec URL, :func:`build_remote`) has no folder to swap: each stage
 publishes under its keys and commits last (:mod:`mixing.output.commit`), the shards' manifest is removed
 before the first shard is written and written after the last, and the driver's local working folder
 (:func:`assets.storage.work_folder`) is locked instead of the output.
-
-A build that fails (an infeasible plan after minutes of tokenizing) keeps its work: its staging folder, less
-its shards, becomes the hidden sibling ``.<dest>.cache`` (see :func:`work_cache`, :func:`kept_work`), never
-``dest`` itself, so no reader sees a partial build. The next build seeds from it as from the previous output
-(reused chunks are verified against their checksums, :mod:`mixing.ingest.chunks`), ``weir plan`` plans
-from its documents in seconds, and a successful build removes it. A build killed (``kill -9``, a machine that
-died) keeps its work too: the next build makes the tokenized chunks of the staging folder it left the kept work
-(only chunks published whole; each verified on reuse) before seeding from it.
 
 One writer per output (the output's lock, and the Dagster UI's runs that write it) is
 :mod:`pipelines.output_lock`'s.
@@ -26,7 +18,6 @@ One writer per output (the output's lock, and the Dagster UI's runs that write i
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -39,12 +30,13 @@ import dagster as dg
 
 from assets import WeirEngine
 from assets.storage import work_folder
-from contract.atomic import file_mode
 from contract.errors import WeirError
 from contract.store import Store, is_local, redact_url
 from mixing import Mix
 from mixing.output.commit import COMMITS
 from pipelines.build import build_mix, build_tags
+from pipelines.failures import human
+from pipelines.kept_work import adopt_killed_work, keep_work, reuse_previous, work_cache
 from pipelines.lease import BuildBusy, Lease, LeaseLost, root_lease
 from pipelines.outage import Outages, riding_outages, unreachable
 from pipelines.output_lock import output_lock, wait_for_writers
@@ -55,9 +47,6 @@ __all__ = [
     "BuildOutcome",
     "build_output",
     "build_remote",
-    "kept_work",
-    "reuse_previous",
-    "work_cache",
 ]
 
 
@@ -110,7 +99,7 @@ def build_output(
         wait_for_writers(instance, mix, tags, dest, wait, say)
         n, size, kept = _remove_leftovers(dest, say)
         if n:
-            say(f"removed {n} leftover{'s' if n > 1 else ''} of killed builds ({_human(size)})")
+            say(f"removed {n} leftover{'s' if n > 1 else ''} of killed builds ({human(size)})")
         stage = dest.with_name(f".{dest.name}.building-{os.getpid()}")
         try:
             reused = 0
@@ -127,7 +116,7 @@ def build_output(
             wait_for_writers(instance, mix, tags, dest, True, say)
             _swap(stage, dest)
         except BaseException:
-            _keep_work(stage, cache)
+            keep_work(stage, cache)
             raise
         shutil.rmtree(cache, ignore_errors=True)  # its chunks live on in dest (or were stale)
     return BuildOutcome(dest, reused, n, size, kept)
@@ -206,46 +195,6 @@ def build_remote(
     return BuildOutcome(store.url, 0, 0, 0)
 
 
-def work_cache(dest: Path) -> Path:
-    """``.<dest>.cache`` beside ``dest``: a failed or killed build's (or ``weir plan --compute``'s) work, stages up
-    to the documents (and their length stats, if reached), for the next build to reuse."""
-    return dest.with_name(f".{dest.name}.cache")
-
-
-def kept_work(dest: Path) -> Path | None:
-    """:func:`work_cache` of ``dest`` if it holds tokenized chunks (what a failed build kept), else ``None``."""
-    cache = work_cache(dest)
-    return cache if _tokenized(cache) else None
-
-
-def _tokenized(folder: Path) -> bool:
-    return any(not _is_temp(p.parent.name) for p in folder.glob("sources/*/chunks/*/report.json"))
-
-
-def _chunks(folder: Path) -> dict[Path, int]:
-    """``folder``'s complete chunks (published under their key, ``report.json`` in), relative, with the bytes of
-    their tokens. A writer's temporary folder (:func:`_is_temp`) is no chunk, whatever it holds."""
-    found = {}
-    for report in folder.glob("sources/*/chunks/*/report.json"):
-        if not _is_temp(report.parent.name):
-            with suppress(OSError):
-                found[report.parent.relative_to(folder)] = (report.parent / "tokens.bin").stat().st_size
-    return found
-
-
-def _keep_work(stage: Path, cache: Path) -> None:
-    """Make the failed build's ``stage`` the new ``cache`` if it tokenized anything, else remove it."""
-    if not _tokenized(stage):
-        shutil.rmtree(stage, ignore_errors=True)
-        return
-    try:
-        shutil.rmtree(stage / "shards", ignore_errors=True)
-        shutil.rmtree(cache, ignore_errors=True)  # the stage was seeded from it: nothing of use is lost
-        stage.rename(cache)
-    except OSError:
-        shutil.rmtree(stage, ignore_errors=True)
-
-
 def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int, int]:
     """Clear what dead builds left beside ``dest`` (call with the lock held): put back an output a build was killed
     while replacing, keep killed builds' tokenized chunks (:func:`_adopt_killed_work`), remove the rest;
@@ -258,65 +207,13 @@ def _remove_leftovers(dest: Path, say: Callable[[str], None]) -> tuple[int, int,
         back.rename(dest)
         found.remove(back)
         say(f"restored {dest} from {back.name} (a build was killed while replacing it)")
-    adopted, kept = _adopt_killed_work([p for p in found if p not in olds], work_cache(dest), say)
+    adopted, kept = adopt_killed_work([p for p in found if p not in olds], work_cache(dest), say)
     found = [p for p in found if p != adopted]
     size = 0
     for p in found:
         size += _tree_bytes(p)
         shutil.rmtree(p, ignore_errors=True)
     return len(found), size, kept
-
-
-def _adopt_killed_work(stages: list[Path], cache: Path, say: Callable[[str], None]) -> tuple[Path | None, int]:
-    """Keep the tokenized chunks of killed builds' staging folders ``stages`` as the work ``cache``; (the stage
-    that became ``cache``, if one did; the chunks ``cache`` holds), (None, 0) when no stage had a chunk.
-
-    Only what a writer published whole is kept: a chunk is renamed into ``chunks/<key>`` after its files and
-    last its ``report.json`` are written, so a chunk the kill interrupted is a temporary folder (:func:`_is_temp`).
-    Of ``cache`` and the stages, the one with the most tokens becomes ``cache`` (a stage less its shards, its
-    temporary files and a tokenizer whose JSON does not parse: :func:`_tidy`), and the others' chunks it lacks
-    are moved into it (whole folders, renamed); the others are left for the caller to remove. Bytes a machine
-    that died never wrote back are not trusted either: the next build verifies every reused chunk against its
-    checksums (:mod:`mixing.ingest.chunks`) and tokenizes a damaged one again."""
-    folders = [f for f in (cache, *stages) if f.is_dir() and _chunks(f)]
-    if not any(f != cache for f in folders):
-        return None, 0
-    best = max(folders, key=lambda f: sum(_chunks(f).values()))
-    for other in (f for f in folders if f != best):
-        for rel in set(_chunks(other)) - set(_chunks(best)):
-            with suppress(OSError):  # another file system, say: that chunk is tokenized again
-                (best / rel).parent.mkdir(parents=True, exist_ok=True)
-                (other / rel).rename(best / rel)
-    if best != cache:
-        try:
-            _tidy(best)
-            shutil.rmtree(cache, ignore_errors=True)
-            best.rename(cache)
-        except OSError:  # the work is lost, never the build: it tokenizes again
-            return None, 0
-    chunks = _chunks(cache)
-    killed = "killed builds" if len(folders) - (cache in folders) > 1 else "a killed build"
-    n = f"{len(chunks)} chunk{'s' if len(chunks) != 1 else ''}"
-    say(f"kept the tokenized work of {killed} in {cache} ({n}, {_human(sum(chunks.values()))})")
-    return (best if best != cache else None), len(chunks)
-
-
-def _tidy(stage: Path) -> None:
-    """Remove a killed build's shards, its writers' temporary files, and a tokenizer whose JSON files do not parse."""
-    shutil.rmtree(stage / "shards", ignore_errors=True)
-    for d, dirs, files in os.walk(stage):
-        for name in [x for x in dirs if _is_temp(x)]:
-            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
-            dirs.remove(name)
-        for name in filter(_is_temp, files):
-            with suppress(OSError):
-                os.unlink(os.path.join(d, name))
-    for f in (stage / "tokenizer").glob("*.json"):
-        try:
-            json.loads(f.read_bytes())
-        except (OSError, ValueError):
-            shutil.rmtree(stage / "tokenizer", ignore_errors=True)
-            break
 
 
 def _swap(stage: Path, dest: Path) -> None:
@@ -340,54 +237,3 @@ def _tree_bytes(root: Path) -> int:
             with suppress(OSError):  # removed meanwhile
                 n += os.lstat(os.path.join(d, f)).st_size
     return n
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    raise AssertionError
-
-
-def reuse_previous(previous: Path, stage: Path) -> int:
-    """Hard-link (or copy) ``previous``'s reusable work into the empty build folder ``stage``.
-
-    Reusable: ``sources/*/chunks/`` (tokenized chunks, keyed by file, tokenizer and spec fingerprints; a
-    chunk whose files have since moved, or are reached from another folder, is found by its content key and
-    renamed by the documents stage, :func:`mixing.ingest.chunk_store.relocate_chunks`, so it is seeded like any
-    other) and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked. Seeding
-    from several folders: files ``stage`` already has are kept, and ``tokenizer/`` comes from the first
-    folder that has one (one tokenizer's files are never mixed with another's).
-    Temporary files and folders a killed writer left (``.NAME.*.tmp``) are not carried over. Folders are
-    created afresh and a file whose mode is not what the umask gives now is copied rather than linked,
-    so the new build's modes follow the umask whatever the previous one's were.
-    """
-    n = 0
-    want = file_mode()
-    tok = [] if (stage / "tokenizer").exists() else [previous / "tokenizer"]
-    parts = [*tok, *sorted((previous / "sources").glob("*/chunks"))]
-    for src in parts:
-        for d, dirs, files in os.walk(src):
-            dirs[:] = [x for x in dirs if not _is_temp(x)]
-            to = stage / Path(d).relative_to(previous)
-            to.mkdir(parents=True, exist_ok=True)
-            for f in files:
-                if _is_temp(f):
-                    continue
-                a, b = os.path.join(d, f), to / f
-                if b.exists():
-                    continue
-                n += 1
-                try:
-                    if os.stat(a).st_mode & 0o7777 != want:
-                        raise OSError("mode differs")
-                    os.link(a, b)
-                except OSError:  # another file system, or another mode: copy (mode from the umask)
-                    shutil.copyfile(a, b)
-    return n
-
-
-def _is_temp(name: str) -> bool:
-    """A writer's temporary name (``layout.atomic_path``'s files, ``documents``' chunk folders)."""
-    return name.startswith(".") and name.endswith(".tmp")

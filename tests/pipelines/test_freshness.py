@@ -16,8 +16,9 @@ import pytest
 from mixing import Mix, load_mix
 from mixing.output.layout import BuildLayout
 from pipelines.freshness import compute_stats, differences, has_documents, stats_folders
+from pipelines.kept_work import work_cache
 from pipelines.output_lock import output_lock
-from pipelines.transaction import BuildBusy, work_cache
+from pipelines.transaction import BuildBusy
 from tests.conftest import TINY_MIX, write_tiny_sources
 
 

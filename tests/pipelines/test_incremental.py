@@ -12,7 +12,7 @@ import polars as pl
 from mixing import load_mix
 from mixing.output.layout import BuildLayout
 from pipelines.build import build_mix
-from pipelines.transaction import reuse_previous
+from pipelines.kept_work import reuse_previous
 from tests.conftest import TINY_MIX, write_tiny_sources
 
 

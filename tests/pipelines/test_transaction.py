@@ -1,8 +1,6 @@
-"""``pipelines/transaction.py``: ``weir build`` as a transaction. A killed build is cleaned up by the next one, two
-builds never share an output (the lock itself: ``test_output_lock.py``), and a build
-is seeded with the previous work: chunks and one tokenizer, never a killed writer's temporary files, with the
-modes the umask gives. (A failed build's kept work: ``test_operator_retry.py``; a killed one's:
-``test_killed_build_work.py``.)"""
+"""``pipelines/transaction.py``: ``weir build`` as a transaction. A killed build is cleaned up by the next one (its
+tokenized work kept: ``test_kept_work.py``), a build killed between its two renames gets its previous output
+back, and two builds never share an output (the lock itself: ``test_output_lock.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ import pytest
 
 from mixing import load_mix
 from mixing.report import inspect_build
-from pipelines.transaction import build_output, kept_work, reuse_previous, work_cache
+from pipelines.transaction import build_output
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]
@@ -77,7 +75,7 @@ def test_a_build_killed_mid_way_is_cleaned_up_by_the_next_and_the_output_equals_
         [*WEIR, "build", str(tiny_mix_path), "--out", str(out)], capture_output=True, text=True, cwd=ROOT
     )
     assert r.returncode == 0, r.stderr
-    # its staging folder is removed, or kept as the work cache when a chunk was complete (test_killed_build_work.py)
+    # its staging folder is removed, or kept as the work cache when a chunk was complete (test_kept_work.py)
     assert "removed 1 leftover of killed builds (" in r.stdout or "kept the tokenized work of a killed" in r.stdout
     assert beside(out) == {"out"}
     clean = build_output(load_mix(tiny_mix_path), tmp_path / "clean", say=lambda _s: None)
@@ -143,75 +141,3 @@ def test_a_second_build_into_the_same_output_stops_naming_the_first_or_waits_for
     assert beside(out) == {"out"}
     assert inspect_build(out).corrupt_files == ()
     assert inspect_build(out).steps == load_mix(tiny_mix_path).total_steps
-
-
-def test_reuse_skips_what_killed_writers_left_and_gives_files_the_umask_mode(tmp_path: Path) -> None:
-    prev, stage = tmp_path / "prev", tmp_path / "stage"
-    chunks = prev / "sources" / "notes" / "chunks"
-    for rel, mode in {
-        "tokenizer/tokenizer.json": 0o644,
-        "tokenizer/.tokenizer.json.1a2b3c4d.tmp": 0o644,  # atomic_path's file of a killed writer
-        "sources/notes/chunks/k1/tokens.bin": 0o644,
-        "sources/notes/chunks/k2/tokens.bin": 0o600,  # written by weir before files followed the umask
-        "sources/notes/chunks/.k3.4242.tmp/tokens.bin": 0o644,  # a chunk folder a killed tokenizer left
-    }.items():
-        (prev / rel).parent.mkdir(parents=True, exist_ok=True)
-        (prev / rel).write_text(rel)
-        (prev / rel).chmod(mode)
-    old = os.umask(0o022)
-    try:
-        n = reuse_previous(prev, stage)
-    finally:
-        os.umask(old)
-    got = {str(p.relative_to(stage)): p for p in stage.rglob("*") if p.is_file()}
-    assert sorted(got) == [
-        "sources/notes/chunks/k1/tokens.bin",
-        "sources/notes/chunks/k2/tokens.bin",
-        "tokenizer/tokenizer.json",
-    ]
-    assert n == 3
-    assert all(p.read_text() == rel and p.stat().st_mode & 0o777 == 0o644 for rel, p in got.items())
-    assert got["sources/notes/chunks/k1/tokens.bin"].stat().st_ino == (chunks / "k1" / "tokens.bin").stat().st_ino
-    assert (chunks / "k2" / "tokens.bin").stat().st_mode & 0o777 == 0o600, "the previous output is not changed"
-
-
-def test_kept_work_is_the_cache_only_when_it_holds_tokenized_chunks(tmp_path: Path) -> None:
-    dest = tmp_path / "out"
-    cache = work_cache(dest)
-    assert cache == tmp_path / ".out.cache"
-    assert kept_work(dest) is None
-    (cache / "sources" / "qa" / "chunks" / "k1").mkdir(parents=True)
-    (cache / "tokenizer").mkdir()
-    assert kept_work(dest) is None, "a chunk without its report is no tokenized chunk"
-    (cache / "sources" / "qa" / "chunks" / "k1" / "report.json").write_text("{}")
-    assert kept_work(dest) == cache
-
-
-def test_seeding_from_several_folders_keeps_what_is_there_and_one_tokenizer(tmp_path: Path) -> None:
-    def folder(name: str, files: dict[str, str]) -> Path:
-        for rel, text in files.items():
-            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / name / rel).write_text(text)
-        return tmp_path / name
-
-    newer = folder("cache", {"tokenizer/tokenizer.json": "newer", "sources/qa/chunks/k1/tokens.bin": "newer k1"})
-    older = folder(
-        "out",
-        {
-            "tokenizer/tokenizer.json": "older",
-            "tokenizer/merges.txt": "older merges",  # a file of the other tokenizer: never mixed in
-            "sources/qa/chunks/k1/tokens.bin": "older k1",
-            "sources/qa/chunks/k2/tokens.bin": "older k2",
-            "sources/qa/docs.parquet": "not reusable",
-            "shards/shard-00000.tokens.npy": "not reusable",
-        },
-    )
-    stage = tmp_path / "stage"
-    assert reuse_previous(newer, stage) == 2
-    assert reuse_previous(older, stage) == 1
-    got = {str(p.relative_to(stage)): p.read_text() for p in stage.rglob("*") if p.is_file()}
-    assert got == {
-        "tokenizer/tokenizer.json": "newer",
-        "sources/qa/chunks/k1/tokens.bin": "newer k1",
-        "sources/qa/chunks/k2/tokens.bin": "older k2",
-    }

@@ -1,7 +1,9 @@
-"""A build killed while tokenizing keeps its work (``pipelines/transaction.py``): the next ``weir build`` makes the
-tokenized chunks of the staging folder it left the kept work (``.<out>.cache``) and seeds from it, reusing them
-as the same files, while no chunk the kill interrupted, or left short, is trusted; its output equals a build
-from scratch. Real ``weir build`` subprocesses, killed with SIGKILL once some chunks are written."""
+"""``pipelines/kept_work.py``: the work a build keeps and reuses. A build killed while tokenizing keeps its work:
+the next ``weir build`` makes the tokenized chunks of the staging folder it left the kept work (``.<out>.cache``)
+and seeds from it, reusing them as the same files, while no chunk the kill interrupted, or left short, is trusted;
+its output equals a build from scratch (real ``weir build`` subprocesses, killed with SIGKILL once some chunks are
+written). Kept work is the cache only when it holds chunks; seeding skips killed writers' temporary files, keeps
+one tokenizer and gives files the umask's mode. (A failed build's kept work: ``test_operator_retry.py``.)"""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import pytest
 
 from mixing import load_mix
 from pipelines import transaction
-from pipelines.transaction import build_output, work_cache
+from pipelines.kept_work import kept_work, reuse_previous, work_cache
+from pipelines.transaction import build_output
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIR = [sys.executable, "-m", "pipelines.cli"]
@@ -205,3 +208,75 @@ def test_the_kept_work_with_more_tokens_wins_and_takes_the_others_chunks_never_a
     (tmp_path / ".out.building-4000003" / "sources").mkdir(parents=True)
     assert transaction._remove_leftovers(dest, said.append) == (1, 0, 0)
     assert len(said) == 2
+
+
+def test_reuse_skips_what_killed_writers_left_and_gives_files_the_umask_mode(tmp_path: Path) -> None:
+    prev, stage = tmp_path / "prev", tmp_path / "stage"
+    chunks = prev / "sources" / "notes" / "chunks"
+    for rel, mode in {
+        "tokenizer/tokenizer.json": 0o644,
+        "tokenizer/.tokenizer.json.1a2b3c4d.tmp": 0o644,  # atomic_path's file of a killed writer
+        "sources/notes/chunks/k1/tokens.bin": 0o644,
+        "sources/notes/chunks/k2/tokens.bin": 0o600,  # written by weir before files followed the umask
+        "sources/notes/chunks/.k3.4242.tmp/tokens.bin": 0o644,  # a chunk folder a killed tokenizer left
+    }.items():
+        (prev / rel).parent.mkdir(parents=True, exist_ok=True)
+        (prev / rel).write_text(rel)
+        (prev / rel).chmod(mode)
+    old = os.umask(0o022)
+    try:
+        n = reuse_previous(prev, stage)
+    finally:
+        os.umask(old)
+    got = {str(p.relative_to(stage)): p for p in stage.rglob("*") if p.is_file()}
+    assert sorted(got) == [
+        "sources/notes/chunks/k1/tokens.bin",
+        "sources/notes/chunks/k2/tokens.bin",
+        "tokenizer/tokenizer.json",
+    ]
+    assert n == 3
+    assert all(p.read_text() == rel and p.stat().st_mode & 0o777 == 0o644 for rel, p in got.items())
+    assert got["sources/notes/chunks/k1/tokens.bin"].stat().st_ino == (chunks / "k1" / "tokens.bin").stat().st_ino
+    assert (chunks / "k2" / "tokens.bin").stat().st_mode & 0o777 == 0o600, "the previous output is not changed"
+
+
+def test_kept_work_is_the_cache_only_when_it_holds_tokenized_chunks(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    cache = work_cache(dest)
+    assert cache == tmp_path / ".out.cache"
+    assert kept_work(dest) is None
+    (cache / "sources" / "qa" / "chunks" / "k1").mkdir(parents=True)
+    (cache / "tokenizer").mkdir()
+    assert kept_work(dest) is None, "a chunk without its report is no tokenized chunk"
+    (cache / "sources" / "qa" / "chunks" / "k1" / "report.json").write_text("{}")
+    assert kept_work(dest) == cache
+
+
+def test_seeding_from_several_folders_keeps_what_is_there_and_one_tokenizer(tmp_path: Path) -> None:
+    def folder(name: str, files: dict[str, str]) -> Path:
+        for rel, text in files.items():
+            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / rel).write_text(text)
+        return tmp_path / name
+
+    newer = folder("cache", {"tokenizer/tokenizer.json": "newer", "sources/qa/chunks/k1/tokens.bin": "newer k1"})
+    older = folder(
+        "out",
+        {
+            "tokenizer/tokenizer.json": "older",
+            "tokenizer/merges.txt": "older merges",  # a file of the other tokenizer: never mixed in
+            "sources/qa/chunks/k1/tokens.bin": "older k1",
+            "sources/qa/chunks/k2/tokens.bin": "older k2",
+            "sources/qa/docs.parquet": "not reusable",
+            "shards/shard-00000.tokens.npy": "not reusable",
+        },
+    )
+    stage = tmp_path / "stage"
+    assert reuse_previous(newer, stage) == 2
+    assert reuse_previous(older, stage) == 1
+    got = {str(p.relative_to(stage)): p.read_text() for p in stage.rglob("*") if p.is_file()}
+    assert got == {
+        "tokenizer/tokenizer.json": "newer",
+        "sources/qa/chunks/k1/tokens.bin": "newer k1",
+        "sources/qa/chunks/k2/tokens.bin": "older k2",
+    }
