@@ -8,16 +8,21 @@ two), and ``min_len · 8`` tokens packed as ``m`` equal documents (64, 16, 4 of 
     seconds = α·Σ l² + β·Σ l + δ·documents + γ·micro-batches
 
 by least squares weighted by ``1/seconds`` (relative error: short and long micro-batches count alike), every
-coefficient ≥ 0. The packed points are what tell a document's fixed cost δ (a few microseconds in a varlen
-call) from a call's γ (the kernels' launches, most of a millisecond): a fit on single documents alone puts both
-in one constant, which priced each document of a packed step like a whole call. The fit is printed in the mix
-file's form, one cost unit being ``α`` seconds: ``balance.cost: {attention: 1.0, linear: β/α, per_document:
-δ/α, per_micro_batch: γ/α, unit_seconds: α, comm_bytes: …}`` (:class:`contract.cost.CostModel`). ``comm_bytes``
-is the same layer's: its keys and values received and their gradients sent back, ``2 · 2 · width`` elements
-per token (32 KiB in bf16 at width 4096), so that compute and communication are priced for one and the same
-layer (the contract's default, 1 MiB, is a whole 7B model's; against one layer's compute it would price a split
-32 times too high). Both scale alike with the model's layers, so the deal is the same for the whole model. The
-bandwidths are the interconnect's and are not measured here. Without a GPU the command says
+coefficient ≥ 0. The packed points are what tell a document's fixed cost δ (microseconds in a varlen call) from
+a call's γ: a fit on single documents alone puts both in one constant, which priced each document of a packed
+step like a whole call. Each point is the mean of ``repeats`` runs back to back between two synchronizations, as
+a trainer runs its micro-batches: a synchronization around every run adds a host round trip to γ that
+back-to-back micro-batches do not pay (on an H200, 1.1–1.4 ms per call timed alone, against 3.6e-5 s per
+micro-batch fitted on every rank's micro-batches of a real build run back to back: docs/benchmarks.md).
+
+The fit is printed in the mix file's form, one cost unit being ``α`` seconds: ``balance.cost: {attention: 1.0,
+linear: β/α, per_document: δ/α, per_micro_batch: γ/α, unit_seconds: α, comm_bytes: …}``
+(:class:`contract.cost.CostModel`). ``comm_bytes`` is the same layer's: its keys and values received and their
+gradients sent back, ``2 · 2 · width`` elements per token (32 KiB in bf16 at width 4096), so that compute and
+communication are priced for one and the same layer (the contract's default, 1 MiB, is a whole 7B model's;
+against one layer's compute it would price a split 32 times too high). Both scale alike with the model's
+layers, so the deal is the same for the whole model. The bandwidths are the interconnect's and are not measured
+here. Without a GPU the command says
 so in one line and exits 2; ``--device cpu`` runs the same measurement on the CPU (one attention call per
 document there: for trying the command, not for a training cluster's figures).
 """
@@ -127,10 +132,11 @@ class AttentionLayer:
 @dataclass(frozen=True)
 class Calibration:
     """The points measured and their fit. ``documents`` / ``lengths`` int [n]: each point's documents and tokens
-    per document; ``seconds`` float [n]: its time (median of the repeats, forward + backward); ``alpha``,
-    ``beta``, ``delta``, ``gamma``: seconds per l², per token, per document, per micro-batch; ``worst``: the
-    fit's largest relative error over the points; ``attention``: :attr:`AttentionLayer.attention`;
-    ``comm_bytes``: the layer's bytes per token a split document's rank receives and sends back."""
+    per document; ``seconds`` float [n]: its time (forward + backward, the mean of the repeats run back to
+    back); ``alpha``, ``beta``, ``delta``, ``gamma``: seconds per l², per token, per document, per micro-batch;
+    ``worst``: the fit's largest relative error over the points; ``attention``:
+    :attr:`AttentionLayer.attention`; ``comm_bytes``: the layer's bytes per token a split document's rank
+    receives and sends back."""
 
     device: str
     attention: str
@@ -181,7 +187,8 @@ def fit(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
 def measure(
     device: str, min_len: int = 1024, max_len: int = 131072, heads: int = 32, head_dim: int = 128, repeats: int = 5
 ) -> Calibration:
-    """Time :class:`AttentionLayer`'s forward + backward on ``device`` (``cuda`` or ``cpu``) over single
+    """Time :class:`AttentionLayer`'s forward + backward (the mean of ``repeats`` runs back to back) on ``device``
+    (``cuda`` or ``cpu``) over single
     documents of ``min_len`` … ``max_len`` tokens (powers of two) and ``min_len · 8`` tokens packed as
     :data:`PACKED` documents; fit :func:`fit`. Lengths that do not fit the device's memory end the sweep
     (at least three are needed)."""
@@ -196,7 +203,9 @@ def measure(
         mb = [(pieces, pieces, m * n)]
         try:
             layer.timed(mb, 1)  # warms the kernels up for this shape
-            t = layer.timed(mb, repeats)
+            # back to back, as a trainer runs its micro-batches: one synchronization per `repeats` runs, so that
+            # a host round trip per call is not counted as the call's cost
+            t = layer.timed(mb * repeats, 1) / repeats
         except torch.OutOfMemoryError:
             if m == 1:
                 continue
