@@ -42,6 +42,7 @@ their process holds (:func:`held_lease`); other Dagster runs take it (:mod:`pipe
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import threading
 import time
@@ -285,6 +286,9 @@ def _ttl() -> float:
     return ttl
 
 
+ACQUIRE_TRIES = 3  # requests of the lease that may go unanswered while it is taken, before the build gives up
+
+
 def _acquire(store: Store, fs: Any, wait: bool, say: Callable[[str], None], ttl: float) -> Lease:
     host = socket.gethostname()
     started = datetime.now(UTC)
@@ -294,19 +298,34 @@ def _acquire(store: Store, fs: Any, wait: bool, say: Callable[[str], None], ttl:
         "ttl": ttl,
         "beat": 0,
         "generation": int(started.timestamp()),
+        "take": secrets.token_hex(8),  # this attempt's own: a lease read back is ours only if it carries it
     }
     waiting = False
+    failed, first_sent = 0, None
     while True:
         try:
-            sent = time.monotonic()
-            return Lease(store, fs, (put(store, fs, body, if_match=None), sent), body, say)
-        except Refused:
-            pass
-        now = head(store, fs)
+            try:
+                sent = time.monotonic()
+                first_sent = sent if first_sent is None else first_sent
+                return Lease(store, fs, (put(store, fs, body, if_match=None), sent), body, say)
+            except Refused:
+                pass
+            now = head(store, fs)
+        except Exception as e:
+            # a busy endpoint may not answer one of the lease's short requests: try again, a few times
+            failed += 1
+            if not unreachable(e) or failed >= ACQUIRE_TRIES:
+                raise
+            time.sleep(min(1.0, ttl / 4))
+            continue
         if now is None:
             time.sleep(0.05)
             continue  # released between the two requests
         etag, held, age = now
+        if held == body and first_sent is not None:
+            # our own write landed though its answer did not come: the lease is ours, as old as our first try
+            return Lease(store, fs, (etag, first_sent), body, say)
+        first_sent = None
         declared = held.get("ttl")
         their_ttl = float(declared) if isinstance(declared, int | float) else DEFAULT_TTL  # damaged: the default
         if age >= their_ttl + _CLOCK_S:

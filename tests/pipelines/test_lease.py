@@ -442,3 +442,41 @@ def test_a_dagster_step_building_into_an_s3_root_holds_its_lease(
     assert not store.exists(LEASE_NAME), "released when the step ended"
     assert storage_resource(store.url, per_mix=False, bound=False).layout(mix).target == store.url
     assert not store.exists(LEASE_NAME), "outside a run, nothing is taken"
+
+
+def test_a_lease_whose_answer_is_lost_is_taken_and_an_endpoint_that_never_answers_is_given_up(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy endpoint that writes the lease but whose answer times out: the build reads the lease back, finds
+    its own, and holds it (not "another build holds it", naming itself); one that never answers: the build gives
+    up after ``ACQUIRE_TRIES`` requests, naming the endpoint."""
+    from fsspec.exceptions import FSTimeoutError
+
+    from pipelines import lease as lease_module
+
+    real, calls = lease_module.put, []
+
+    def answer_lost_once(*args: Any, **kwargs: Any) -> str:
+        calls.append(kwargs.get("if_match"))
+        etag = real(*args, **kwargs)
+        if len(calls) == 1:
+            raise FSTimeoutError
+        return etag
+
+    monkeypatch.setattr(lease_module, "put", answer_lost_once)
+    with root_lease(store, wait=False, say=print, ttl=TTL) as lease:
+        assert lease is not None and store.fence() is lease
+        written = json.loads(store.read(LEASE_NAME))
+        assert written["holder"].endswith(f"pid {os.getpid()}") and written["generation"] == lease.generation
+    assert calls[:2] == [None, None] and not store.exists(LEASE_NAME), "taken by its second write, released after"
+
+    def never_answers(*args: Any, **kwargs: Any) -> str:
+        calls.append("dead")
+        raise FSTimeoutError
+
+    monkeypatch.setattr(lease_module, "put", never_answers)
+    monkeypatch.setattr(lease_module, "head", never_answers)
+    calls.clear()
+    with pytest.raises(lease_module.EndpointUnreachable, match="did not answer"), root_lease(store, False, print, TTL):
+        pass
+    assert len(calls) == lease_module.ACQUIRE_TRIES
