@@ -40,10 +40,8 @@ import numpy as np
 import torch
 
 from contract.cost import CostModel
-from loaders import PackedDataset
-from loaders.config import Balance, Payload
 from loaders.hybrid import HybridWorld
-from loaders.hybrid_steps import HybridStepLoader
+from loaders.hybrid_steps import HybridStepLoader, steps_dataset
 from pipelines.calibrate import AttentionLayer, fit, measure
 
 Pieces = tuple[np.ndarray, np.ndarray, int]  # per micro-batch: query lengths, key lengths, tokens whole (degree 1)
@@ -103,10 +101,7 @@ def features(micro_batches: list[Pieces], docs: list[tuple[np.ndarray, np.ndarra
 
 def measure_layouts(args: argparse.Namespace, cost: CostModel, layer: AttentionLayer) -> dict[str, dict[str, Any]]:
     """Per layout: per step, per rank, (measured seconds, predicted seconds, features)."""
-    # the build's own steps (no regrouping), read once for every rank
-    ds = PackedDataset(
-        args.build, balance=Balance(window=1, period=0, slack=0.0), payload=Payload(fields=("input_ids", "cu_seqlens"))
-    )
+    ds = steps_dataset(args.build)  # the build's own steps, read once for every rank
     world = HybridWorld(dp=args.dp, cp=args.cp, capacity=args.capacity or ds.facts.seq_len // args.cp)
     loaders = [HybridStepLoader(ds, world, r, cost=cost) for r in range(world.size)]
     offs, segs = ds.shards.segments

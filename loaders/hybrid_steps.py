@@ -69,13 +69,34 @@ from loaders.state import LoaderState, StateError
 from loaders.varlen import concat
 from loaders.world import World
 
-__all__ = ["HYBRID_STATE_VERSION", "HybridBlock", "HybridStep", "HybridStepLoader", "StepDocuments", "step_seed"]
+__all__ = [
+    "HYBRID_STATE_VERSION",
+    "HybridBlock",
+    "HybridStep",
+    "HybridStepLoader",
+    "StepDocuments",
+    "step_seed",
+    "steps_dataset",
+]
 
 HYBRID_STATE_VERSION = 1
 _STATE_KEYS = ("layout", "version", "build_id", "seed", "step")
 # what the step's documents are read with: tokens, labels made on the unsplit sequences, and where each came from
 _FIELDS = ("input_ids", "labels", "cu_seqlens", "source_ids", "seg_source", "seg_doc", "seg_offset")
 _T = TypeVar("_T")
+
+
+def steps_dataset(build: str | Path, reading: Reading = Reading()) -> PackedDataset:
+    """The build's own steps as a :class:`~loaders.dataset.PackedDataset` (no regrouping, so that its planner
+    does nothing the hybrid layout would not use): what :class:`HybridStepLoader` opens a path with; open it
+    once and hand it to the loaders of several ranks in one process."""
+    return PackedDataset(
+        build,
+        world=World(),
+        balance=Balance(window=1, period=0, slack=0.0),
+        payload=Payload(fields=("input_ids", "cu_seqlens")),
+        reading=reading,
+    )
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -132,17 +153,7 @@ class HybridStepLoader:
             raise ValueError(
                 f"rank {rank!r} is outside the world of {world.size} ranks (dp {world.dp} × cp {world.cp})"
             )
-        if isinstance(build, PackedDataset):
-            ds = build
-        else:
-            # the build's own steps: no regrouping, so that the planner does nothing it would not use
-            ds = PackedDataset(
-                build,
-                world=World(),
-                balance=Balance(window=1, period=0, slack=0.0),
-                payload=Payload(fields=("input_ids", "cu_seqlens")),
-                reading=reading,
-            )
+        ds = build if isinstance(build, PackedDataset) else steps_dataset(build, reading)
         top = 1 << (world.size.bit_length() - 1)  # the largest aligned block
         if world.capacity * top < ds.facts.seq_len:
             raise ValueError(

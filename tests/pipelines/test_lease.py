@@ -26,22 +26,11 @@ from mixing import load_mix
 from mixing.output.commit import commit, read_commit
 from pipelines.lease import LEASE_NAME, BuildBusy, LeaseLost, held_lease, root_lease
 from pipelines.resources import LeasedStorage, storage_resource
-from tests.conftest import S3, S3_BUCKET, TINY_MIX, s3_endpoint, write_tiny_sources
+from tests.conftest import S3, S3_BUCKET, TINY_MIX, write_tiny_sources
 from tests.faults.proxy import CutMode, FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 2.0
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3]:
-    with s3_endpoint() as s3:
-        yield s3
-
-
-@pytest.fixture
-def store(s3: S3, request: pytest.FixtureRequest) -> Store:
-    return Store.open(f"s3://{S3_BUCKET}/{request.node.name[:40]}", s3.options)
 
 
 @pytest.fixture

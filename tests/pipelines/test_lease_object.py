@@ -5,26 +5,14 @@ with its age by the server's clock; a request held by a stalled connection is ca
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
 from contract.store import Store
 from pipelines.lease_object import LEASE_NAME, Refused, delete, head, lease_fs, put
 from pipelines.outage import unreachable
-from tests.conftest import S3, S3_BUCKET, s3_endpoint
+from tests.conftest import S3
 from tests.faults.proxy import FaultProxy
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3]:
-    with s3_endpoint() as s3:
-        yield s3
-
-
-@pytest.fixture
-def store(s3: S3, request: pytest.FixtureRequest) -> Store:
-    return Store.open(f"s3://{S3_BUCKET}/{request.node.name[:40]}", s3.options)
 
 
 def test_created_only_if_absent_and_replaced_only_under_its_etag(store: Store) -> None:

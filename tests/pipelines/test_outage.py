@@ -26,14 +26,8 @@ from pipelines.outage import (
     tries_for,
     unreachable,
 )
-from tests.conftest import S3, S3_BUCKET, s3_endpoint
+from tests.conftest import S3, S3_BUCKET
 from tests.faults.proxy import FaultProxy
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3]:
-    with s3_endpoint() as s3:
-        yield s3
 
 
 @pytest.fixture
