@@ -36,9 +36,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PACKED", "AttentionLayer", "Calibration", "fit", "measure"]
+__all__ = ["PACKED", "PACKED_TOKENS", "AttentionLayer", "Calibration", "fit", "measure"]
 
-PACKED = (64, 16, 4)  # documents per packed micro-batch timed (of min_len · 8 tokens each)
+PACKED = (64, 16, 4)  # documents per packed micro-batch timed, of min_len · 8 and min_len · 32 tokens each
+# two sizes of micro-batch, so that the fit tells a token's cost (β) from a call's (γ) where the GPU is busy: single
+# short documents alone are launch-bound and would put their floor into γ
+PACKED_TOKENS = (8, 32)
 TERMS = ("attention", "linear", "per_document", "per_micro_batch")
 
 
@@ -189,14 +192,14 @@ def measure(
 ) -> Calibration:
     """Time :class:`AttentionLayer`'s forward + backward (the mean of ``repeats`` runs back to back) on ``device``
     (``cuda`` or ``cpu``) over single
-    documents of ``min_len`` … ``max_len`` tokens (powers of two) and ``min_len · 8`` tokens packed as
-    :data:`PACKED` documents; fit :func:`fit`. Lengths that do not fit the device's memory end the sweep
+    documents of ``min_len`` … ``max_len`` tokens (powers of two) and ``min_len`` · :data:`PACKED_TOKENS` tokens
+    packed as :data:`PACKED` documents; fit :func:`fit`. Lengths that do not fit the device's memory end the sweep
     (at least three are needed)."""
     import torch
 
     layer = AttentionLayer(device, heads, head_dim)
     singles = [(1, min_len << k) for k in range(max(0, max_len // min_len).bit_length())]
-    points = singles + [(m, min_len * 8 // m) for m in PACKED if min_len * 8 // m >= 1]
+    points = singles + [(m, min_len * k // m) for k in PACKED_TOKENS for m in PACKED if min_len * k // m >= 1]
     measured: list[tuple[int, int, float]] = []
     for m, n in points:
         pieces = np.full(m, n, np.int64)

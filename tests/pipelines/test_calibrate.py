@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from mixing.mixfile.parts import Cost
-from pipelines.calibrate import PACKED, AttentionLayer, fit, measure
+from pipelines.calibrate import PACKED, PACKED_TOKENS, AttentionLayer, fit, measure
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_a_cpu_measurement_gives_a_cost_the_mix_file_accepts() -> None:
     cal = measure("cpu", min_len=64, max_len=512, heads=2, head_dim=16, repeats=2)
     assert list(zip(cal.documents.tolist(), cal.lengths.tolist(), strict=True)) == [
         *((1, n) for n in (64, 128, 256, 512)),
-        *((m, 512 // m) for m in PACKED),
+        *((m, 64 * k // m) for k in PACKED_TOKENS for m in PACKED),  # two sizes of packed micro-batch
     ]
     assert (cal.seconds > 0).all() and cal.attention == "sdpa-per-piece"
     cost = yaml.safe_load(cal.mix_yaml())["balance"]["cost"]
