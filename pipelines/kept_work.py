@@ -121,7 +121,7 @@ def reuse_previous(previous: Path, stage: Path) -> int:
 
     Reusable: ``sources/*/chunks/`` (tokenized chunks, keyed by file, tokenizer and spec fingerprints; a
     chunk whose files have since moved, or are reached from another folder, is found by its content key and
-    renamed by the documents stage, :func:`mixing.ingest.chunk_store.relocate_chunks`, so it is seeded like any
+    renamed by the documents stage, :func:`mixing.ingest.relocation.relocate_chunks`, so it is seeded like any
     other) and ``tokenizer/`` (kept only if its training sample is unchanged). Returns the files linked. Seeding
     from several folders: files ``stage`` already has are kept, and ``tokenizer/`` comes from the first
     folder that has one (one tokenizer's files are never mixed with another's).

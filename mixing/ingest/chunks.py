@@ -13,7 +13,7 @@ A chunk's :func:`content_key` hashes the same but with its files' names and cont
 (:func:`mixing.ingest.sources.file_digest`) in place of their paths and fingerprints: the same documents
 wherever the files are. Each chunk records it, so that when its files moved (their paths, hence its key,
 changed) the chunk is found by content and renamed to its new key with the paths it names rewritten
-(:func:`mixing.ingest.chunk_store.relocate_chunks`) instead of being tokenized again.
+(:func:`mixing.ingest.relocation.relocate_chunks`) instead of being tokenized again.
 
 A chunk folder holds ``tokens.bin`` (little-endian uint32 token ids), ``docs.parquet`` (``file``, ``line``,
 ``n_tokens``, ``meta``: :data:`CHUNK_SCHEMA`), ``quarantine.jsonl`` (one line per malformed record) and

@@ -12,7 +12,7 @@ Incremental: a chunk whose key is already in the root is reused (never submitted
 one file changed tokenizes only that file's chunk; the index equals a clean build's. A chunk whose files
 moved (the mix and its data moved or copied elsewhere, the data reached through a link) has another key, yet
 its documents are found by their content under the old one and renamed to it, naming the files where they
-are now (:func:`mixing.ingest.chunk_store.relocate_chunks`): nothing is tokenized again unless a file's
+are now (:func:`mixing.ingest.relocation.relocate_chunks`): nothing is tokenized again unless a file's
 contents changed.
 
 Integrity: before the index is written, every reused chunk's files are checked against the checksums its
@@ -45,13 +45,13 @@ from mixing.ingest.chunk_store import (
     ahead_since,
     is_ahead,
     present_keys,
-    relocate_chunks,
     submit_ahead,
     tokenize_missing,
     verify_chunks,
 )
 from mixing.ingest.chunks import Group, chunk_groups
 from mixing.ingest.doc_index import ChunksDamaged, write_index
+from mixing.ingest.relocation import relocate_chunks
 from mixing.ingest.tokenizer import TextTokenizer
 from mixing.mixfile import envvars
 from mixing.mixfile.mix import SourceSpec

@@ -1,6 +1,7 @@
-"""Chunks found again by content: a source's folder moved, copied (new mtimes) or reached through a link, or the mix
-loaded from another current directory, reuses every chunk whose files hold the same bytes, and its documents and
-quarantine name the files where they are now; a changed file's chunk, or a damaged one, is tokenized again."""
+"""mixing/ingest/relocation.py, through ``tokenize_source``: chunks found again by content. A source's folder
+moved, copied (new mtimes) or reached through a link, or the mix loaded from another current directory, reuses every
+chunk whose files hold the same bytes, and its documents and quarantine name the files where they are now; a
+changed file's chunk, or a damaged one, is tokenized again."""
 
 from __future__ import annotations
 
