@@ -6,7 +6,8 @@ A build's shards name, per sequence, its segments: (source index, doc_id, start,
 joins the two, lazily: a lookup reads the shards holding the sequences asked for, and of each source's
 ``docs.parquet`` only the footer and, of the row groups holding the documents asked for, the columns shown
 (:mod:`mixing.doc_lookup`; ``doc_id`` is the row's position in the source's index: the index is written in that
-order). ``weir lookup`` and ``weir epochs`` print what it returns.
+order). ``weir lookup`` and ``weir epochs`` print what it returns (:class:`mixing.piece.Piece` s,
+:class:`mixing.epochs.EpochsReport`).
 
 **Steps.** Everything here is in the *build's* steps, as packed: build step ``t`` is sequences
 ``t·g … (t+1)·g − 1`` (``g`` the build's sequences per step). The *training* step a loader hands out, and which
@@ -15,22 +16,18 @@ DP rank reads which of its sequences, is :mod:`loaders.planner`'s, and ``mixing`
 sequences make a training step or a rank's share of one, and passes them to :meth:`Provenance.lookup`; the
 CP rank's slots come the same way, as a function of a sequence's segment lengths (``slots``).
 
-**Records.** A document's ``line`` means what the source's format made of it
-(:class:`mixing.ingest.records.Record`): the 1-based line of a jsonl file, the 1-based row of a parquet or
-csv file, the 1-based piece of a text file cut by a ``separator`` or member of a code ``.tar``, 0 for a
-whole file (a text or code file that is one document). The build does not record the format (the mix file is
-not part of it), so :func:`record_label` tells it from the file's name, compression suffix left out: ``.jsonl``,
-``.json``, ``.ndjson`` → ``line N``; ``.parquet``, ``.pq``, ``.csv``, ``.tsv`` → ``row N``; a tar →
-``member N (path)``; any other name → ``whole file`` for line 0, else ``piece N``.
+**Records.** A document's ``line`` means what the source's format made of it (the line of a jsonl file, the
+row of a parquet or csv file, ...); the build does not record the format, so each piece's ``record`` reads it
+from the file's name (:func:`mixing.record_labels.record_label`: ``line N``, ``row N``, ``piece N``,
+``member N (path)``, ``whole file``).
 
 **Text.** A piece's text is its tokens as the shards hold them (what was trained on) decoded by the build's
-tokenizer (``tokenizer/spec.json`` and ``tokenizer.json``), without the document's BOS and EOS tokens, so that a
-whole document's text is the source's record as rendered (its ``template`` applied). A piece that cuts a
-character's bytes (byte-level BPE, ``bytes``) shows U+FFFD for the cut bytes.
+tokenizer (``tokenizer/spec.json`` and ``tokenizer.json``; :mod:`mixing.decoder`), without the document's BOS
+and EOS tokens, so that a whole document's text is the source's record as rendered (its ``template`` applied).
+A piece that cuts a character's bytes (byte-level BPE, ``bytes``) shows U+FFFD for the cut bytes.
 
-**Epochs.** Per source, over build steps ``[A, B)``: ``tokens_seen`` (all its segments' lengths),
-``unique_tokens`` (each piece, by (doc_id, start), counted once), ``repeated_tokens`` (seen − unique), and
-``epochs`` = seen ÷ the source's tokens (``n_tokens`` summed over its ``docs.parquet``), fractional.
+**Epochs.** Per source, over build steps ``[A, B)``: tokens seen, unique and repeated, and epochs
+(:mod:`mixing.epochs` says how each is counted).
 
 Every failure is a :class:`ProvenanceError` of one line that names the file and what to do.
 """
@@ -40,66 +37,25 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from contract.errors import WeirError, first_line
 from contract.shards import ShardError
+from mixing.decoder import Decode, DecoderError, load_decoder
 from mixing.doc_lookup import DocLookup, DocRow, IndexMisfit
-from mixing.ingest.formats import TAR_SUFFIXES
+from mixing.epochs import EpochsReport, count_epochs
 from mixing.output.layout import BuildLayout
+from mixing.piece import Piece
+from mixing.record_labels import record_label
 
-__all__ = [
-    "EpochsReport",
-    "Piece",
-    "Provenance",
-    "ProvenanceError",
-    "Slots",
-    "SourceEpochs",
-    "record_label",
-    "step_range",
-]
-
-_COMPRESSED = (".gz", ".zst", ".bz2", ".xz")  # what the readers infer from a name (fsspec compression="infer")
-_LINES = (".jsonl", ".json", ".ndjson")
-_ROWS = (".parquet", ".pq", ".csv", ".tsv")
+__all__ = ["Provenance", "ProvenanceError", "Slots", "step_range"]
 
 
 class ProvenanceError(WeirError, ValueError):
     """A build, step or source that cannot be looked up; the message says which and what to do."""
-
-
-def record_label(file: str, line: int, meta: str | None = None) -> str:
-    """How a document's ``line`` reads for its file (see the module's docstring): ``"line 12"``, ``"row 3"``,
-    ``"piece 2"``, ``"member 4 (pkg/m.py)"`` or ``"whole file"``."""
-    name = file.lower()
-    for suffix in _COMPRESSED:
-        if name.endswith(suffix) and not name.endswith(TAR_SUFFIXES):
-            name = name[: -len(suffix)]
-            break
-    if name.endswith(TAR_SUFFIXES):
-        path = _meta_path(meta)
-        return f"member {line}" + (f" ({path})" if path else "")
-    if name.endswith(_LINES):
-        return f"line {line}"
-    if name.endswith(_ROWS):
-        return f"row {line}"
-    return "whole file" if line == 0 else f"piece {line}"
-
-
-def _meta_path(meta: str | None) -> str | None:
-    """A code document's ``path`` from its metadata JSON (the tar member's name), else None."""
-    if not meta:
-        return None
-    try:
-        found = json.loads(meta)
-    except ValueError:
-        return None
-    path = found.get("path") if isinstance(found, dict) else None
-    return path if isinstance(path, str) else None
 
 
 def step_range(text: str | None, steps: int) -> tuple[int, int]:
@@ -117,104 +73,6 @@ def step_range(text: str | None, steps: int) -> tuple[int, int]:
             f"--steps {text!r}: the build has steps 0..{steps - 1}; give A:B with 0 ≤ A < B ≤ {steps}"
         )
     return a, b
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One segment of a sequence: tokens ``start … end − 1`` of document ``doc_id`` of ``source``.
-
-    ``sequence`` (global index in the build), ``step`` (its build step), ``position`` (its first slot in the
-    sequence); ``file`` and ``line`` from the source's index, ``record`` as :func:`record_label` reads them,
-    ``n_tokens`` (the whole document's, EOS included), ``meta`` (the kept metadata JSON, or None). ``held``:
-    with a CP rank's slots, the token ranges ``(a, b)`` of the document (same coordinates as ``start``) that
-    rank holds, in order (empty: none of it); None without. ``text``: when asked, the piece's tokens decoded
-    (see the module's docstring), else None.
-    """
-
-    sequence: int
-    step: int
-    position: int
-    source: str
-    doc_id: int
-    file: str
-    line: int
-    record: str
-    start: int
-    length: int
-    n_tokens: int
-    meta: str | None = None
-    held: tuple[tuple[int, int], ...] | None = None
-    text: str | None = None
-
-    @property
-    def end(self) -> int:
-        """One past the piece's last token in its document (``start + length``)."""
-        return self.start + self.length
-
-    def as_json(self) -> dict[str, Any]:
-        """The piece for machines: every field (``step`` as ``build_step``), ``end`` too; ``held``, ``text`` and
-        ``meta`` only when set."""
-        out: dict[str, Any] = {
-            "sequence": self.sequence,
-            "build_step": self.step,
-            "position": self.position,
-            "source": self.source,
-            "doc_id": self.doc_id,
-            "file": self.file,
-            "line": self.line,
-            "record": self.record,
-            "start": self.start,
-            "end": self.end,
-            "length": self.length,
-            "n_tokens": self.n_tokens,
-        }
-        if self.meta is not None:
-            out["meta"] = self.meta
-        if self.held is not None:
-            out["held"] = [list(r) for r in self.held]
-        if self.text is not None:
-            out["text"] = self.text
-        return out
-
-
-@dataclass(frozen=True)
-class SourceEpochs:
-    """One source over a span of build steps: see the module's docstring. ``tokens``: the source's own
-    tokens (its documents', EOS included); ``epochs`` is 0 for a source without any."""
-
-    source: str
-    tokens: int
-    tokens_seen: int
-    unique_tokens: int
-
-    @property
-    def repeated_tokens(self) -> int:
-        return self.tokens_seen - self.unique_tokens
-
-    @property
-    def epochs(self) -> float:
-        return self.tokens_seen / self.tokens if self.tokens else 0.0
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "tokens": self.tokens,
-            "tokens_seen": self.tokens_seen,
-            "unique_tokens": self.unique_tokens,
-            "repeated_tokens": self.repeated_tokens,
-            "epochs": self.epochs,
-        }
-
-
-@dataclass(frozen=True)
-class EpochsReport:
-    """Every source of the build (the manifest's order) over build steps ``first … stop − 1``."""
-
-    first: int
-    stop: int
-    sources: tuple[SourceEpochs, ...] = field(default_factory=tuple)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"steps": [self.first, self.stop], "sources": {s.source: s.as_json() for s in self.sources}}
 
 
 Slots = Callable[[np.ndarray], np.ndarray]
@@ -251,7 +109,7 @@ class Provenance:
         self.steps = m.steps if m.steps is not None else len(self.shards) // per_step
         self.sources: tuple[str, ...] = tuple(m.sources or ())
         self._docs: dict[int, DocLookup] = {}
-        self._decode: Callable[[list[list[int]]], list[str]] | None = None
+        self._decode: Decode | None = None
         self._bounds: tuple[bool, bool] = (False, True)  # (BOS first, EOS last) of every document
 
     def step_sequences(self, step: int) -> np.ndarray:
@@ -267,10 +125,11 @@ class Provenance:
         self, sequences: Sequence[int] | np.ndarray, *, text: bool = False, slots: Slots | None = None
     ) -> list[Piece]:
         """Every segment of ``sequences`` (global indices, in the order given), in order inside each: see
-        :class:`Piece`. ``text``: decode each piece's tokens; ``slots``: a CP rank's slots (:data:`Slots`), which
-        sets each piece's ``held``. Reads only the shards holding ``sequences`` and, per source, the row groups
-        of its ``docs.parquet`` holding their documents. :class:`ProvenanceError` when a source's index is gone
-        or does not fit the shards (another tokenizer, fewer documents or tokens than the shards name)."""
+        :class:`~mixing.piece.Piece`. ``text``: decode each piece's tokens; ``slots``: a CP rank's slots
+        (:data:`Slots`), which sets each piece's ``held``. Reads only the shards holding ``sequences`` and, per
+        source, the row groups of its ``docs.parquet`` holding their documents. :class:`ProvenanceError` when a
+        source's index is gone or does not fit the shards (another tokenizer, fewer documents or tokens than the
+        shards name)."""
         views = []
         for i in (int(s) for s in sequences):
             if not 0 <= i < len(self.shards):
@@ -324,7 +183,8 @@ class Provenance:
         return [replace(p, text=t) for p, t in zip(pieces, self._decode(contents), strict=True)]
 
     def epochs(self, first: int = 0, stop: int | None = None) -> EpochsReport:
-        """Per source, what build steps ``first … stop − 1`` (default: all) took of it (:class:`SourceEpochs`).
+        """Per source, what build steps ``first … stop − 1`` (default: all) took of it
+        (:class:`~mixing.epochs.SourceEpochs`).
         Reads the segments of those steps' shards and each source's ``n_tokens`` column."""
         stop = self.steps if stop is None else stop
         if not 0 <= first < stop <= self.steps:
@@ -335,21 +195,7 @@ class Provenance:
             span = self.shards.span(first * self.per_step, stop * self.per_step)
         except ShardError as e:
             raise ProvenanceError(f"{e}; check the build with weir inspect, or rebuild it") from None
-        segs = span.segments
-        out = []
-        for k, name in enumerate(self.sources):
-            mine = segs[segs[:, 0] == k]
-            # a piece is (doc_id, start): the same piece drawn again in a later epoch is a repeat
-            _, first_at = np.unique(mine[:, 1:3], axis=0, return_index=True)
-            out.append(
-                SourceEpochs(
-                    source=name,
-                    tokens=self._source_tokens(k),
-                    tokens_seen=int(mine[:, 3].sum()),
-                    unique_tokens=int(mine[first_at, 3].sum()),
-                )
-            )
-        return EpochsReport(first, stop, tuple(out))
+        return count_epochs(span.segments, first, stop, self.sources, self._source_tokens)
 
     # --- the sources' indexes -------------------------------------------------------------------------------
 
@@ -414,7 +260,10 @@ class Provenance:
             raise ProvenanceError(
                 f"{folder}/spec.json: cannot read it ({first_line(e)}); build the mix again into {self.layout.url}"
             ) from None
-        self._decode = _decoder(spec, folder)
+        try:
+            self._decode = load_decoder(spec, folder)
+        except DecoderError as e:  # the decoder's own one-line message, as this module's error
+            raise ProvenanceError(str(e)) from None
         self._bounds = (bool(spec.get("bos", False)), bool(spec.get("eos", True)))
 
     def _content(self, tokens: np.ndarray, start: int, n_tokens: int) -> list[int]:
@@ -424,37 +273,6 @@ class Provenance:
         a = 1 if bos and start == 0 else 0
         b = len(tokens) - 1 if eos and start + len(tokens) == n_tokens else len(tokens)
         return np.asarray(tokens[a : max(a, b)], dtype=np.int64).tolist()
-
-
-def _decoder(spec: dict[str, Any], folder: Path) -> Callable[[list[list[int]]], list[str]]:
-    """Lists of token ids → their texts, for the tokenizer ``spec`` (``tokenizer/spec.json``) prepared in
-    ``folder``; bytes that are no whole character decode to U+FFFD."""
-    kind = spec.get("kind")
-    if kind == "bytes":  # ids 0..255 are the bytes; 256 is the EOS
-        return lambda batch: [bytes(i for i in ids if i < 256).decode("utf-8", "replace") for ids in batch]
-    if kind in ("bpe", "hf"):
-        from tokenizers import Tokenizer
-
-        path = folder / "tokenizer.json"
-        try:
-            tok = Tokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception on a missing or bad file
-            raise ProvenanceError(
-                f"{path}: cannot load it ({first_line(e)}); build the mix again to restore the tokenizer"
-            ) from None
-        return lambda batch: tok.decode_batch(batch, skip_special_tokens=False)
-    if kind == "tiktoken":
-        import tiktoken
-
-        try:
-            enc = tiktoken.get_encoding(str(spec.get("name")))
-        except Exception as e:  # unknown name, or offline without TIKTOKEN_CACHE_DIR
-            raise ProvenanceError(
-                f"tiktoken encoding {spec.get('name')!r} cannot be loaded ({first_line(e)}); offline, set "
-                "TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cache files"
-            ) from None
-        return lambda batch: [enc.decode(ids, errors="replace") for ids in batch]
-    raise ProvenanceError(f"{folder}/spec.json: unknown tokenizer kind {kind!r}; build the mix again with this weir")
 
 
 def _held(cu: np.ndarray, starts: np.ndarray, positions: np.ndarray) -> list[tuple[tuple[int, int], ...]]:

@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 from contract.shards import ShardSet
 from mixing import load_mix
 from mixing.output.layout import BuildLayout
-from mixing.provenance import Piece, Provenance, ProvenanceError, record_label, step_range
+from mixing.piece import Piece
+from mixing.provenance import Provenance, ProvenanceError, step_range
 from mixing.stages import STAGES
 from pipelines.cli import app
 
@@ -117,24 +118,6 @@ def weir(*args: str) -> tuple[int, str, str]:
 
 
 # --- the pieces of a step -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("file", "line", "meta", "label"),
-    [
-        ("/d/a.jsonl", 7, None, "line 7"),
-        ("/d/a.jsonl.zst", 7, None, "line 7"),
-        ("s3://b/p/a.parquet", 3, None, "row 3"),
-        ("/d/a.CSV.gz", 2, None, "row 2"),
-        ("/d/a.txt", 0, None, "whole file"),
-        ("/d/a.txt", 4, None, "piece 4"),
-        ("/d/lib/os.py", 0, '{"path": "/d/lib/os.py", "language": "python"}', "whole file"),
-        ("/d/src.tar.gz", 5, '{"path": "pkg/m.py", "language": "python"}', "member 5 (pkg/m.py)"),
-        ("/d/src.tar", 5, None, "member 5"),
-    ],
-)
-def test_a_record_reads_as_its_format_numbers_it(file: str, line: int, meta: str | None, label: str) -> None:
-    assert record_label(file, line, meta) == label
 
 
 def test_every_format_decodes_to_its_record_as_rendered(formats: Formats) -> None:
@@ -314,13 +297,6 @@ def test_lookup_contiguous_holds_a_slice_of_every_sequence(formats: Formats) -> 
         assert s["held"] == ([[s["start"], s["start"] + b - a]] if a < b else []), s
 
 
-def test_a_bytes_tokenizer_decodes_whole_characters_and_drops_its_eos() -> None:
-    from mixing.provenance import _decoder
-
-    decode = _decoder({"kind": "bytes"}, Path("unused"))
-    assert decode([[*"héllo".encode(), 256], list("é".encode())[:1]]) == ["héllo", "\ufffd"]
-
-
 def test_lookup_prints_one_line_per_segment_and_its_text(formats: Formats) -> None:
     code, stdout, stderr = weir("lookup", str(formats.root), "--step", "2", "--text")
     assert code == 0, stderr
@@ -414,3 +390,13 @@ def test_a_lookup_reading_a_group_of_another_tokenizer_is_refused(formats: Forma
     pq.write_table(table.set_column(table.schema.get_field_index("tokenizer"), "tokenizer", tokenizer), docs)
     with pytest.raises(ProvenanceError, match=f"{docs} does not fit the shards.*another tokenizer"):
         Provenance(copy).lookup(prov.step_sequences(0))
+
+
+def test_a_tokenizer_that_cannot_be_loaded_is_a_provenance_error(formats: Formats, tmp_path: Path) -> None:
+    prov = Provenance(formats.root)
+    copy = tmp_path / "b"
+    shutil.copytree(formats.root, copy, ignore=shutil.ignore_patterns("chunks", "weir.duckdb"))
+    (copy / "tokenizer" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ProvenanceError, match=r"tokenizer\.json: cannot load it .*build the mix again") as e:
+        Provenance(copy).lookup(prov.step_sequences(0), text=True)
+    assert len(str(e.value).splitlines()) == 1
