@@ -90,7 +90,7 @@ class CostModel:
     field, its unit and its default's source).
 
     Defaults: a manifest that records no ``cost`` means ``CostModel(1.0, 0.0)`` (attention only); the mix
-    file's own default (:class:`mixing.mixfile.parts.Cost`) adds a linear term. A manifest that records no
+    file's own default (:class:`mixing.mixfile.balance.Cost`) adds a linear term. A manifest that records no
     hybrid field means that field's default.
     """
 

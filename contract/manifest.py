@@ -154,7 +154,7 @@ class SourceCounts(_Frozen):
 class Regroup(_Frozen):
     """The mix file's ``balance.regroup`` as the build recorded it: the loader's default ``window``,
     ``period`` and ``slack`` (:mod:`loaders.planner`). Its field defaults are the mix file's defaults too
-    (:class:`mixing.mixfile.parts.Regroup` takes them from here)."""
+    (:class:`mixing.mixfile.balance.Regroup` takes them from here)."""
 
     window: _Pos = 20
     period: _NonNeg = 10

@@ -3,7 +3,8 @@
 Never imports Dagster or torch; writes a build through the build contract (:mod:`contract`).
 """
 
-from mixing.mixfile.mix import Mix, MixError, load_mix
+from mixing.mixfile.locations import MixError
+from mixing.mixfile.mix import Mix, load_mix
 from mixing.output.layout import BuildLayout
 
 __all__ = ["BuildLayout", "Mix", "MixError", "load_mix"]

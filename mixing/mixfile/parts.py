@@ -1,7 +1,9 @@
-"""The parts of a mix file: tokenizer, sequence, sources, curriculum phases and the cost model.
+"""The parts of a mix file: tokenizer, sequence, sources and continuation, and the limits every part keeps.
 
-Frozen pydantic models; unknown fields are errors. :mod:`mixing.mixfile.mix` assembles them into a
-:class:`~mixing.mixfile.mix.Mix` and maps every validation error to the file's line and field path.
+Frozen pydantic models (:class:`FrozenModel`: unknown fields are errors). The curriculum's phases are
+:mod:`mixing.mixfile.phase`'s and the ``balance`` section is :mod:`mixing.mixfile.balance`'s;
+:mod:`mixing.mixfile.mix` assembles them all into a :class:`~mixing.mixfile.mix.Mix` and maps every
+validation error to the file's line and field path (:mod:`mixing.mixfile.locations`).
 """
 
 from __future__ import annotations
@@ -12,37 +14,28 @@ import json
 import math
 import re
 import string
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PlainValidator,
-    SerializerFunctionWrapHandler,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
-from contract.cost import CostModel
 from contract.manifest import FeedbackNote
-from contract.manifest import Regroup as _Recorded
 
 __all__ = [
     "MAX_STEPS",
     "MAX_TOKENS",
     "MAX_TOKENS_PER_STEP",
     "NAME_PATTERN",
-    "Balance",
     "Continues",
-    "Cost",
     "FrozenModel",
-    "Phase",
     "SequenceSpec",
     "SourceSpec",
     "TokenizerSpec",
-    "Transition",
 ]
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"  # also a valid Dagster name
@@ -211,206 +204,6 @@ def _check_template(template: str) -> None:
                 f"template field {shown}: format spec {spec!r} is not allowed; expected a standard one "
                 "such as '.2f' or '>10' (width and precision of at most 3 digits, no nested fields)"
             )
-
-
-_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
-_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
-
-
-def _steps_value(v: object) -> int | str | None:
-    """A phase's ``steps``: a positive int or a percentage string like ``'15%'`` (no union: one message)."""
-    if v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_STEPS):
-        return v
-    if isinstance(v, str) and (m := _PERCENT.match(v)) and 0 < float(m.group(1)) < 100:
-        return v
-    if isinstance(v, int) and not isinstance(v, bool):
-        if v > MAX_STEPS:
-            raise ValueError(f"{_big(v)} steps is more than the limit of {MAX_STEPS:,} steps per run")
-        raise ValueError(f"steps must be greater than 0, got {v}")
-    raise ValueError(f"steps {_short(v)}: expected a positive integer or a percentage like '15%' (0–100)")
-
-
-def _tokens_value(v: object) -> int | str | None:
-    """A phase's ``tokens``: a positive int or a count string like ``'50M'`` or ``'1.5B'``."""
-    if v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_TOKENS):
-        return v
-    if isinstance(v, str) and (m := _TOKENS.match(v)) and (n := float(m.group(1)) * _SUFFIX[m.group(2).upper()]) > 0:
-        if n <= MAX_TOKENS:
-            return v
-        raise ValueError(f"tokens {_short(v)} is more than the limit of {MAX_TOKENS:.0e} tokens per phase")
-    if isinstance(v, int) and not isinstance(v, bool) and v > MAX_TOKENS:
-        raise ValueError(f"tokens {_big(v)} is more than the limit of {MAX_TOKENS:.0e} tokens per phase")
-    raise ValueError(f"tokens {_short(v)}: expected a positive integer or a count like '50M', '1.5B'")
-
-
-def _big(n: int) -> str:
-    """A huge int for a message: its digits up to 20, else its order of magnitude."""
-    return f"{n:,}" if n < 10**20 else f"about 10^{len(str(n)) - 1}"
-
-
-def _short(v: object) -> str:
-    """``repr(v)`` cut to 60 characters (a message stays one short line whatever the file holds)."""
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
-
-
-class Transition(FrozenModel):
-    """How the mixture moves from the previous phase's to this one's over the first ``steps`` steps.
-
-    ``step`` switches at the phase boundary (``steps`` must be 0); ``linear`` and ``cosine`` ramp over
-    ``steps`` ≥ 1 steps, sampling the ramp at each step's midpoint, and reach the phase's own mixture
-    exactly at step ``first_step + steps``.
-    """
-
-    shape: Literal["step", "linear", "cosine"] = "linear"
-    steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
-
-    @model_validator(mode="after")
-    def _steps_match_shape(self) -> Transition:
-        if self.shape == "step" and self.steps:
-            raise ValueError("a 'step' transition switches at once; expected steps: 0 (or shape linear/cosine)")
-        if self.shape != "step" and self.steps < 1:
-            raise ValueError(f"a {self.shape!r} transition needs steps ≥ 1 (the length of the ramp)")
-        return self
-
-
-class Phase(FrozenModel):
-    """A run of optimizer steps drawing sources in the shares of ``mixture``.
-
-    Its length is ``steps`` (an int, or ``"15%"`` of the whole run's steps) or ``tokens`` (an int or
-    ``"50M"``-style, rounded up to whole steps of S × global_batch tokens); exactly one of the two.
-    ``mixture`` weights sum to 1 unless the mix (or the phase) says ``normalize: true``.
-    ``transition`` ramps in from the previous phase's mixture; ``max_doc_tokens`` draws only documents
-    of at most that many tokens in this phase (the length curriculum).
-    """
-
-    phase: Annotated[str, Field(pattern=NAME_PATTERN)]
-    steps: Annotated[int | str | None, PlainValidator(_steps_value)] = None
-    tokens: Annotated[int | str | None, PlainValidator(_tokens_value)] = None
-    mixture: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]]
-    transition: Transition | None = None
-    max_doc_tokens: Annotated[int, Field(ge=1, le=1 << 40)] | None = None
-    normalize: bool | None = None
-
-    @field_validator("mixture")
-    @classmethod
-    def _not_empty(cls, v: dict[str, float]) -> dict[str, float]:
-        if not v:
-            raise ValueError("mixture is empty; expected at least one source with a positive weight")
-        if sum(v.values()) <= 0:
-            raise ValueError("mixture weights are all 0; expected at least one positive weight")
-        return v
-
-    @model_validator(mode="after")
-    def _one_length(self) -> Phase:
-        if (self.steps is None) == (self.tokens is None):
-            raise ValueError("give the phase's length as exactly one of 'steps' or 'tokens'")
-        return self
-
-    @property
-    def shares(self) -> dict[str, float]:
-        """The mixture's weights divided by their sum (the same values when they already sum to 1)."""
-        total = sum(self.mixture.values())
-        return {k: v / total for k, v in self.mixture.items()}
-
-    @property
-    def percent(self) -> float | None:
-        """The phase's share of the run in percent when ``steps`` is a percentage, else None."""
-        return float(_PERCENT.match(self.steps).group(1)) if isinstance(self.steps, str) else None  # type: ignore[union-attr]
-
-    def token_count(self) -> int | None:
-        """``tokens`` as an int (suffixes K/M/B/T expanded), or None when the phase is given in steps."""
-        if self.tokens is None or isinstance(self.tokens, int):
-            return self.tokens
-        m = _TOKENS.match(self.tokens)
-        assert m is not None
-        return round(float(m.group(1)) * _SUFFIX[m.group(2).upper()])
-
-
-_CostWeight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-_Bandwidths = Annotated[
-    tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...], Field(min_length=1, max_length=32)
-]
-_MODEL = CostModel()  # the hybrid fields' defaults live once, in the build contract
-
-
-class Cost(FrozenModel):
-    """The mix file's ``balance.cost``: the build's cost model (:class:`contract.cost.CostModel`, a
-    document of ``l`` tokens costs ``attention·l² + linear·l``), here with the mix file's defaults.
-
-    The other fields price a document split over ``d`` ranks for the hybrid deal (``loaders.hybrid``) and
-    default to the build contract's (FlexSP's measurements): ``per_document`` and ``per_micro_batch`` (cost
-    units), ``unit_seconds`` (seconds per cost unit, > 0), ``comm_bytes`` (bytes per token),
-    ``intra_bandwidth`` and ``inter_bandwidth`` (lists of bytes/s, > 0, by block size inside a node and by
-    nodes spanned), ``group_latency`` (seconds). A field left at its default stays out of the mix's
-    fingerprint and the manifest, so a mix that sets none builds what it built before.
-    """
-
-    attention: _CostWeight = 1.0
-    linear: _CostWeight = 8192.0
-    per_document: _CostWeight = _MODEL.per_document
-    per_micro_batch: _CostWeight = _MODEL.per_micro_batch
-    unit_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = _MODEL.unit_seconds
-    comm_bytes: _CostWeight = _MODEL.comm_bytes
-    intra_bandwidth: _Bandwidths = _MODEL.intra_bandwidth
-    inter_bandwidth: _Bandwidths = _MODEL.inter_bandwidth
-    group_latency: _CostWeight = _MODEL.group_latency
-
-    @model_serializer(mode="wrap")
-    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out: dict[str, Any] = handler(self)
-        for name in type(self).model_fields:
-            if name not in ("attention", "linear") and getattr(self, name) == getattr(_MODEL, name):
-                out.pop(name, None)
-        return out
-
-    def model(self) -> CostModel:
-        """The cost model these weights make (what the build packs with and records)."""
-        fields = {name: getattr(self, name) for name in type(self).model_fields}
-        return CostModel(**fields)
-
-
-_RECORDED = _Recorded()  # the defaults live once, in the build contract
-
-
-class Regroup(FrozenModel):
-    """Outlier delay for one sequence per DP rank at long context (``loaders.balance.regroup_window``): the
-    sequences of ``window`` consecutive steps of a phase are regrouped into steps of similar cost, laid out
-    by a cost template repeating every ``period`` steps, and refined under the balance bound ``slack``
-    (``loaders.refinement``) so that every ``period``-step window keeps the build's mixture. Each phase's
-    length becomes a multiple of ``period`` (a partial block at a phase's end cannot keep the mixture)."""
-
-    window: Annotated[int, Field(ge=2, le=100_000)] = _RECORDED.window
-    period: Annotated[int, Field(ge=1, le=100_000)] = _RECORDED.period
-    slack: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = _RECORDED.slack
-
-
-class Balance(FrozenModel):
-    """How the loader spreads work over DP ranks (``loaders.balance``).
-
-    ``micro_batches``: ``equal`` (default) gives every DP rank ``global_batch / dp_size`` sequences per step;
-    ``unequal`` (ByteScale-style) lets the counts differ (at least one each) so that each rank's Σ cost is
-    even: for a trainer that accumulates gradients over a variable number of micro-batches and normalizes its
-    loss by tokens. It changes which rank reads which sequence of a step, never the steps themselves.
-    ``max_tokens`` (with ``unequal`` only): the most real tokens one DP rank may hold in a step, the memory
-    budget of a variable-length micro-batch (a rank's sequences concatenated without their padding,
-    ``loaders.varlen.concat``); at least the sequence length, and the loader checks it holds
-    ``global_batch / dp_size`` sequences.
-    ``regroup`` (default: none, training steps are the build's steps) moves sequences between nearby steps
-    of a phase for balance when each rank holds one sequence per step (:class:`Regroup`).
-    """
-
-    cost: Cost = Cost()
-    micro_batches: Literal["equal", "unequal"] = "equal"
-    max_tokens: Annotated[int, Field(gt=0, le=1 << 40)] | None = None
-    regroup: Regroup | None = None
-
-    @model_validator(mode="after")
-    def _budget_needs_unequal(self) -> Balance:
-        if self.max_tokens is not None and self.micro_batches != "unequal":
-            raise ValueError("max_tokens bounds unequal micro-batches; expected micro_batches: unequal with it")
-        return self
 
 
 class Continues(FrozenModel):

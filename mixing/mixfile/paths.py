@@ -2,7 +2,7 @@
 
 Contract: :func:`check_paths` takes a validated :class:`~mixing.mixfile.mix.Mix` and returns a
 :class:`PathCheck` of ``problems`` (each one line ``FILE:LINE: field.path: problem; expected ...``, the
-format of :class:`~mixing.mixfile.mix.MixError`) and ``notes`` (one line each: what it did not check). It
+format of :class:`~mixing.mixfile.locations.MixError`) and ``notes`` (one line each: what it did not check). It
 never raises for a wrong path, never reads a file's contents nor tokenizes, and never shows an
 ``{env_NAME}`` value. It checks, for each source's ``uri`` and ``tokenizer.path`` as
 :func:`~mixing.mixfile.mix.resolve_path` resolves them:
@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from mixing.mixfile import envvars
-from mixing.mixfile.mix import Mix, MixError
+from mixing.mixfile.locations import MixError
+from mixing.mixfile.mix import Mix
 from mixing.mixfile.pathrule import is_url
 
 __all__ = ["PathCheck", "check_paths"]

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from contract.cost import FLEXSP_7B, CostModel
-from mixing.mixfile.parts import Cost
+from mixing.mixfile.balance import Cost
 
 
 def test_of_works_on_scalars_and_int_arrays() -> None:

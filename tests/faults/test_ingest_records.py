@@ -12,7 +12,8 @@ import pytest
 from mixing.ingest.documents import tokenize_source
 from mixing.ingest.sources import read_records
 from mixing.ingest.tokenizer import load_tokenizer
-from mixing.mixfile.mix import MixError, SourceSpec, TokenizerSpec, parse_mix
+from mixing.mixfile.locations import MixError
+from mixing.mixfile.mix import SourceSpec, TokenizerSpec, parse_mix
 
 BOM = b"\xef\xbb\xbf"
 TOK = load_tokenizer(TokenizerSpec(kind="bytes"), Path("."))

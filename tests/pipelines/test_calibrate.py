@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from mixing.mixfile.parts import Cost
+from mixing.mixfile.balance import Cost
 from pipelines.calibrate import PACKED, PACKED_TOKENS, AttentionLayer, fit, measure
 
 ROOT = Path(__file__).resolve().parents[2]

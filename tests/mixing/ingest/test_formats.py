@@ -254,7 +254,8 @@ def test_shared_text() -> None:
 
 
 def test_spec_rejects_template_and_messages_together() -> None:
-    from mixing.mixfile.mix import MixError, parse_mix
+    from mixing.mixfile.locations import MixError
+    from mixing.mixfile.mix import parse_mix
 
     mix = """
 name: m

@@ -89,24 +89,6 @@ def test_only_safe_yaml(tmp_path: Path) -> None:
         parse_mix("!!python/object/apply:os.system ['true']\n", "evil.yaml")
 
 
-def test_regrouping_aligns_every_phase_to_whole_template_blocks() -> None:
-    text = GOOD.replace("steps: 10", "tokens: 2500").replace("steps: 5", "steps: '20%'")
-    text += "balance:\n  regroup: {window: 4, period: 4}\n"
-    mix = parse_mix(text, "good.yaml")  # 2500 tokens = 10 steps of 256 → 12; 20% of the run → 4 (one block)
-    assert mix.phase_steps == (12, 4)
-    assert mix.balance.regroup is not None and mix.balance.regroup.slack == 1.15
-    assert parse_mix(GOOD.replace("steps: 10", "tokens: 2500"), "good.yaml").phase_steps[0] == 10  # no regroup
-
-
-def test_steps_that_are_not_whole_template_blocks_name_the_phase() -> None:
-    text = GOOD + "balance:\n  regroup: {period: 4}\n"
-    with pytest.raises(MixError) as e:
-        parse_mix(text, "bad.yaml")
-    assert "bad.yaml:8: curriculum[0].steps" in str(e.value) and "expected 8 or 12" in str(e.value)
-    with pytest.raises(MixError, match=r"bad.yaml:16: balance.regroup.slack"):
-        parse_mix(GOOD + "balance:\n  regroup: {period: 5, slack: 0.5}\n", "bad.yaml")
-
-
 def test_a_token_budget_needs_unequal_micro_batches_and_room_for_a_sequence() -> None:
     ok = parse_mix(GOOD + "balance: {micro_batches: unequal, max_tokens: 512}\n", "m.yaml")
     assert ok.balance.max_tokens == 512
@@ -147,15 +129,6 @@ def test_mix_faults_are_one_line_naming_file_line_and_field(
     edit: tuple[str, str], line: int, field: str, words: str
 ) -> None:
     test_invalid_mix_names_line_and_field(edit, line, field, words)
-
-
-def test_a_duplicate_key_of_whitespace_is_named_on_one_line(tmp_path: Path) -> None:
-    # found by the mutation fuzz: a key " \n" repeated put a newline into the message
-    bad = tmp_path / "bad.yaml"
-    bad.write_text('name: x\nseed:\n  ? " \\n"\n  ? " \\n"\n')
-    with pytest.raises(MixError) as e:
-        load_mix(bad)
-    assert "\n" not in str(e.value) and "seed[' \\n']: duplicate key" in str(e.value)
 
 
 # --- a misspelled field gets the nearest valid name -----------------------------------------------------
