@@ -11,12 +11,11 @@ listings are not cached: other processes write into the same root.
 
 :meth:`Store.open` is the checked way in: a URL whose protocol fsspec does not know, or a root it cannot
 reach (no such bucket, no endpoint, refused credentials), is one :class:`StoreError` line that names the
-root without its credentials, never a local folder with a strange name.
+root without its credentials (:mod:`contract.redaction`), never a local folder with a strange name.
 
-A root shared by builds on several machines can be fenced (:func:`fenced`): while a :class:`Fence` is registered
-for it, every write and removal under it, through any :class:`Store` of this process, first asks the fence
-(:meth:`Fence.admit`), which raises once this process may no longer write there; an upload is admitted just
-before it completes, so a refused one leaves nothing behind.
+A root shared by builds on several machines can be fenced (:func:`contract.fence.fenced`): every write and
+removal under it is admitted by its fence first; an upload just before it completes, so a refused one leaves
+nothing behind. Ranged reads of a remote file coalesce close ranges into few requests (:mod:`contract.ranges`).
 """
 
 from __future__ import annotations
@@ -24,68 +23,29 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import re
 import shutil
-import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 import fsspec
 
 from contract.atomic import atomic_path
 from contract.errors import WeirError
+from contract.fence import Fence, covering
+from contract.ranges import coalesce
+from contract.redaction import has_user_info, redact_url, scrub, secrets_of
 
-__all__ = ["Fence", "HashingWriter", "Store", "StoreError", "fenced", "is_local", "redact_url", "sha256_file"]
+__all__ = ["HashingWriter", "Store", "StoreError", "is_local", "sha256_file"]
 
 # An object on these is visible only once its upload completes (a memory:// file is visible from its open, so it
 # is not one of them).
-_GAP = 1 << 20  # ranges of one object less than this apart are fetched as one request
-_BLOCK = 64 << 20  # but no request larger than this
 _WHOLE_ON_UPLOAD = {"s3", "s3a", "gs", "gcs", "abfs", "az"}
-_SECRET_OPTION = re.compile(r"key|secret|token|pass|cred|sas|auth", re.I)  # storage option names holding secrets
-_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@]*|[^@]*:[^@]*)@", re.I)  # may hold an unescaped "/"
 
 
 class StoreError(WeirError):
     """A build root that cannot be used: unknown protocol, unreachable, or refused."""
-
-
-class Fence(Protocol):
-    """What a writer must hold to write into a shared root: consulted before every write and removal there."""
-
-    @property
-    def generation(self) -> int:
-        """The holder's generation (a number that grows with every new holder of the root), recorded in what
-        it publishes."""
-        ...
-
-    def admit(self, name: str) -> None:
-        """Return if this process may still write or remove ``name`` (``/``-separated, relative to the fenced
-        root; a folder for a removal of a tree), else raise (a :class:`WeirError` that says why)."""
-        ...
-
-
-_FENCES: dict[tuple[str, str], Fence] = {}  # (protocol, root without protocol) -> its fence, for every thread
-_FENCES_LOCK = threading.Lock()
-
-
-@contextmanager
-def fenced(store: Store, fence: Fence) -> Iterator[None]:
-    """Have every write and removal under ``store``'s root in this process (by any :class:`Store` whose folder is
-    in it) admitted by ``fence`` first, for the ``with`` block. One fence per root: nesting another raises."""
-    key = (store.protocol, store.root.rstrip("/"))
-    with _FENCES_LOCK:
-        if key in _FENCES and _FENCES[key] is not fence:
-            raise RuntimeError(f"{redact_url(store.url)} is fenced already")
-        _FENCES[key] = fence
-    try:
-        yield
-    finally:
-        with _FENCES_LOCK:
-            _FENCES.pop(key, None)
 
 
 def sha256_file(path: Path) -> str:
@@ -119,11 +79,6 @@ def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
-def redact_url(url: str) -> str:
-    """``url`` without credentials (``s3://KEY:SECRET@bucket`` → ``s3://***@bucket``) for messages."""
-    return _USERINFO.sub(r"\1***@", str(url))
-
-
 class Store:
     """A folder on a local disk or any fsspec filesystem: whole-file checksummed writes, reads, listings.
 
@@ -148,10 +103,10 @@ class Store:
         answers a listing (within seconds on s3). Raises :class:`StoreError` (one line that names the root, no
         credentials) otherwise: unknown protocol, credentials in a URL its filesystem does not read, no bucket,
         refused credentials, unreachable endpoint."""
-        hidden = _secrets(str(url), storage_options or {})
+        hidden = secrets_of(str(url), storage_options or {})
 
         def refuse(why: str) -> StoreError:
-            return StoreError(_scrub(f"build root {redact_url(str(url))}: {why}", hidden))
+            return StoreError(scrub(f"build root {redact_url(str(url))}: {why}", hidden))
 
         if not is_local(str(url)):
             protocol = str(url).split("://", 1)[0]
@@ -169,7 +124,7 @@ class Store:
             except OSError as e:
                 raise refuse(f"cannot create it ({e.strerror})") from None
             return store
-        if _USERINFO.match(str(url)) and "@" in store.root:  # the filesystem took them for part of the path
+        if has_user_info(str(url)) and "@" in store.root:  # the filesystem took them for part of the path
             raise refuse(f"{store.protocol}:// does not read credentials from the URL; give them in storage_options")
         bucket = store.root.split("/", 1)[0]
         try:
@@ -194,19 +149,13 @@ class Store:
         return f"{self.root}/{name}"
 
     def fence(self) -> Fence | None:
-        """The fence of the root this folder is in (:func:`fenced`), if any."""
+        """The fence of the root this folder is in (:func:`contract.fence.fenced`), if any."""
         found = self._fenced(self.root)
         return found[0] if found else None
 
     def _fenced(self, path: str) -> tuple[Fence, str] | None:
         """The fence covering ``path`` (a key of this filesystem) and ``path`` relative to its root."""
-        if not _FENCES or self.local:
-            return None
-        with _FENCES_LOCK:
-            for (protocol, root), fence in _FENCES.items():
-                if protocol == self.protocol and (path == root or path.startswith(root + "/")):
-                    return fence, path[len(root) + 1 :]
-        return None
+        return None if self.local else covering(self.protocol, path)
 
     def _admit(self, name: str) -> None:
         """Ask the fence covering ``name``, if any, whether it may be written or removed now (it raises if not)."""
@@ -317,8 +266,8 @@ class Store:
 
     def read_ranges(self, name: str, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         """Bytes ``[starts[i], ends[i])`` of ``name``, one ``bytes`` each (empty where ``ends[i] <= starts[i]``);
-        remote ranges are fetched concurrently, those less than :data:`_GAP` apart as one request (a shard
-        gathers thousands of short documents from a chunk: one request each would cost a round trip each).
+        remote ranges are fetched concurrently, those less than :data:`contract.ranges.GAP` apart as one request
+        (a shard gathers thousands of short documents from a chunk: one request each would cost a round trip each).
         Raises the first error (a missing file: FileNotFoundError)."""
         ranges = list(zip(starts, ends, strict=True))
         if self.local:
@@ -328,28 +277,14 @@ class Store:
                     f.seek(s)
                     out.append(f.read(max(0, e - s)))
                 return out
-        out = [b""] * len(ranges)
-        wanted = sorted((i for i, (s, e) in enumerate(ranges) if e > s), key=lambda i: ranges[i])
-        blocks: list[list[int]] = []  # [start, end] of each request, ranges merged where close
-        for i in wanted:  # (an empty HTTP range would fetch the whole object: never asked for)
-            s, e = ranges[i]
-            if blocks and s <= blocks[-1][1] + _GAP and e - blocks[-1][0] <= _BLOCK:
-                blocks[-1][1] = max(blocks[-1][1], e)
-            else:
-                blocks.append([s, e])
+        requests = coalesce(ranges)
         got = self.fs.cat_ranges(
-            [self.key(name)] * len(blocks),
-            [b[0] for b in blocks],
-            [b[1] for b in blocks],
+            [self.key(name)] * len(requests.blocks),
+            [b[0] for b in requests.blocks],
+            [b[1] for b in requests.blocks],
             on_error="raise",  # fsspec's default returns the exceptions in the list, as if they were bytes
         )
-        k = 0
-        for i in wanted:  # in the same order the blocks were made
-            s, e = ranges[i]
-            while s >= blocks[k][1] or e > blocks[k][1]:
-                k += 1
-            out[i] = got[k][s - blocks[k][0] : e - blocks[k][0]]
-        return out
+        return requests.cut(got)
 
     def size(self, name: str) -> int | None:
         """Bytes of ``name``, or None when it is missing (one stat or HEAD request, no read)."""
@@ -398,27 +333,3 @@ def _one_line(e: BaseException) -> str:
     """``e``'s message on one line (botocore's run over several), at most 300 characters."""
     text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
     return text[:300] if text else type(e).__name__
-
-
-def _secrets(url: str, options: dict[str, Any]) -> list[str]:
-    """What a message about ``url`` must never show: the URL's user info (whole and each part) and the string
-    values of storage options named like credentials, at any depth; the longest first, for :func:`_scrub`."""
-    found: list[str] = []
-    if m := _USERINFO.match(url):
-        found += [m.group(2), *m.group(2).split(":")]
-
-    def walk(opts: dict[str, Any]) -> None:
-        for k, v in opts.items():
-            if isinstance(v, dict):
-                walk(v)
-            elif isinstance(v, str) and _SECRET_OPTION.search(str(k)):
-                found.append(v)
-
-    walk(options)
-    return sorted({x for x in found if len(x) >= 4}, key=len, reverse=True)  # "t" is no secret anyone keeps
-
-
-def _scrub(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text

@@ -32,7 +32,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from assets import WeirEngine, mix_assets
 from contract.errors import WeirError
-from contract.store import is_local, redact_url
+from contract.redaction import redact_url
+from contract.store import is_local
 from mixing import Mix, stages
 from mixing.engine import Engine, LocalEngine
 from pipelines import PROJECT_ROOT

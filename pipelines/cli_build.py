@@ -127,7 +127,8 @@ def _build(
 ) -> None:
     """``weir build``'s work (see :func:`build`); a failure is raised for :func:`_build_failed`, bar a busy output
     (exit 3) and an invalid mix, continuation or feedback (exit 2)."""
-    from contract.store import is_local, redact_url
+    from contract.redaction import redact_url
+    from contract.store import is_local
 
     m = load_mix_or_exit(mix)
     remote = out_dir is not None and not is_local(out_dir)

@@ -167,7 +167,7 @@ def explain(error: BaseException, dest: Path | str, *, said: str | None = None, 
     failed build kept beside ``dest`` (:func:`pipelines.kept_work.kept_work`), named with its size where it
     holds the space that ran out. Deterministic for a given error and file-system state."""
     if isinstance(dest, str) and "://" in dest:  # an object-store root: never its credentials
-        from contract.store import redact_url
+        from contract.redaction import redact_url
 
         dest = redact_url(dest)
     e = original(error)

@@ -12,7 +12,7 @@ the headers' whole seconds), the next build takes it over, again with ``If-Match
 over one stale lease exactly one succeeds. The ``generation`` grows with every new holder: the holder's start,
 in seconds since 1970, or one more than the holder it took the lease over from, whichever is larger.
 
-**Fencing.** While it holds the lease, a build fences the root (:func:`contract.store.fenced`): every write and
+**Fencing.** While it holds the lease, a build fences the root (:func:`contract.fence.fenced`): every write and
 removal under it in this process is first admitted by the :class:`Lease`. The publish points (each stage's
 commit record and the shards' manifest, written or removed) are admitted only after a renewal that the server
 accepted (``If-Match`` the last ETag: the lease is still this build's, and now for a whole ``ttl``); any other
@@ -52,8 +52,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from contract.errors import WeirError, first_line
+from contract.fence import fenced
 from contract.manifest import MANIFEST
-from contract.store import Store, fenced, redact_url
+from contract.redaction import redact_url
+from contract.store import Store
 from mixing.output.commit import COMMITS
 from pipelines.lease_object import LEASE_NAME, Refused, delete, head, lease_fs, put, request_timeout
 from pipelines.outage import DEFAULT_OUTAGE_S, EndpointUnreachable, outage_limit, unreachable
@@ -77,7 +79,7 @@ class LeaseLost(WeirError):
 
 class Lease:
     """The lease of one root, held by this process: renewed by a daemon thread until :meth:`release`, and the
-    root's :class:`~contract.store.Fence` meanwhile (:meth:`admit`)."""
+    root's :class:`~contract.fence.Fence` meanwhile (:meth:`admit`)."""
 
     def __init__(
         self, store: Store, fs: Any, taken: tuple[str, float], body: dict[str, Any], say: Callable[[str], None]
@@ -107,7 +109,7 @@ class Lease:
 
     def admit(self, name: str) -> None:
         """Return if this build may still write or remove ``name`` in the root, else raise :class:`LeaseLost`
-        (the :class:`~contract.store.Fence` of the root; see the module's docstring)."""
+        (the :class:`~contract.fence.Fence` of the root; see the module's docstring)."""
         if self._lost is None and not _publishes(name) and time.monotonic() - self._confirmed < self.ttl / 2:
             return
         self.confirm()

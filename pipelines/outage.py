@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from contract.errors import WeirError
-from contract.store import redact_url
+from contract.redaction import redact_url
 
 __all__ = [
     "DEFAULT_OUTAGE_S",

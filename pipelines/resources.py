@@ -18,7 +18,8 @@ from pydantic import PrivateAttr
 
 from assets import WeirEngine, WeirStorage
 from contract.errors import WeirError
-from contract.store import Store, redact_url
+from contract.redaction import redact_url
+from contract.store import Store
 from mixing import BuildLayout, Mix
 from pipelines.lease import held_lease, root_lease
 from pipelines.outage import riding_outages

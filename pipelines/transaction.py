@@ -31,7 +31,8 @@ import dagster as dg
 from assets import WeirEngine
 from assets.storage import work_folder
 from contract.errors import WeirError
-from contract.store import Store, is_local, redact_url
+from contract.redaction import redact_url
+from contract.store import Store, is_local
 from mixing import Mix
 from mixing.output.commit import COMMITS
 from pipelines.build import build_mix, build_tags

@@ -9,7 +9,7 @@ and only as far as :func:`verify` finds them as listed.
 
 Format: ``{"stage", "partition", "files": {name: {"bytes", "sha256"}}, "summary": {...}, "check"}``, as
 ``json.dumps(record, indent=1)`` writes it; ``check`` is the sha256 of the record's JSON (sorted keys) without
-``check``. A record written into a fenced root (:func:`contract.store.fenced`: a build holding an object-store
+``check``. A record written into a fenced root (:func:`contract.fence.fenced`: a build holding an object-store
 root's lease, :mod:`pipelines.lease`) also holds ``"generation"``, its writer's lease generation: the record is
 written only once the fence admits it, and a reader can tell which holder of the root published it. A record
 reads back only when its bytes are exactly what the writer wrote, so any change to them (in a value, or in

@@ -21,7 +21,8 @@ import boto3
 import dagster as dg
 import pytest
 
-from contract.store import Store, fenced
+from contract.fence import fenced
+from contract.store import Store
 from mixing import load_mix
 from mixing.output.commit import commit, read_commit
 from pipelines.lease import LEASE_NAME, BuildBusy, LeaseLost, held_lease, root_lease
@@ -266,7 +267,7 @@ def test_an_endpoint_unreachable_past_the_ttl_and_the_outage_limit_loses_the_lea
 
 _WRITER = """
 import sys
-from contract.store import Store, fenced
+from contract.store import Store
 from contract.errors import WeirError
 from mixing.output.commit import commit
 from pipelines.lease import root_lease
