@@ -19,10 +19,10 @@
 A step's predicted time is its critical path: each rank runs its micro-batches in order; the ranks that train
 one document together (a CP block) start it together; the gradient reduction that ends every step is the same
 under every layout and left out. Per document and rank of its block, time = compute + CP communication
-(:func:`price`: ``contract.cost.CostModel``'s communication terms where it has them). Printed per layout:
-``step_time_ratio`` (total predicted time ÷ the fixed default's), ``time_over_floor`` (total predicted time ÷
-the total of :func:`step_floor`, what no deal of the build's steps can beat; none for the fixed default, whose
-steps are regrouped), ``compute_imbalance`` mean and p95 (per step,
+(:func:`benchmarks.hybrid_layouts.price`: ``contract.cost.CostModel``'s communication terms where it has
+them). Printed per layout: ``step_time_ratio`` (total predicted time ÷ the fixed default's), ``time_over_floor``
+(total predicted time ÷ the total of :func:`benchmarks.hybrid_layouts.step_floor`, what no deal of the build's
+steps can beat; none for the fixed default, whose steps are regrouped), ``compute_imbalance`` mean and p95 (per step,
 max ÷ mean over all ranks of predicted busy time, compute + communication; for layouts that keep the build's
 steps also apart: ``one_document_steps``, the steps whose floor one document sets, no deal being able to even
 them, ``compute_imbalance_even_*`` over the other steps, and ``one_document_over_floor_p95`` / ``_max``, the
@@ -45,6 +45,9 @@ simulator against a published result it can be fed (verl's dynamic CP, see :func
     TIKTOKEN_CACHE_DIR=../shared/tokenizers/tiktoken_cache .venv/bin/python benchmarks/hybrid.py [--json]
     .venv/bin/python benchmarks/hybrid.py --build build/demo --dp 4 --cp 2 --json
     .venv/bin/python benchmarks/hybrid.py --validate
+
+This script holds the CLI, the regimes, the goals and the printing; the builds (simulated and real) are
+``benchmarks/hybrid_builds.py``'s, the layouts, their pricing and the floors ``benchmarks/hybrid_layouts.py``'s.
 """
 
 from __future__ import annotations
@@ -58,25 +61,48 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 import argparse
 import hashlib
-import itertools
 import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from benchmarks.curriculum import curriculum, planned_shares
-from benchmarks.megatron_dcp import Schedule, check, dp_balanced, traffic
+from benchmarks.hybrid_builds import Build, real_build, simulated_build, step_documents
+from benchmarks.hybrid_layouts import (
+    Figures,
+    critical_path,
+    fixed_layout,
+    floor_parts,
+    hybrid_layout,
+    megatron_layout,
+    schedule_busy,
+)
+from benchmarks.megatron_dcp import check, dp_balanced
 from benchmarks.megatron_dcp import schedule as megatron_schedule
-from benchmarks.simulation import COST, MIXTURE, SHARED, SimulatedShards, Step, bfd, draw, lengths
+from benchmarks.simulation import SHARED, lengths
 from contract.cost import CostModel
-from loaders.planner import StepPlanner
-from loaders.refinement import SLACK
-from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, mixture_error
+from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW
+
+# benchmarks/hybrid_plan.py imports simulated_build and step_documents from here, with the script's helpers
+__all__ = [
+    "COLUMNS",
+    "GPUS_PER_NODE",
+    "commit",
+    "goals",
+    "load_average",
+    "long_tailed",
+    "main",
+    "overridden",
+    "real_data_here",
+    "run_regime",
+    "simulated_build",
+    "step_documents",
+    "uncommitted",
+    "validate",
+]
 
 GPUS_PER_NODE = 8
 COLUMNS = {  # the printed table's columns: key → header
@@ -96,389 +122,6 @@ COLUMNS = {  # the printed table's columns: key → header
     "plan_ms_per_step": "plan ms",
     "micro_batches_mean": "micro-b.",
 }
-
-
-def price(cost: CostModel, lengths: np.ndarray, degree: np.ndarray, gpus_per_node: int) -> np.ndarray:
-    """Predicted time (cost units) each rank of a document's block spends on it: compute + CP communication,
-    float64 [n] for documents of ``lengths`` tokens trained on blocks of ``degree`` ranks (1: no CP), blocks
-    aligned to their size (a block of at most ``gpus_per_node`` ranks stays inside a node). The one place the
-    benchmark prices a document: ``contract.cost.CostModel.time``, as the deal does."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    degree = np.asarray(degree, dtype=np.int64)
-    return np.asarray(cost.time(lengths, degree, gpus_per_node), dtype=np.float64).reshape(-1)
-
-
-def per_micro_batch(cost: CostModel) -> float:
-    """What every micro-batch costs every rank whatever it holds (``CostModel.per_micro_batch``)."""
-    return float(cost.per_micro_batch)
-
-
-def step_floor(lengths: np.ndarray, world: int, capacity: int, cost: CostModel, gpus_per_node: int) -> float:
-    """A floor under the predicted time of any deal of one step's documents (no token moving between steps) on
-    ``world`` ranks of ``capacity`` tokens: the busiest rank spends at least the least per-rank time of any
-    document (over the degrees its length allows, up to the largest aligned block), and at least the mean of
-    the least total work (degree × per-rank time) of all documents; every rank runs at least the micro-batches
-    the step's tokens need (:func:`floor_parts`)."""
-    document, work, micro = floor_parts(lengths, world, capacity, cost, gpus_per_node)
-    return max(document, work) + micro
-
-
-def floor_parts(
-    lengths: np.ndarray, world: int, capacity: int, cost: CostModel, gpus_per_node: int
-) -> tuple[float, float, float]:
-    """:func:`step_floor`'s terms: (the heaviest document's least per-rank time, the least total work's mean over
-    the ranks, the micro-batches' cost). Where the first is the larger, one document alone sets the step's time
-    and no deal can even the ranks out: the goal is then the busiest rank within 2 % of the floor."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if not len(lengths):
-        return 0.0, 0.0, 0.0
-    top = 1 << (world.bit_length() - 1)
-    degree = 1 << np.ceil(np.log2(-(-lengths // capacity))).astype(np.int64)
-    per_rank = np.full(len(lengths), np.inf)
-    total = np.full(len(lengths), np.inf)
-    while (degree <= top).any():
-        ok = degree <= top
-        tau = price(cost, lengths, np.minimum(degree, top), gpus_per_node)
-        per_rank = np.where(ok, np.minimum(per_rank, tau), per_rank)
-        total = np.where(ok, np.minimum(total, degree * tau), total)
-        degree = degree * 2
-    micro = -(-int(lengths.sum()) // (world * capacity))
-    return float(per_rank.max()), float(total.sum()) / world, micro * per_micro_batch(cost)
-
-
-def moved_tokens(lengths: np.ndarray, degree: np.ndarray, front_padding: bool = True) -> int:
-    """Tokens whose attention needs K/V from another rank: of a document zigzagged over ``d > 1`` ranks in
-    ``2d`` chunks, every real token but those of its first chunk, whose keys lie in that chunk, on the query's
-    own rank. ``front_padding``: weir's split (``loaders.context_parallel.document_zigzag``, padding before
-    the document); else Transformer Engine's THD split (padding after it), which Megatron uses."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    degree = np.asarray(degree, dtype=np.int64)
-    two = 2 * degree
-    m = -(-lengths // two)
-    first = np.maximum(0, m - (two * m - lengths)) if front_padding else np.minimum(m, lengths)
-    return int(np.where(degree > 1, lengths - first, 0).sum())
-
-
-def critical_path(busy: np.ndarray, blocks: list[list[tuple[int, int]]]) -> float:
-    """A step's predicted time: ``busy`` float64 [micro-batches, world] each rank's time in each micro-batch,
-    ``blocks`` per micro-batch the (first rank, size) of the runs of ranks that train a document together; each
-    rank runs its micro-batches in order, and the ranks of overlapping blocks start a micro-batch together."""
-    world = busy.shape[1]
-    finish = np.zeros(world)
-    for k in range(busy.shape[0]):
-        merged: list[list[int]] = []
-        for a, s in sorted(b for b in blocks[k] if b[1] > 1):
-            if merged and a < merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], a + s)
-            else:
-                merged.append([a, a + s])
-        for a, b in merged:
-            finish[a:b] = finish[a:b].max()
-        finish += busy[k]
-    return float(finish.max())
-
-
-@dataclass
-class Build:
-    """What the benchmark needs of a build: its sequences' segments (source, length), steps, cost model, the
-    plan's tokens per step and source, its phases, and the loader's planners (default balance, window 1)."""
-
-    name: str
-    seq_len: int
-    batch: int
-    cost: CostModel
-    seg_offsets: np.ndarray  # int64 [sequences + 1]
-    seg_source: np.ndarray  # int64 [segments]
-    seg_length: np.ndarray  # int64 [segments]
-    planned: np.ndarray  # float64 [steps, sources]
-    phase: np.ndarray  # int64 [steps]
-    phase_names: list[str]
-    sources: list[str]
-    planner: Callable[[bool], StepPlanner]  # window1 → the loader's planner
-    steps: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.steps = (len(self.seg_offsets) - 1) // self.batch
-
-    def documents(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The segments (lengths int64, owning position in ``seqs`` int64) of sequences ``seqs``, in order."""
-        lo, hi = self.seg_offsets[seqs], self.seg_offsets[seqs + 1]
-        idx = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]) if len(seqs) else np.zeros(0)
-        owner = np.repeat(np.arange(len(seqs)), hi - lo)
-        return self.seg_length[idx.astype(np.int64)], owner
-
-    def compositions(self, stream: list[np.ndarray]) -> np.ndarray:
-        """Tokens per source (int64 [steps, sources]) of each step of ``stream`` (sequence indices per step)."""
-        owner = np.repeat(np.arange(len(self.seg_offsets) - 1), np.diff(self.seg_offsets))
-        per_seq = np.zeros((len(self.seg_offsets) - 1, len(self.sources)), dtype=np.int64)
-        np.add.at(per_seq, (owner, self.seg_source), self.seg_length)
-        return np.array([per_seq[s].sum(axis=0) for s in stream])
-
-    def unit(self) -> float:
-        """Real tokens of the fullest sequence (``mixture_error``'s whole unit)."""
-        return float(np.add.reduceat(self.seg_length, self.seg_offsets[:-1]).max())
-
-
-def simulated_build(
-    name: str, lens: dict[str, np.ndarray], seq_len: int, steps: int, seed: int, batch: int = 16, packer: str = "weir"
-) -> Build:
-    """A three-phase build (``benchmarks/curriculum.py``'s ``ramps`` curriculum) drawn from ``lens`` and packed by
-    weir's packer (``packer="weir"``, :func:`weir_packed`: what a build hands the trainer) or best-fit decreasing
-    as ``benchmarks/simulation.py`` does (``"bfd"``); balance ``regroup: {window: 20, period: 10, slack: 1.15}``,
-    cost l² + 49152·l."""
-    phases = curriculum(steps, "ramps")
-    shares, caps, phase = planned_shares(phases)
-    drawn = draw(lens, seq_len, batch, len(shares), seed, shares, caps)
-    packed = weir_packed(drawn, shares, phase, seq_len, batch) if packer == "weir" else bfd(drawn, seq_len, batch)
-    starts = [int(np.flatnonzero(phase == k)[0]) for k in range(len(phases))]
-    shards = SimulatedShards(packed, batch, starts)
-
-    def planner(window1: bool) -> StepPlanner:
-        if window1:
-            return StepPlanner(shards, window=1)  # type: ignore[arg-type]  # the metadata a ShardSet gives
-        return StepPlanner(shards, window=20, period=10, slack=SLACK)  # type: ignore[arg-type]
-
-    return Build(
-        name, seq_len, batch, COST, shards.seg_offsets, shards.segments[:, 0].copy(), shards.segments[:, 3].copy(),
-        shares * seq_len * batch, phase, [p[0] for p in phases], list(MIXTURE), planner,
-    )  # fmt: skip
-
-
-def weir_packed(
-    drawn: list[list[tuple[int, int]]], shares: np.ndarray, phase: np.ndarray, seq_len: int, batch: int
-) -> list[Step]:
-    """The drawn units (per step, (source, length)) packed by weir's packer (:func:`mixing.pack.packing.
-    pack_units`, its default engine) against the planned ``shares`` [steps, sources] per step, phases as
-    ``phase`` [steps] numbers them: per step, per sequence its (source, length) segments."""
-    from mixing.pack.packing import pack_units
-
-    rows = [(n, k, 0, 0, t, 0) for t, units in enumerate(drawn) for k, n in units]
-    units = np.array(rows, dtype=np.int64).reshape(-1, 6)
-    units[:, 2] = np.arange(len(units))  # every unit its own document
-    plan_steps = [(t, f"phase{int(p)}") for t, p in enumerate(phase)]
-    p = pack_units(units, plan_steps, tuple(MIXTURE), seq_len, batch, COST, shares * seq_len * batch)
-    seqs = [
-        [(int(src), int(n)) for src, _doc, _start, n in p.segments[a:b]]
-        for a, b in itertools.pairwise(p.seg_offsets.tolist())
-    ]
-    return [Step(seqs[t * batch : (t + 1) * batch]) for t in range(len(seqs) // batch)]
-
-
-def real_build(path: str) -> Build:
-    """A finished build folder: its shards, manifest (cost model, balance, phases) and plan quotas."""
-    import duckdb
-
-    from loaders.config import Balance
-    from loaders.stream import stream_planner
-    from mixing.output.layout import BuildLayout
-    from mixing.plan.mixture import planned_tokens
-
-    layout = BuildLayout.of(Path(path))
-    shards = layout.shard_set()
-    m = shards.manifest
-    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
-        quotas = con.sql("SELECT step, phase, source, quota FROM plan_quotas").pl()
-    names, phase_names, phase, plan = planned_tokens(quotas)
-    sources = list(m.sources or ())
-    planned = np.zeros((len(plan), len(sources)))
-    for k, s in enumerate(sources):
-        planned[:, k] = plan[:, names.index(s)]
-    offs, segs = shards.segments
-    assert m.global_batch is not None
-
-    def planner(window1: bool) -> StepPlanner:
-        return stream_planner(shards, Balance(window=1) if window1 else Balance())
-
-    return Build(
-        str(path), int(m.seq_len), int(m.global_batch), m.cost, np.asarray(offs, dtype=np.int64),
-        segs[:, 0].astype(np.int64), segs[:, 3].astype(np.int64), planned, phase, list(phase_names), sources, planner,
-    )  # fmt: skip
-
-
-@dataclass
-class Figures:
-    """One layout's figures over a run (fixed, fixed_window1, hybrid or megatron), as ``--json`` prints them."""
-
-    step_time: list[float] = field(default_factory=list)
-    imbalance: list[float] = field(default_factory=list)
-    busiest: list[float] = field(default_factory=list)  # per step: the busiest rank's predicted time
-    moved: list[int] = field(default_factory=list)
-    schedule_bytes: list[int] = field(default_factory=list)
-    allgather_bytes: list[int] = field(default_factory=list)  # Megatron's rerouting by all-gather (dev head)
-    collectives: list[int] = field(default_factory=list)
-    micro_batches: list[int] = field(default_factory=list)
-    plan_s: float = 0.0
-    stream: list[np.ndarray] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    def add(
-        self, busy: np.ndarray, blocks: list[list[tuple[int, int]]], moved: int, nbytes: int = 0, calls: int = 0
-    ) -> None:
-        """Record one step: per micro-batch each rank's busy time and the blocks that start together."""
-        per_rank = busy.sum(axis=0)
-        self.step_time.append(critical_path(busy, blocks))
-        self.imbalance.append(float(per_rank.max() / per_rank.mean()) if per_rank.mean() > 0 else 1.0)
-        self.busiest.append(float(per_rank.max()))
-        self.moved.append(moved)
-        self.schedule_bytes.append(nbytes)
-        self.collectives.append(calls)
-        self.micro_batches.append(busy.shape[0])
-
-    def summary(self, base: float, build: Build, floors: list[tuple[float, float, float]] | None) -> dict[str, Any]:
-        """The printed keys; ``base``: the fixed default's total predicted time; ``floors``: each build step's
-        :func:`floor_parts`, None for a layout whose steps are not the build's. Where they are given, the steps
-        one document bounds are apart: ``compute_imbalance_even_*`` over the other steps, and the busiest rank
-        over the floor (``one_document_over_floor_*``) over those."""
-        realized = build.compositions(self.stream)
-        me = mixture_error(realized, build.planned, build.phase, build.sources, build.phase_names, unit=build.unit())
-        one = np.array([d > w for d, w, _m in floors], dtype=bool) if floors is not None else None
-        floor = sum(max(d, w) + m for d, w, m in floors) if floors is not None else None
-        imbalance = np.asarray(self.imbalance)
-        even = imbalance[~one] if one is not None and (~one).any() else imbalance
-        over = (
-            np.array([b / (max(d, w) + m) for b, (d, w, m), o in zip(self.busiest, floors, one, strict=True) if o])
-            if floors is not None and one is not None
-            else np.zeros(0)
-        )
-        return {
-            "step_time_ratio": round(sum(self.step_time) / base, 4),
-            "time_over_floor": None if floor is None else round(sum(self.step_time) / floor, 4),
-            "compute_imbalance_mean": round(float(np.mean(imbalance)), 4),
-            "compute_imbalance_p95": round(float(np.percentile(imbalance, 95)), 4),
-            "one_document_steps": None if one is None else int(one.sum()),
-            "compute_imbalance_even_mean": None if one is None else round(float(np.mean(even)), 4),
-            "compute_imbalance_even_p95": None if one is None else round(float(np.percentile(even, 95)), 4),
-            "one_document_over_floor_p95": round(float(np.percentile(over, 95)), 4) if len(over) else None,
-            "one_document_over_floor_max": round(float(over.max()), 4) if len(over) else None,
-            "cp_tokens_moved": round(float(np.mean(self.moved))),
-            "schedule_bytes": round(float(np.mean(self.schedule_bytes))),
-            "schedule_bytes_allgather": round(float(np.mean(self.allgather_bytes))) if self.allgather_bytes else 0,
-            "collectives": round(float(np.mean(self.collectives))),
-            "stream_mixture_window": round(me.window, 4),
-            "stream_mixture_phase": round(me.phase, 4),
-            "plan_ms_per_step": round(1000 * self.plan_s / len(self.step_time), 2),
-            "micro_batches_mean": round(float(np.mean(self.micro_batches)), 2),
-            "problems": self.problems[:5],
-        }
-
-
-def fixed_layout(build: Build, window1: bool, dp: int, cp: int, gpus_per_node: int) -> Figures:
-    """Today's layout: the loader's planner deals whole sequences to DP ranks; each goes over all ``cp``
-    ranks of its DP rank, one sequence per micro-batch."""
-    fig = Figures()
-    t0 = time.perf_counter()
-    planner = build.planner(window1)
-    per_step = [planner.assignment(t, dp) for t in range(build.steps)]
-    fig.plan_s = time.perf_counter() - t0
-    fig.stream = [planner.step_sequences(t) for t in range(build.steps)]
-    for ranks in per_step:
-        n_mb = max(len(r) for r in ranks)
-        busy = np.zeros((n_mb, dp * cp))
-        moved = 0
-        for d, seqs in enumerate(ranks):
-            for k, s in enumerate(seqs):
-                lengths, _ = build.documents(np.array([s]))
-                degree = np.full(len(lengths), cp)
-                busy[k, d * cp : (d + 1) * cp] = price(build.cost, lengths, degree, gpus_per_node).sum()
-                moved += moved_tokens(lengths, degree)
-        busy += per_micro_batch(build.cost)
-        blocks = [[(d * cp, cp) for d in range(dp)]] * n_mb
-        fig.add(busy, blocks, moved)
-    return fig
-
-
-def step_documents(build: Build, t: int) -> tuple[np.ndarray, np.ndarray]:
-    """Build step ``t``'s documents (lengths) and the position in the step of the sequence holding each."""
-    return build.documents(np.arange(t * build.batch, (t + 1) * build.batch))
-
-
-def hybrid_layout(build: Build, dp: int, cp: int, gpus_per_node: int, capacity: int) -> Figures:
-    """weir's hybrid layout: ``loaders.hybrid.deal`` over each build step's documents."""
-    from loaders.hybrid import HybridWorld, deal
-
-    fig = Figures()
-    world = HybridWorld(dp=dp, cp=cp, capacity=capacity, gpus_per_node=gpus_per_node)
-    fig.stream = [np.arange(t * build.batch, (t + 1) * build.batch) for t in range(build.steps)]
-    worst = 0.0
-    if build.steps:  # the compiled kernels' load (or compile) is the process's, once, not a step's
-        deal(step_documents(build, 0)[0], world, build.cost)
-    for t in range(build.steps):
-        lengths, _ = step_documents(build, t)
-        t0 = time.perf_counter()
-        d = deal(lengths, world, build.cost, seed=t)
-        fig.plan_s += time.perf_counter() - t0
-        degree, first, mb = (np.asarray(x, dtype=np.int64) for x in (d.degree, d.first_rank, d.micro_batch))
-        fig.problems += [f"step {t}: {p}" for p in deal_problems(lengths, degree, first, mb, dp * cp, capacity)]
-        tau = price(build.cost, lengths, degree, gpus_per_node)
-        busy = np.zeros((int(d.micro_batches), dp * cp))
-        rank = np.repeat(first, degree) + (np.arange(int(degree.sum())) - np.repeat(np.cumsum(degree) - degree, degree))
-        np.add.at(busy, (np.repeat(mb, degree), rank), np.repeat(tau, degree))
-        busy += per_micro_batch(build.cost)
-        blocks: list[list[tuple[int, int]]] = [[] for _ in range(busy.shape[0])]
-        for i in np.flatnonzero(degree > 1):
-            blocks[mb[i]].append((int(first[i]), int(degree[i])))
-        fig.add(busy, blocks, moved_tokens(lengths, degree))
-        rt = np.asarray(d.rank_time, dtype=np.float64)
-        if rt.max() > 0:
-            worst = max(worst, float(np.abs(rt - busy.sum(axis=0)).max() / rt.max()))
-    if worst > 1e-6:
-        fig.problems.append(f"deal.rank_time differs from this benchmark's pricing by up to {worst:.2%}")
-    return fig
-
-
-def deal_problems(
-    lengths: np.ndarray, degree: np.ndarray, first: np.ndarray, mb: np.ndarray, world: int, capacity: int
-) -> list[str]:
-    """What breaks the hybrid layout's rules: every document on an aligned power-of-two block inside the world,
-    at most ``capacity`` tokens on a rank in a micro-batch."""
-    out = []
-    if len(degree) != len(lengths):
-        return [f"{len(degree)} degrees for {len(lengths)} documents"]
-    if ((degree < 1) | (degree & (degree - 1)) | (first % np.maximum(degree, 1)) | (first + degree > world)).any():
-        out.append("a block that is not an aligned power of two inside the world")
-    load = np.zeros((int(mb.max()) + 1 if len(mb) else 1, world))
-    rank = np.repeat(first, degree) + (np.arange(int(degree.sum())) - np.repeat(np.cumsum(degree) - degree, degree))
-    np.add.at(load, (np.repeat(mb, degree), rank), np.repeat(-(-lengths // degree), degree))
-    if load.max() > capacity:
-        out.append(f"a rank holds {int(load.max())} tokens in a micro-batch, over its capacity {capacity}")
-    return out
-
-
-def megatron_layout(build: Build, dp: int, cp: int, gpus_per_node: int, capacity: int) -> Figures:
-    """Megatron-core's ``DefaultDynamicCPScheduler`` over each build step's documents."""
-    fig = Figures()
-    fig.stream = [np.arange(t * build.batch, (t + 1) * build.batch) for t in range(build.steps)]
-    for t in range(build.steps):
-        lengths, pos = step_documents(build, t)
-        t0 = time.perf_counter()
-        s = megatron_schedule(lengths, dp, cp, capacity)
-        fig.plan_s += time.perf_counter() - t0
-        fig.problems += [f"step {t}: {p}" for p in check(s, len(lengths))]
-        owner = pos * dp // build.batch  # each DP rank loads a contiguous share of the global batch
-        tr = traffic(lengths, owner, s, dp, cp)
-        busy, blocks, moved = schedule_busy(s, lengths, build.cost, gpus_per_node)
-        fig.add(busy, blocks, moved, tr.bytes_alltoall, tr.collectives)
-        fig.allgather_bytes.append(tr.bytes_allgather)
-    return fig
-
-
-def schedule_busy(
-    s: Schedule, lengths: np.ndarray, cost: CostModel, gpus_per_node: int
-) -> tuple[np.ndarray, list[list[tuple[int, int]]], int]:
-    """Per micro-batch each rank's time, the blocks, and the tokens moved, of a Megatron schedule."""
-    busy = np.zeros((len(s.micro_batches), s.world))
-    blocks: list[list[tuple[int, int]]] = []
-    moved = 0
-    for k in range(len(s.micro_batches)):
-        row = []
-        for b in s.blocks(k):
-            docs = np.array(b.docs, dtype=np.int64)
-            degree = np.full(len(docs), b.size)
-            busy[k, b.first : b.first + b.size] = price(cost, lengths[docs], degree, gpus_per_node).sum()
-            moved += moved_tokens(lengths[docs], degree, front_padding=False)
-            row.append((b.first, b.size))
-        blocks.append(row)
-    return busy + per_micro_batch(cost), blocks, moved
 
 
 def overridden(cost: CostModel, overrides: dict[str, Any]) -> CostModel:
@@ -502,7 +145,8 @@ def commit() -> str:
 def uncommitted() -> dict[str, str]:
     """The files whose code makes the figures and that differ from the commit, each with the first 12 hex
     digits of its sha256 (the header names them: the commit alone would not say which code ran)."""
-    names = ["benchmarks/hybrid.py", "benchmarks/megatron_dcp.py", "contract/cost.py"]
+    names = [f"benchmarks/hybrid{part}.py" for part in ("", "_builds", "_layouts")]
+    names += ["benchmarks/megatron_dcp.py", "contract/cost.py"]
     names += [f"loaders/hybrid{part}.py" for part in ("", "_placement", "_fill", "_kernels")]
     try:
         out = subprocess.run(["git", "status", "--porcelain", *names], cwd=ROOT, capture_output=True, text=True)
