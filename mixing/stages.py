@@ -1,11 +1,11 @@
 """The stages of a build: one function each, reading the previous stages' outputs from a build folder,
-and :data:`STAGES`, the one table of their names, partitioning and dependencies.
+and :data:`STAGES`, the one table of their names, partitioning and dependencies (rows: :class:`mixing.stage.Stage`).
 
 Each function writes its small files under ``layout.root`` (atomically, file by file), has the engine's
 workers write the large ones (token chunks, shards) straight to the build root, publishes what it made to
 the build root (``layout.url``; nothing to copy when that is ``layout.root`` itself) and ends with the
-stage's commit record there (:mod:`mixing.output.commit`), which it removed before writing anything. It
-returns a small summary for metadata.
+stage's commit record there (:mod:`mixing.output.commit`), which it removed before writing anything
+(:func:`mixing.stage.begin`, :func:`mixing.stage.publish`). It returns a small summary for metadata.
 
 :data:`STAGES` is what everything that runs or shows stages iterates: the Dagster asset factory (asset
 keys, partitions, deps), ``weir build`` (the order it materializes them in) and ``weir plan --compute``
@@ -16,26 +16,23 @@ keys, partitions, deps), ``weir build`` (the order it materializes them in) and 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import polars as pl
 
 from contract.atomic import atomic_path
 from contract.manifest import MANIFEST, Manifest
-from contract.store import Store, sha256_file
+from contract.store import Store
 from mixing.continuation import Base, documents_digest
 from mixing.engine import LOCAL, Engine, LocalEngine
 from mixing.ingest.documents import TokenizeReport, tokenize_source
 from mixing.ingest.documents import tokenize_ahead as tokenize_source_ahead
-from mixing.ingest.sources import SourceIndexError, index_source, read_records
+from mixing.ingest.sources import SourceIndexError, index_source
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
 from mixing.ingest.tokenizer import prepare_tokenizer as _prepare
 from mixing.mixfile import envvars
 from mixing.mixfile.mix import Mix
-from mixing.output.commit import commit, uncommit
 from mixing.output.layout import BuildLayout
 from mixing.pack.packed import write_packed
 from mixing.pack.packing import stream_plan
@@ -43,11 +40,12 @@ from mixing.plan.audit import PlanAudit, audit_plan
 from mixing.plan.curriculum_plan import Past, Plan, make_plan, step_quotas
 from mixing.plan.database import duckdb_config
 from mixing.plan.stats import LengthStats, compute_length_stats
+from mixing.stage import Stage, StorageOptions, begin, publish
+from mixing.tokenizer_sample import tokenizer_sample
 
 __all__ = [
     "PLAN_LOG",
     "STAGES",
-    "Stage",
     "fingerprints",
     "index",
     "length_stats",
@@ -62,29 +60,6 @@ __all__ = [
 
 PLAN_LOG = logging.getLogger("weir.plan")  # the plan's warnings: `weir build` prints what logs under `weir`
 Progress = Callable[[str], None]
-StorageOptions = dict[str, Any] | None  # fsspec options (s3 endpoint, credentials) from the Dagster resource
-
-
-def _begin(layout: BuildLayout, stage: str, partition: str | None = None) -> None:
-    """Withdraw ``stage``'s commit record: its outputs are about to change."""
-    layout.root.mkdir(parents=True, exist_ok=True)
-    uncommit(layout.store(), stage, partition)
-
-
-def _publish(
-    layout: BuildLayout, stage: str, partition: str | None, names: list[str], published: Iterable[dict[str, Any]] = ()
-) -> None:
-    """Copy the files ``names`` (relative to ``layout.root``) to the build root when it is elsewhere, then write
-    the stage's commit record listing them and the entries already ``published`` there by workers."""
-    store = layout.store()
-    files = list(published)
-    for name in names:
-        local = layout.root / name
-        if layout.target:
-            files.append(store.put_file(name, local))
-        else:
-            files.append({"name": name, "bytes": local.stat().st_size, "sha256": sha256_file(local)})
-    commit(store, stage, partition, files)
 
 
 def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOptions = None) -> pl.DataFrame:
@@ -92,7 +67,7 @@ def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOp
 
     Paths (and every other text) are in their shown form: ``{env_NAME}`` values hidden (:mod:`mixing.mixfile.envvars`).
     """
-    _begin(layout, "source_index", source)
+    begin(layout, "source_index", source)
     try:
         df = index_source(mix, source, storage_options)
     except SourceIndexError as e:
@@ -101,48 +76,21 @@ def index(mix: Mix, layout: BuildLayout, source: str, storage_options: StorageOp
         df = df.with_columns(pl.col(pl.String).str.replace_all(value, placeholder, literal=True))
     with atomic_path(layout.source_dir(source) / "index.parquet") as tmp:
         df.write_parquet(tmp)
-    _publish(layout, "source_index", source, [f"sources/{source}/index.parquet"])
+    publish(layout, "source_index", source, [f"sources/{source}/index.parquet"])
     return df
-
-
-def _files(layout: BuildLayout, source: str) -> list[str]:
-    index = pl.read_parquet(layout.source_dir(source) / "index.parquet")
-    if "skipped" in index.columns:  # paths the index skipped (dangling symlinks, ...) are never read
-        index = index.filter(pl.col("skipped").is_null())
-    return index["path"].to_list()
-
-
-def _sample(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> Iterator[str]:
-    """Up to ``tokenizer.sample_bytes`` of text, an equal share per source, in index order.
-
-    Deterministic: the same files (sorted) give the same sample, and a file past the point where its
-    source's share is full is never read, so changing it leaves the trained tokenizer as it was.
-    """
-    share = mix.tokenizer.sample_bytes // len(mix.sources)
-    for name in sorted(mix.sources):
-        taken = 0
-        for path in _files(layout, name):
-            for rec in read_records(path, mix.sources[name], storage_options):
-                if rec.text:
-                    yield rec.text[: share - taken]
-                    taken += min(len(rec.text), share - taken)
-                if taken >= share:
-                    break
-            if taken >= share:
-                break
 
 
 def prepare_tokenizer(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> TextTokenizer:
     """Train (``bpe``) or copy the mix's tokenizer into ``tokenizer/``; needs every source indexed. A
     continuation takes its base's tokenizer as it is (a new source would change a trained one's sample)."""
-    _begin(layout, "tokenizer")
+    begin(layout, "tokenizer")
     if mix.continues is not None:
         Base(mix.continues.base, mix.continues.at, storage_options).copy_tokenizer(layout.tokenizer_dir)
         tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     else:
-        tok = _prepare(mix.tokenizer, layout.tokenizer_dir, _sample(mix, layout, storage_options))
+        tok = _prepare(mix.tokenizer, layout.tokenizer_dir, tokenizer_sample(mix, layout, storage_options))
     names = sorted(p.name for p in layout.tokenizer_dir.iterdir() if not p.name.startswith("."))
-    _publish(layout, "tokenizer", None, [f"tokenizer/{n}" for n in names])
+    publish(layout, "tokenizer", None, [f"tokenizer/{n}" for n in names])
     return tok
 
 
@@ -158,7 +106,7 @@ def tokenize(
     ``sources/<source>/chunks/`` (reusing unchanged ones), and index them in ``sources/<source>/``.
 
     Raises :class:`mixing.ingest.documents.DocumentsError` when records were read but none was kept."""
-    _begin(layout, "documents", source)
+    begin(layout, "documents", source)
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     files = pl.read_parquet(layout.source_dir(source) / "index.parquet")
     report = tokenize_source(
@@ -174,7 +122,7 @@ def tokenize(
         engine=engine,
     )
     chunks = [{**r, "name": f"sources/{source}/chunks/{r['name']}"} for r in report.chunk_records]
-    _publish(
+    publish(
         layout, "documents", source, [f"sources/{source}/{n}" for n in ("docs.parquet", "quarantine.jsonl")], chunks
     )
     return report
@@ -212,14 +160,14 @@ def _chunks(layout: BuildLayout, source: str) -> Store:
 def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
     """Length tables in ``weir.duckdb`` over every source's documents (DuckDB bounded by
     :func:`~mixing.plan.database.duckdb_config`, as in :func:`plan`)."""
-    _begin(layout, "length_stats")
+    begin(layout, "length_stats")
     files = {name: layout.source_dir(name) / "docs.parquet" for name in mix.sources}
     stats = compute_length_stats(layout.duckdb, files, mix.sequence.length, duckdb_config())
     with atomic_path(layout.plan_dir / "length_histogram.parquet") as tmp:
         stats.histogram.write_parquet(tmp)
     with atomic_path(layout.plan_dir / "length_summary.parquet") as tmp:
         stats.summary.write_parquet(tmp)
-    _publish(layout, "length_stats", None, [f"plan/length_{n}.parquet" for n in ("histogram", "summary")])
+    publish(layout, "length_stats", None, [f"plan/length_{n}.parquet" for n in ("histogram", "summary")])
     return stats
 
 
@@ -230,7 +178,7 @@ def plan(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) 
     prints) is logged on :data:`PLAN_LOG`, so ``weir build`` prints the same words. A continuation
     (``mix.continues``) is checked against its base first (:class:`mixing.continuation.Base`, read with
     ``storage_options``) and planned from its switch step on."""
-    _begin(layout, "plan")
+    begin(layout, "plan")
     past = _past(mix, layout, storage_options) if mix.continues is not None else None
     result = make_plan(mix, layout.duckdb, duckdb_config(), past)
     for warning in result.warnings:
@@ -241,7 +189,7 @@ def plan(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) 
         result.phases.write_parquet(tmp)
     with atomic_path(layout.plan_dir / "sources.parquet") as tmp:
         result.per_source.write_parquet(tmp)
-    _publish(layout, "plan", None, [f"plan/{n}.parquet" for n in ("quotas", "phases", "sources")])
+    publish(layout, "plan", None, [f"plan/{n}.parquet" for n in ("quotas", "phases", "sources")])
     return result
 
 
@@ -281,7 +229,7 @@ def pack(
     shards start with its base's of the steps before the switch (read with ``storage_options``), its sources
     in the base's order, then those new in this mix.
     """
-    _begin(layout, "packed_shards")
+    begin(layout, "packed_shards")
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     db = duckdb_config()  # DuckDB's pages read by the packer, bounded as in length_stats and plan
     cost = mix.balance.cost.model()
@@ -310,7 +258,7 @@ def pack(
     name = f"shards/{MANIFEST}"
     got = layout.store().digest(name)
     assert got is not None, "write_packed wrote the manifest"
-    _publish(layout, "packed_shards", None, [], [{"name": name, "bytes": got[0], "sha256": got[1]}])
+    publish(layout, "packed_shards", None, [], [{"name": name, "bytes": got[0], "sha256": got[1]}])
     return manifest
 
 
@@ -321,56 +269,6 @@ def fingerprints(mix: Mix, layout: BuildLayout) -> dict[str, str]:
     """
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     return {"mix_fingerprint": mix.fingerprint(), "tokenizer_fingerprint": tok.fingerprint}
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of a build: the asset ``[<mix name>, name]`` and the function that computes it.
-
-    ``per_source``: partitioned by source name, run once per source (sorted); else once for the whole mix.
-    ``deps``: the stages whose outputs it reads, all earlier in :data:`STAGES`. ``reads_sources``: it reads
-    the sources' files, so ``fn`` takes the fsspec ``storage_options``. ``fans_out``: ``fn`` takes the
-    ``engine`` that runs its work items (:mod:`mixing.engine`). ``ahead``: starts every partition's work
-    items on the engine before the first run (:meth:`run_ahead`), for a driver that runs the partitions one
-    after another in one process.
-    """
-
-    name: str
-    per_source: bool
-    deps: tuple[str, ...]
-    fn: Callable[..., object]
-    reads_sources: bool = False
-    fans_out: bool = False
-    ahead: Callable[..., int] | None = None
-
-    def partitions(self, mix: Mix) -> list[str | None]:
-        """The runs of this stage: each source name (sorted) if ``per_source``, else one run (``None``)."""
-        return [*sorted(mix.sources)] if self.per_source else [None]
-
-    def run(
-        self,
-        mix: Mix,
-        layout: BuildLayout,
-        source: str | None = None,
-        storage_options: StorageOptions = None,
-        engine: Engine = LOCAL,
-    ) -> object:
-        """Run ``fn`` for one partition (``source`` for a per-source stage, else ``None``); return its summary."""
-        if (source is not None) != self.per_source:
-            raise ValueError(f"stage {self.name!r} runs {'per source' if self.per_source else 'once'}: {source=}")
-        args = (mix, layout, source) if self.per_source else (mix, layout)
-        kwargs: dict[str, Any] = {"storage_options": storage_options} if self.reads_sources else {}
-        return self.fn(*args, **kwargs, **({"engine": engine} if self.fans_out else {}))
-
-    def run_ahead(
-        self, mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None, engine: Engine = LOCAL
-    ) -> int:
-        """Start every partition's work items on ``engine`` now, for the runs that follow in this process to
-        collect (:mod:`mixing.engine`); the tasks started (0 without ``ahead`` or on the local engine)."""
-        if self.ahead is None:
-            return 0
-        kwargs: dict[str, Any] = {"storage_options": storage_options} if self.reads_sources else {}
-        return self.ahead(mix, layout, **kwargs, engine=engine)
 
 
 STAGES: tuple[Stage, ...] = (

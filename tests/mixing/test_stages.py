@@ -1,11 +1,11 @@
 """``mixing.stages``: :data:`STAGES` is the order and partitioning the module documents, each stage's function
 accepts exactly what :meth:`Stage.run` passes it under the table's flags (``storage_options`` only where it
-``reads_sources``, ``engine`` only where it ``fans_out``), :meth:`Stage.run` refuses a partition that does not
-fit the stage, ``stages_until`` is a prefix of the table; and running every stage's partitions in the table's
-order builds the tiny mix, each stage ending with its commit record (withdrawn first, so a stage that fails
-leaves none).
+``reads_sources``, ``engine`` only where it ``fans_out``), ``stages_until`` is a prefix of the table; and running
+every stage's partitions in the table's order builds the tiny mix, each stage ending with its commit record
+(withdrawn first, so a stage that fails leaves none).
 
 That the asset graph, ``weir build`` and ``weir plan --compute`` follow the table: tests/pipelines/test_stage_table.py.
+:class:`Stage` itself (partitions, a run's refusals and arguments) and the commit protocol: tests/mixing/test_stage.py.
 """
 
 from __future__ import annotations
@@ -16,16 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import mixing.stages as stages_mod
 from mixing import load_mix
 from mixing.engine import LOCAL
-from mixing.mixfile.mix import Mix, parse_mix
 from mixing.output.commit import read_commit, verify
 from mixing.output.layout import BuildLayout
-from mixing.stages import STAGES, Stage, stages_until
+from mixing.stages import STAGES, stages_until
 
 NAMES = [s.name for s in STAGES]
 
@@ -56,53 +53,6 @@ def test_each_stage_function_takes_what_the_table_says_run_passes_it() -> None:
             ahead = inspect.signature(s.ahead).parameters
             assert ("storage_options" in ahead) == s.reads_sources and "engine" in ahead, s.name
             inspect.signature(s.ahead).bind(mix, layout, **kwargs, engine=LOCAL)
-
-
-def mix_with(sources: list[str]) -> Mix:
-    text = (
-        "name: m\nsequence: {length: 64, global_batch: 1}\nsources:\n"
-        + "".join(f"  '{n}': {{uri: x}}\n" for n in sources)  # quoted: YAML reads a bare `no` as false
-        + f"curriculum:\n  - {{phase: p, steps: 1, mixture: {{'{sources[0]}': 1}}}}\n"
-    )
-    return parse_mix(text)
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), min_size=1, max_size=5, unique=True))
-def test_partitions_are_the_sources_sorted_or_one_run(sources: list[str]) -> None:
-    mix = mix_with(sources)
-    for s in STAGES:
-        assert s.partitions(mix) == (sorted(sources) if s.per_source else [None]), s.name
-
-
-@pytest.mark.parametrize("stage", NAMES)
-def test_run_refuses_a_partition_that_does_not_fit_the_stage(stage: str, tmp_path: Path) -> None:
-    s = next(x for x in STAGES if x.name == stage)
-    mix = mix_with(["a", "b"])
-    with pytest.raises(ValueError, match=re.escape(repr(stage))) as e:
-        s.run(mix, BuildLayout(tmp_path / "out"), None if s.per_source else "a")
-    assert len(str(e.value).splitlines()) == 1
-    assert not (tmp_path / "out").exists(), "refused before anything ran"
-
-
-@settings(max_examples=16, deadline=None)
-@given(per_source=st.booleans(), reads=st.booleans(), fans_out=st.booleans())
-def test_run_passes_the_partition_storage_options_and_engine_as_flagged(
-    per_source: bool, reads: bool, fans_out: bool
-) -> None:
-    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def fn(*args: Any, **kwargs: Any) -> str:
-        calls.append((args, kwargs))
-        return "summary"
-
-    s = Stage("x", per_source=per_source, deps=(), fn=fn, reads_sources=reads, fans_out=fans_out)
-    mix, layout, options, engine = mix_with(["a"]), BuildLayout(Path("unused")), {"key": "k"}, object()
-    assert s.run(mix, layout, "a" if per_source else None, options, engine) == "summary"  # type: ignore[arg-type]
-    ((args, kwargs),) = calls
-    assert args == ((mix, layout, "a") if per_source else (mix, layout))
-    assert kwargs == {**({"storage_options": options} if reads else {}), **({"engine": engine} if fans_out else {})}
-    assert s.run_ahead(mix, layout) == 0 and len(calls) == 1, "no ahead: nothing started"
 
 
 def test_stages_until_is_the_prefix_ending_at_the_stage() -> None:
