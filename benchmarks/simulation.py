@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from contract.cost import CostModel
-from contract.manifest import PhaseSpan
+from contract.record import PhaseSpan
 from contract.shards import SequenceSpan
 from loaders.planner import EDGE_WINDOWS, LAYOUT, StepPlanner
 from loaders.refinement import SLACK

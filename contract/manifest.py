@@ -4,8 +4,9 @@
 with the defaults a manifest that lacks a field means (``pad_id`` 0, ``seed`` 0, ``micro_batches`` equal,
 ``cost`` attention only, no ``regroup``); nothing else reads ``manifest.json`` by key. Its
 :class:`BuildInfo` part is what the writer of the shards is given (the mix, the tokenizer, the balance
-options, the plan's phases and sources, ...), the rest is the shard format's own (``format_version``,
-``seq_len``, ``dtype``, ``shards`` with each file's size and sha256, ...).
+options, the plan's phases and sources, ...; its typed parts are :mod:`contract.record`'s), the rest is the
+shard format's own (``format_version``, ``seq_len``, ``dtype``, ``shards`` with each file's size and sha256, ...).
+Every part follows :mod:`contract.schema` (strict, frozen, unknown keys ignored on read).
 
 Since format 3 the manifest also carries ``manifest_sha256``, the sha256 of its own canonical JSON (keys
 sorted, no whitespace) without that field, so an edit or a damaged byte anywhere in it is refused.
@@ -25,11 +26,12 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticUseDefault
+from pydantic import Field, ValidationError, model_validator
 
 from contract.cost import CostModel
 from contract.errors import WeirError, first_line
+from contract.record import NO_REGROUP, Lineage, PackingNote, PhaseSpan, Regroup, SourceCounts
+from contract.schema import Defaulted, Frozen, NonNeg, Pos
 from contract.store import Store
 
 __all__ = [
@@ -38,20 +40,13 @@ __all__ = [
     "CONTINUATION_FORMAT",
     "FORMAT_VERSION",
     "MANIFEST",
-    "NO_REGROUP",
     "READABLE",
     "BuildInfo",
-    "FeedbackNote",
-    "Lineage",
     "Manifest",
-    "PackingNote",
-    "PhaseSpan",
-    "Regroup",
     "ShardEntry",
     "ShardError",
     "ShardFile",
     "ShardFiles",
-    "SourceCounts",
     "manifest_digest",
     "parse_manifest",
     "seal",
@@ -71,39 +66,19 @@ class ShardError(WeirError, RuntimeError):
     """A missing, damaged or edited manifest or shard file, or a format this reader does not know."""
 
 
-# -- the contract's parts ----------------------------------------------------------------------------------
-
-_NonNeg = Annotated[int, Field(ge=0)]
-_Pos = Annotated[int, Field(ge=1)]
-_Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-_T = TypeVar("_T")
+# -- the shard format's parts (the build's: contract.record) ----------------------------------------------
 
 
-def _none_is_default(value: _T) -> _T:
-    """A field recorded as null means its default (older and hand-written manifests)."""
-    if value is None:
-        raise PydanticUseDefault
-    return value
-
-
-_Defaulted = BeforeValidator(_none_is_default)
-
-
-class _Frozen(BaseModel):
-    # strict: "32" is not a count; unknown keys are ignored on read (writers are held to the declared ones)
-    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
-
-
-class ShardFile(_Frozen):
+class ShardFile(Frozen):
     """A listed file (a shard's, or a build index's): a plain name inside its folder, its size in bytes and
     hex sha256."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
-    bytes: _NonNeg
+    bytes: NonNeg
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
-class ShardFiles(_Frozen):
+class ShardFiles(Frozen):
     """A shard's token array (``.npy``) and metadata arrays (``.npz``)."""
 
     tokens: ShardFile
@@ -114,17 +89,17 @@ class ShardFiles(_Frozen):
         return self.tokens, self.meta
 
 
-class ShardEntry(_Frozen):
+class ShardEntry(Frozen):
     """Shard ``k`` holds the global sequences ``first_sequence`` … ``first_sequence + sequences − 1``.
 
     ``stored`` (format 4 only): the rows its files hold when that is more than ``sequences``: a continuation's
     last shard of its base, of which it takes the first ``sequences`` rows (the rest are the base's later steps).
     """
 
-    first_sequence: _NonNeg
-    sequences: _NonNeg
+    first_sequence: NonNeg
+    sequences: NonNeg
     files: ShardFiles
-    stored: _Pos | None = None
+    stored: Pos | None = None
 
     @property
     def rows(self) -> int:
@@ -132,78 +107,10 @@ class ShardEntry(_Frozen):
         return self.stored if self.stored is not None else self.sequences
 
 
-class PhaseSpan(_Frozen):
-    """A curriculum phase of the build: ``steps`` optimizer steps from ``first_step`` on."""
-
-    phase: str
-    first_step: _NonNeg
-    steps: _NonNeg
-
-
-class SourceCounts(_Frozen):
-    """One source's tokens and documents in the build: planned = packed + dropped (at phase ends).
-    ``documents_dropped`` is None in format 1 builds, which did not record it."""
-
-    tokens_planned: _NonNeg
-    tokens_packed: _NonNeg
-    tokens_dropped: _NonNeg
-    documents_packed: _NonNeg
-    documents_dropped: _NonNeg | None = None
-
-
-class Regroup(_Frozen):
-    """The mix file's ``balance.regroup`` as the build recorded it: the loader's default ``window``,
-    ``period`` and ``slack`` (:mod:`loaders.planner`). Its field defaults are the mix file's defaults too
-    (:class:`mixing.mixfile.balance.Regroup` takes them from here)."""
-
-    window: _Pos = 20
-    period: _NonNeg = 10
-    slack: _Weight = 1.15  # a swap may raise a step's max/mean cost up to this (the DP goal's p95 at long context)
-
-
-NO_REGROUP = Regroup(window=1, period=0)  # a build without regroup: training steps are the build's steps
-
-
-class FeedbackNote(_Frozen):
-    """Mixture weights a continuation took from a loss log (:mod:`mixing.feedback`): the ``policy`` by name, the
-    log's sha256, the steps ``[first, end)`` it averaged over, each source's loss per token there, the factor
-    the policy gave each source, and the resulting ``weights`` of each phase from the switch on (phase →
-    source → weight)."""
-
-    policy: str
-    losses_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-    steps: tuple[_NonNeg, _NonNeg]
-    loss: dict[str, float]
-    factor: dict[str, float]
-    weights: dict[str, dict[str, float]]
-
-
-class Lineage(_Frozen):
-    """One switch in a build's history: steps before ``at`` are those of the build ``base`` (the sha256 of its
-    ``manifest.json``'s bytes, the build_id loaders know it by), byte for byte; from ``at`` on the build follows its
-    own mix. ``base_mix``: the base's ``mix_fingerprint``; ``base_phases``: the base's phases (a loader state saved
-    on the base is judged against them, :mod:`loaders.switch`); ``base_url``: where the base was read from (for
-    people); ``feedback``: the weights from N on taken from a loss log, with the policy's inputs (None: the mix
-    file's own)."""
-
-    base: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-    at: _Pos
-    base_mix: str | None = None
-    base_phases: tuple[PhaseSpan, ...] = ()
-    base_url: str | None = None
-    feedback: FeedbackNote | None = None
-
-
-class PackingNote(_Frozen):
-    """How the shards were packed, in words (for people; no reader acts on it)."""
-
-    algorithm: str
-
-
 BUILD_FIELDS = ("mix", "steps", "global_batch", "sources", "per_source", "phases")  # every weir build has them
 
 
-class BuildInfo(_Frozen):
+class BuildInfo(Frozen):
     """What the writer of the shards records about the build (``weir build`` sets every field; other
     writers may leave any out, which then means its default).
 
@@ -223,16 +130,16 @@ class BuildInfo(_Frozen):
     mix: str | None = None
     mix_fingerprint: str | None = None
     tokenizer_fingerprint: str | None = None
-    vocab_size: _Pos | None = None
-    pad_id: Annotated[_NonNeg, _Defaulted] = 0
-    eos_id: _NonNeg | None = None
-    seed: Annotated[_NonNeg, _Defaulted] = 0
-    global_batch: _Pos | None = None
-    cost: Annotated[CostModel, _Defaulted] = CostModel()
-    micro_batches: Annotated[Literal["equal", "unequal"], _Defaulted] = "equal"
-    max_tokens: _Pos | None = None
+    vocab_size: Pos | None = None
+    pad_id: Annotated[NonNeg, Defaulted] = 0
+    eos_id: NonNeg | None = None
+    seed: Annotated[NonNeg, Defaulted] = 0
+    global_batch: Pos | None = None
+    cost: Annotated[CostModel, Defaulted] = CostModel()
+    micro_batches: Annotated[Literal["equal", "unequal"], Defaulted] = "equal"
+    max_tokens: Pos | None = None
     regroup: Regroup | None = None
-    steps: _NonNeg | None = None
+    steps: NonNeg | None = None
     sources: tuple[str, ...] | None = None
     phases: tuple[PhaseSpan, ...] | None = None
     per_source: dict[str, SourceCounts] | None = None
@@ -273,9 +180,9 @@ class Manifest(BuildInfo):
     """
 
     format_version: Literal[1, 2, 3, 4]
-    seq_len: _NonNeg
-    sequences: _NonNeg
-    sequences_per_step: _Pos | None = None
+    seq_len: NonNeg
+    sequences: NonNeg
+    sequences_per_step: Pos | None = None
     dtype: Literal["uint16", "uint32"]
     shards: tuple[ShardEntry, ...]
     manifest_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None

@@ -69,7 +69,7 @@ class Balance:
 
     ``seed`` (build: the mix file's ``seed``): permutes which DP rank reads which balanced share of a step and
     the order of a rank's sequences. ``window`` (≥ 1), ``period`` (≥ 0) and ``slack`` (≥ 0; build: the mix
-    file's ``balance.regroup``, else :data:`contract.manifest.NO_REGROUP`): ``window`` steps regrouped
+    file's ``balance.regroup``, else :data:`contract.record.NO_REGROUP`): ``window`` steps regrouped
     together for DP balance (1: the build's steps exactly); ``period``: 0, or the block of steps whose cost
     template regrouping repeats (:func:`loaders.balance.regroup_window`); with both, ``slack`` (0: off) bounds
     the balance a step may give up to keep every ``period``-step window on the build's mixture

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from contract.manifest import Regroup
+from contract.record import Regroup
 
 __all__ = [
     "EDGE_BOUNDARY",
@@ -49,7 +49,7 @@ __all__ = [
     "refine_steps",
 ]
 
-SLACK = Regroup().slack  # the contract's default balance bound of a swap (contract.manifest.Regroup)
+SLACK = Regroup().slack  # the contract's default balance bound of a swap (contract.record.Regroup)
 THRESHOLDS = (0.004, 0.002)  # window errors below these stop counting, pass by pass
 PAIRS = 5120  # candidate pairs per swap search (16 cost neighbours each at 320 sequences)
 EDGE_SLACKS = (1.15, 1.3, 1.5, 2.0)  # balance bounds tried in turn at a phase boundary (then none)

@@ -12,7 +12,8 @@ ahead into the next phase, so such a state switches at step 0 only.
 
 from __future__ import annotations
 
-from contract.manifest import Lineage, Manifest, PhaseSpan
+from contract.manifest import Manifest
+from contract.record import Lineage, PhaseSpan
 
 __all__ = ["switch_limit"]
 

@@ -38,7 +38,8 @@ import polars as pl
 from contract.atomic import atomic_path
 from contract.digests import first_difference, read_step_digests
 from contract.errors import WeirError
-from contract.manifest import FeedbackNote, Lineage, Manifest, ShardEntry
+from contract.manifest import Manifest, ShardEntry
+from contract.record import FeedbackNote, Lineage
 from contract.shards import ShardSet
 from contract.store import Store
 from mixing.mixfile.mix import Mix

@@ -6,7 +6,7 @@ header, or JSON lines), averages each source's loss per token over the last :dat
 N, and lets the named policy turn those losses into a factor per source. Every phase of NEW that starts at or
 after N gets its weights multiplied by the factors and renormalized (rounded to 1e-6, so that the same log
 and policy give the same mix, and so the same build_id); the phases before N are the base's. The inputs and
-the result are recorded in the continuation's manifest (:class:`contract.manifest.FeedbackNote`, in its
+the result are recorded in the continuation's manifest (:class:`contract.record.FeedbackNote`, in its
 lineage). An online mixer changes sampling while the run runs, so what a step saw depends on timing; here
 the reweighted future is a build like any other, checked, digested and replayable.
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from contract.errors import WeirError
-from contract.manifest import FeedbackNote
+from contract.record import FeedbackNote
 from mixing.mixfile.mix import Mix
 
 __all__ = ["POLICIES", "WINDOW", "FeedbackError", "apply_feedback", "read_losses"]

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from contract.atomic import write_json_atomic
 from contract.errors import WeirError, first_line
-from contract.manifest import MANIFEST, Lineage, PhaseSpan, Regroup, ShardError, parse_manifest
+from contract.manifest import MANIFEST, ShardError, parse_manifest
+from contract.record import Lineage, PhaseSpan, Regroup
 from contract.shards import ShardSet
 from mixing.output.layout import BuildLayout
 from mixing.plan.mixture import MixtureError, MixtureReport, shards_mixture_error
@@ -101,7 +102,7 @@ class BuildReport(_Report):
     checksum does not match the manifest), ``file_problems`` (each of those → what is wrong),
     ``manifest_sealed`` (False for a manifest written before manifests carried their own checksum), and
     ``mixture_error_stream`` when the mix file regroups steps (None: the stream is the build's steps), and
-    ``lineage``: the builds this one continues (:class:`contract.manifest.Lineage`, oldest first).
+    ``lineage``: the builds this one continues (:class:`contract.record.Lineage`, oldest first).
     """
 
     mix: str

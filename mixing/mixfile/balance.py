@@ -3,7 +3,7 @@
 Frozen pydantic models (unknown fields are errors), assembled into :class:`~mixing.mixfile.mix.Mix` as its
 ``balance`` field: :class:`Balance` holds the :class:`Cost` model a build packs with (and records) and the
 optional outlier delay :class:`Regroup`. Their defaults live once, in the build contract
-(:class:`contract.cost.CostModel`, :class:`contract.manifest.Regroup`); a cost field left at its default stays
+(:class:`contract.cost.CostModel`, :class:`contract.record.Regroup`); a cost field left at its default stays
 out of the mix's fingerprint, so a mix that sets none builds what it built before.
 """
 
@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from contract.cost import CostModel
-from contract.manifest import Regroup as _Recorded
+from contract.record import Regroup as _Recorded
 from mixing.mixfile.parts import FrozenModel
 
 __all__ = ["Balance", "Cost", "Regroup"]

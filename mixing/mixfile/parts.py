@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from contract.manifest import FeedbackNote
+from contract.record import FeedbackNote
 
 __all__ = [
     "MAX_STEPS",

@@ -27,18 +27,8 @@ from contract.digests import (
     step_digests,
     write_step_digests,
 )
-from contract.manifest import (
-    CONTINUATION_FORMAT,
-    FORMAT_VERSION,
-    BuildInfo,
-    FeedbackNote,
-    Manifest,
-    PackingNote,
-    PhaseSpan,
-    Regroup,
-    ShardEntry,
-    SourceCounts,
-)
+from contract.manifest import CONTINUATION_FORMAT, FORMAT_VERSION, BuildInfo, Manifest, ShardEntry
+from contract.record import FeedbackNote, PackingNote, PhaseSpan, Regroup, SourceCounts
 from contract.store import Store
 from mixing.continuation import Base
 from mixing.engine import LOCAL, Engine

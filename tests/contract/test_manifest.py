@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from contract.cost import CostModel
-from contract.manifest import MANIFEST, NO_REGROUP, ShardError, seal
+from contract.manifest import MANIFEST, ShardError, seal
+from contract.record import NO_REGROUP
 from contract.shards import ShardSet, sha256_file
 from loaders import Balance, PackedDataset, Reading, World
 from tests.conftest import ROOT, TINY_MIX, write_tiny_sources

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from contract.manifest import NO_REGROUP, write_manifest
+from contract.manifest import write_manifest
+from contract.record import NO_REGROUP
 from contract.shards import ShardSet
 from loaders import Balance, FieldsError, LoaderConfig, PackedDataset, Payload, Reading, World
 from loaders.config import BalanceSettings

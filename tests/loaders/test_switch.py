@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from contract.manifest import Lineage, PhaseSpan
+from contract.record import Lineage, PhaseSpan
 from contract.shards import ShardSet
 from loaders.switch import switch_limit
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from contract.cost import CostModel
-from contract.manifest import Regroup as RecordedRegroup
+from contract.record import Regroup as RecordedRegroup
 from mixing import MixError
 from mixing.mixfile.balance import Balance, Cost, Regroup
 from mixing.mixfile.mix import parse_mix
