@@ -1,15 +1,15 @@
 """A build of a mix as one Dagster run: the job ``build_<mix>``, one op per stage and partition of
 :data:`mixing.stages.STAGES`, and ``weir build``'s in-process run of it, shown on a console (the stages'
-warnings as lines, tokenization as progress bars).
+warnings as lines, tokenization as progress bars: :mod:`pipelines.display`).
 
 Why ops and not an asset job: Dagster runs one partition of an asset per run, and a build is every partition of
 the per-source stages (``source_index``, ``documents``) between whole-mix ones (``tokenizer``, ``length_stats``,
 ...), so no asset job holds a build. Each op materializes its stage's asset (:func:`assets.mix_assets`) for one
 partition as Dagster does it, in a throwaway instance (the asset's own context, checks, and a blocking check
-failing it), and reports what that recorded in the build's run: the materialization under the asset's key and
-partition, the checks' evaluations, the log lines. A failed blocking check stops the run there, so the stages
-after it are not built. The UI shows the run with every materialization and check, and the assets show them
-as theirs.
+failing it), and reports what that recorded in the build's run (:mod:`pipelines.relay`): the materialization under
+the asset's key and partition, the checks' evaluations, the log lines. A failed blocking check stops the run
+there, so the stages after it are not built. The UI shows the run with every materialization and check, and the
+assets show them as theirs.
 
 A run of ``build_<mix>`` with no partition is a whole build. A run for one source (what the nightly schedule
 and the source sensor request, or ``dg launch --job build_<mix> --partition <source>``) re-indexes that source
@@ -17,7 +17,6 @@ only; the later stages' ops do nothing in it, and automation builds them (:mod:`
 """
 
 # No `from __future__ import annotations` here: Dagster reads the ops' context annotation as a class.
-import logging
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,8 +26,6 @@ from typing import Any
 
 import dagster as dg
 from dagster import OpExecutionContext
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from assets import WeirEngine, mix_assets
 from contract.errors import WeirError
@@ -37,6 +34,8 @@ from contract.store import is_local
 from mixing import Mix, stages
 from mixing.engine import Engine, LocalEngine
 from pipelines import PROJECT_ROOT
+from pipelines.display import step_line, warnings_to
+from pipelines.relay import recorded
 from pipelines.resources import engine_resource, mix_storage_options, storage_resource
 
 __all__ = [
@@ -47,11 +46,8 @@ __all__ = [
     "build_job",
     "build_mix",
     "build_tags",
-    "progress_display",
-    "step_line",
     "ui_build_root",
     "ui_output",
-    "warnings_to",
 ]
 
 BUILD_TAG = "weir/build"
@@ -109,7 +105,7 @@ def build_mix(
     of its job ``build_<mix>`` (:func:`build_job`), in this process: every stage of :data:`mixing.stages.STAGES`
     in its order, a per-source stage once per source (sorted), each materialization and check recorded in the
     run. ``engine`` runs the stages' fan-out work (default: the ``local`` engine, in this process). On a cluster
-    engine, a stage with work to start ahead (:meth:`mixing.stages.Stage.run_ahead`: every source's chunks)
+    engine, a stage with work to start ahead (:meth:`mixing.stage.Stage.run_ahead`: every source's chunks)
     submits all of it before its first partition, so the cluster tokenizes the sources side by side while the
     run collects them one after another.
 
@@ -230,7 +226,7 @@ def _stage_op(
             error = e
         # read it all, then close it here: its SQLite connections, left to the garbage collector, would be closed on
         # whatever thread runs then (the lease's, an upload's) and print SQLAlchemy's tracebacks
-        events = list(_recorded(inner, context))
+        events = list(recorded(inner, context))
         inner.dispose()
         failed = []
         for event in events:
@@ -254,70 +250,6 @@ def _stage_op(
     return run_stage
 
 
-_POINTER = "dagster/input_event_pointer/"
-_INPUT_VERSION = "dagster/input_data_version/"
-
-
-def _provenance(tags: dict[str, str], context: OpExecutionContext) -> dict[str, str]:
-    """A materialization's tags from the throwaway instance, made true in the build's: the code version names the
-    build's run, and each input's event pointer and data version (of the throwaway instance, where the input was
-    never materialized) those of the input's latest materialization in the build's instance, which is what the
-    stage read (the ops before it reported it there). Otherwise Dagster shows every stage unsynced."""
-    if "dagster/code_version" in tags:
-        tags["dagster/code_version"] = context.run_id
-    for key in [k for k in tags if k.startswith(_POINTER)]:
-        name = key.removeprefix(_POINTER)
-        upstream = dg.AssetKey.from_user_string(name)
-        latest = context.instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=upstream), limit=1).records
-        version = (latest[0].event_log_entry.tags or {}).get("dagster/data_version") if latest else None
-        if latest and version:
-            tags[key] = str(latest[0].storage_id)
-            tags[f"{_INPUT_VERSION}{name}"] = version
-        else:
-            tags.pop(key)
-            tags.pop(f"{_INPUT_VERSION}{name}", None)
-    return tags
-
-
-def _recorded(
-    inner: dg.DagsterInstance, context: OpExecutionContext
-) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
-    """What the runs in ``inner`` recorded: their materializations and check evaluations, to report in
-    ``context``'s run, and their log lines, passed to ``context``'s log. A check's target materialization, which
-    points into ``inner``, is left out (a check and its materialization in one run go together anyway); the
-    materializations' provenance is rewritten for the build's instance (:func:`_provenance`)."""
-    for run in inner.get_runs():
-        for entry in inner.all_logs(run.run_id):
-            event = entry.dagster_event
-            if event is None:
-                level = entry.level if isinstance(entry.level, int) else logging.INFO
-                if entry.user_message and level >= logging.INFO:
-                    context.log.log(level, entry.user_message)
-            elif event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
-                m = event.step_materialization_data.materialization
-                tags = _provenance(dict(m.tags or {}), context)
-                yield dg.AssetMaterialization(
-                    asset_key=m.asset_key,
-                    partition=m.partition,
-                    metadata=m.metadata,
-                    tags=tags,
-                    description=m.description,
-                )
-            elif event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
-                c = event.event_specific_data
-                assert isinstance(c, dg.AssetCheckEvaluation)
-                yield dg.AssetCheckEvaluation(
-                    asset_key=c.asset_key,
-                    check_name=c.check_name,
-                    passed=c.passed,
-                    metadata=c.metadata,
-                    severity=c.severity,
-                    description=c.description,
-                    blocking=c.blocking,
-                    partition=c.partition,
-                )
-
-
 @contextmanager
 def _forgetting(engine: Engine) -> Iterator[None]:
     """Drop what ``engine`` still holds of work submitted ahead when the build ends (a failed run leaves some)."""
@@ -325,66 +257,3 @@ def _forgetting(engine: Engine) -> Iterator[None]:
         yield
     finally:
         engine.forget()
-
-
-def step_line(stage: str, partition: str | None) -> str:
-    """The line a build prints as it starts one run of a stage: ``  documents [qa]``, ``  plan``."""
-    return f"  {stage}" + (f" [{partition}]" if partition else "")
-
-
-@contextmanager
-def warnings_to(say: Callable[[str], None]) -> Iterator[None]:
-    """Pass warnings logged under ``weir`` to ``say`` while the block runs."""
-
-    class Say(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            say(f"  warning: {record.getMessage()}")
-
-    log, handler = logging.getLogger("weir"), Say(logging.WARNING)
-    log.addHandler(handler)
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
-
-
-class _ProgressHandler(logging.Handler):
-    def __init__(self, bar: Progress) -> None:
-        super().__init__(logging.INFO)
-        self.bar = bar
-        self.tasks: dict[str, TaskID] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        ev = getattr(record, "progress", None)
-        if ev is None:
-            return
-        if ev.source not in self.tasks:
-            self.tasks[ev.source] = self.bar.add_task(ev.source, total=ev.files, detail="")
-        detail = f"{ev.documents:,} docs, {ev.chunks_done}/{ev.chunks} chunks, {ev.mb:.1f} MB, {ev.mb_per_s:.1f} MB/s"
-        self.bar.update(self.tasks[ev.source], completed=ev.files_done, detail=detail)
-
-
-@contextmanager
-def progress_display(console: Console) -> Iterator[None]:
-    """Show tokenization progress (files, documents, chunks, MB/s per source; over every worker of a cluster
-    engine) as rich progress bars."""
-    bar = Progress(
-        TextColumn("  tokenize {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("files · {task.fields[detail]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-    handler = _ProgressHandler(bar)
-    log = logging.getLogger("weir.progress")
-    log.addHandler(handler)
-    old_level = log.level
-    log.setLevel(logging.INFO)
-    try:
-        with bar:
-            yield
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)

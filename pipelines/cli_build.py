@@ -136,7 +136,7 @@ def _build(
     run.dest = dest  # named by a failure from here on, even one while importing what follows
     from mixing.output.layout import BuildLayout
     from mixing.report import inspect_build, saved_report
-    from pipelines.build import progress_display
+    from pipelines.display import progress_display
     from pipelines.instance import dagster_home, project_instance
     from pipelines.memory_guard import STATUS_ENV, warm_pools
     from pipelines.ray_head import check_head, watch_head

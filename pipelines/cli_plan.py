@@ -102,7 +102,7 @@ def plan_cmd(
 
 def _compute_stats(m: Mix, root: Path, options: dict[str, object] | None, console: Console) -> Path:
     """:func:`pipelines.freshness.compute_stats` with progress on ``console`` (stderr under --json)."""
-    from pipelines.build import progress_display, warnings_to
+    from pipelines.display import progress_display, warnings_to
     from pipelines.freshness import compute_stats
     from pipelines.transaction import BuildBusy
 

@@ -34,7 +34,7 @@ from mixing.mixfile import envvars
 from mixing.mixfile.mix import SourceSpec
 from mixing.output.layout import BuildLayout
 from mixing.stages import stages_until
-from pipelines.build import step_line
+from pipelines.display import step_line
 from pipelines.kept_work import reuse_previous, work_cache
 from pipelines.output_lock import output_lock
 

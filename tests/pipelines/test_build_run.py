@@ -195,25 +195,3 @@ def test_a_build_into_the_mix_own_folder_stops_while_a_dagster_run_writes_it(
     assert not (tmp_path / "build" / "tiny").exists() and not list((tmp_path / "build").glob(".tiny.*"))
     instance.report_run_canceled(own)
     assert dagster_writers(instance, mix) == []
-
-
-def test_a_whole_build_leaves_no_stage_unsynced(tiny_mix_path: Path, tmp_path: Path) -> None:
-    # What the UI shows as "Unsynced" (Dagster's stale status, computed by the resolver its GraphQL uses): each
-    # stage's recorded inputs must be the materializations of the same run, not the throwaway instance's.
-    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-    from dagster._core.loader import LoadingContextForTest
-
-    mix = load_mix(tiny_mix_path)
-    instance = dg.DagsterInstance.ephemeral()
-    build.build_mix(mix, tmp_path / "out", say=lambda _s: None, instance=instance)
-    resources = {"storage": WeirStorage(root=str(tmp_path)), "engine": WeirEngine()}
-    graph = dg.Definitions(assets=mix_assets(mix), resources=resources).get_repository_def().asset_graph
-    resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
-    for stage in stages.STAGES:
-        key = dg.AssetKey([mix.name, stage.name])
-        for partition in stage.partitions(mix):
-            assert resolver.get_status(key, partition) == StaleStatus.FRESH, (
-                stage.name,
-                partition,
-                [c.reason for c in resolver.get_stale_causes(key, partition)],
-            )
