@@ -45,6 +45,30 @@ ROOT = Path(__file__).resolve().parent.parent
 LEAN = ("input_ids", "cu_seqlens")
 
 
+def write_sparse_shard(
+    shards_dir: Path, k: int, meta: dict[str, np.ndarray], shape: tuple[int, int], dtype: np.dtype[Any]
+) -> tuple[Path, dict[str, Any]]:
+    """Shard ``k`` of a synthetic build: ``meta`` as ``shard-<k>.meta.npz`` and a sparse ``shard-<k>.tokens.npy``
+    of ``shape`` (sequences, S) in ``dtype`` (its header written, no block of its data). (The token file, the
+    shard's ``files`` entry for the manifest: the tokens' sha256 a placeholder, so readers open it with
+    ``verify=False``; the metadata's real.)"""
+    buf = io.BytesIO()
+    np.savez(buf, **meta)  # type: ignore[arg-type]
+    data = buf.getvalue()
+    meta_name, tok_name = f"shard-{k:05d}.meta.npz", f"shard-{k:05d}.tokens.npy"
+    (shards_dir / meta_name).write_bytes(data)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": dtype.str, "fortran_order": False, "shape": shape})
+    tok = shards_dir / tok_name
+    tok.write_bytes(header.getvalue())
+    size = len(header.getvalue()) + shape[0] * shape[1] * dtype.itemsize
+    os.truncate(tok, size)  # sparse: no block written
+    return tok, {
+        "tokens": {"name": tok_name, "bytes": size, "sha256": "0" * 64},
+        "meta": {"name": meta_name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+    }
+
+
 def make_build(out: Path, n: int, seq_len: int, segments: int, per_shard: int, batch: int) -> Path:
     """A synthetic build of ``n`` sequences (``batch`` per step), about ``segments`` segments each, in shards
     of ``per_shard`` sequences: real metadata, sparse token files, placeholder token sha256."""
@@ -59,7 +83,6 @@ def make_build(out: Path, n: int, seq_len: int, segments: int, per_shard: int, b
     shards_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     shards, doc = [], 0
-    header = io.BytesIO()
     for k, lo in enumerate(range(0, n, per_shard)):
         hi = min(n, lo + per_shard)
         m = hi - lo
@@ -83,22 +106,7 @@ def make_build(out: Path, n: int, seq_len: int, segments: int, per_shard: int, b
             "seq_tokens": used.astype(np.int64),
             "seq_cost": cost_model.sequences(offs, length),
         }
-        buf = io.BytesIO()
-        np.savez(buf, **meta)  # type: ignore[arg-type]
-        data = buf.getvalue()
-        meta_name, tok_name = f"shard-{k:05d}.meta.npz", f"shard-{k:05d}.tokens.npy"
-        (shards_dir / meta_name).write_bytes(data)
-        header.seek(0)
-        header.truncate()
-        np.lib.format.write_array_header_1_0(header, {"descr": "<u2", "fortran_order": False, "shape": (m, seq_len)})
-        tok = shards_dir / tok_name
-        tok.write_bytes(header.getvalue())
-        size = len(header.getvalue()) + m * seq_len * 2
-        os.truncate(tok, size)  # sparse: no block written
-        files = {
-            "tokens": {"name": tok_name, "bytes": size, "sha256": "0" * 64},  # placeholder: read with verify=False
-            "meta": {"name": meta_name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
-        }
+        files = write_sparse_shard(shards_dir, k, meta, (m, seq_len), np.dtype(np.uint16))[1]
         shards.append({"first_sequence": lo, "sequences": m, "files": files})
     manifest = {
         "format_version": 3,

@@ -55,7 +55,6 @@ if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:  # this folde
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -68,6 +67,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.loader_index import write_sparse_shard
 from mixing.ingest.doc_index import INDEX_ENCODING
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,7 +194,7 @@ def make_build(
     n = steps * batch
     per_shard = max(1, SHARD_TOKENS // seq_len)
     wanted = {s for t in sampled for s in range(t * batch, (t + 1) * batch)}
-    shards, header = [], io.BytesIO()
+    shards = []
     for k, lo in enumerate(range(0, n, per_shard)):
         hi = min(n, lo + per_shard)
         offsets, segments = pack_shard(rng, lengths, hi - lo, seq_len)
@@ -207,30 +207,13 @@ def make_build(
             "seq_tokens": np.full(hi - lo, seq_len, np.int64),
             "seq_cost": cost.sequences(offsets, length),
         }
-        buf = io.BytesIO()
-        np.savez(buf, **meta)  # type: ignore[arg-type]
-        data = buf.getvalue()
-        meta_name, tok_name = f"shard-{k:05d}.meta.npz", f"shard-{k:05d}.tokens.npy"
-        (shards_dir / meta_name).write_bytes(data)
-        header.seek(0)
-        header.truncate()
-        np.lib.format.write_array_header_1_0(
-            header, {"descr": dtype.str, "fortran_order": False, "shape": (hi - lo, seq_len)}
-        )
-        tok = shards_dir / tok_name
-        tok.write_bytes(header.getvalue())
-        size = len(header.getvalue()) + (hi - lo) * seq_len * dtype.itemsize
-        os.truncate(tok, size)  # sparse, but for the sampled steps' sequences
-        rows = sorted(s - lo for s in wanted if lo <= s < hi)
+        tok, files = write_sparse_shard(shards_dir, k, meta, (hi - lo, seq_len), dtype)  # sparse, but for
+        rows = sorted(s - lo for s in wanted if lo <= s < hi)  # the sampled steps' sequences
         if rows:
             mm = np.load(tok, mmap_mode="r+")
             mm[rows] = rng.integers(0, vocab - 1, (len(rows), seq_len)).astype(dtype)
             mm.flush()
             del mm
-        files = {
-            "tokens": {"name": tok_name, "bytes": size, "sha256": "0" * 64},  # placeholder: nothing here verifies
-            "meta": {"name": meta_name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
-        }
         shards.append({"first_sequence": lo, "sequences": hi - lo, "files": files})
     manifest = {
         "format_version": 3,
