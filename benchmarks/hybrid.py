@@ -9,6 +9,9 @@
   S-token pieces of long documents included), on a world of ``dp × cp`` ranks whose capacity is what a rank
   holds under the fixed layout, ``S / cp`` tokens. Nothing moves between steps: the trainer's stream is the
   build's steps. It is dealt offline, so it needs no collective and moves no byte to make the schedule.
+- ``hybrid_regrouped``: the same deal over the steps the fixed default's regroup makes (sequences moved between
+  steps): what moving them would add to the hybrid layout, and what it costs the stream's mixture. Not a
+  layout weir offers; the measure of what the build's own steps leave on the table.
 - ``megatron``: Megatron-core's ``DefaultDynamicCPScheduler`` (``benchmarks/megatron_dcp.py``) over the same
   documents with ``max_seqlen_per_dp_cp_rank`` = that capacity; every DP rank loads its contiguous share of the
   step (``global_batch / dp`` sequences, unpacked into documents), and the scheduler's all-gather of lengths
@@ -165,15 +168,23 @@ def run_regime(build: Build, dp: int, cp: int, gpus_per_node: int, capacity: int
     }
     try:
         figs["hybrid"] = hybrid_layout(build, dp, cp, gpus_per_node, capacity)
+        # the same deal over the steps the fixed default's regroup makes: what moving sequences between steps
+        # would add to it, and what it costs the stream's mixture
+        regrouped = hybrid_layout(build, dp, cp, gpus_per_node, capacity, stream=figs["fixed"].stream)
     except ImportError as e:  # loaders/hybrid.py not there yet
         print(f"hybrid layout skipped: {e}", file=sys.stderr)
     figs["megatron"] = megatron_layout(build, dp, cp, gpus_per_node, capacity)
+    if "hybrid" in figs:
+        figs["hybrid_regrouped"] = regrouped
     base = sum(figs["fixed"].step_time)
     floors = [
         floor_parts(step_documents(build, t)[0], dp * cp, capacity, build.cost, gpus_per_node)
         for t in range(build.steps)
     ]
-    out = {name: f.summary(base, build, None if name == "fixed" else floors) for name, f in figs.items()}
+    out = {
+        name: f.summary(base, build, None if name in ("fixed", "hybrid_regrouped") else floors)
+        for name, f in figs.items()
+    }
     head = {"regime": build.name, "S": build.seq_len, "global_batch": build.batch, "dp": dp, "cp": cp}
     head |= {"capacity": capacity, "steps": build.steps, "seconds": round(time.perf_counter() - t0, 1)}
     if as_json:

@@ -215,18 +215,21 @@ def fixed_layout(build: Build, window1: bool, dp: int, cp: int, gpus_per_node: i
     return fig
 
 
-def hybrid_layout(build: Build, dp: int, cp: int, gpus_per_node: int, capacity: int) -> Figures:
-    """weir's hybrid layout: ``loaders.hybrid.deal`` over each build step's documents."""
+def hybrid_layout(
+    build: Build, dp: int, cp: int, gpus_per_node: int, capacity: int, stream: list[np.ndarray] | None = None
+) -> Figures:
+    """weir's hybrid layout: ``loaders.hybrid.deal`` over each build step's documents, or over each step of
+    ``stream`` (sequence indices per step: another layout's steps, such as the fixed default's regrouped ones)."""
     from loaders.hybrid import HybridWorld, deal
 
     fig = Figures()
     world = HybridWorld(dp=dp, cp=cp, capacity=capacity, gpus_per_node=gpus_per_node)
-    fig.stream = [np.arange(t * build.batch, (t + 1) * build.batch) for t in range(build.steps)]
+    fig.stream = stream or [np.arange(t * build.batch, (t + 1) * build.batch) for t in range(build.steps)]
     worst = 0.0
     if build.steps:  # the compiled kernels' load (or compile) is the process's, once, not a step's
-        deal(step_documents(build, 0)[0], world, build.cost)
+        deal(build.documents(fig.stream[0])[0], world, build.cost)
     for t in range(build.steps):
-        lengths, _ = step_documents(build, t)
+        lengths, _ = build.documents(fig.stream[t])
         t0 = time.perf_counter()
         d = deal(lengths, world, build.cost, seed=t)
         fig.plan_s += time.perf_counter() - t0
