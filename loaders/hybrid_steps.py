@@ -60,8 +60,6 @@ import torch
 from contract.cost import CostModel
 from loaders.config import Balance, Payload, Reading
 from loaders.dataset import ExhaustedError, PackedDataset
-from loaders.feed import feed_for
-from loaders.fields import check_fields
 from loaders.hybrid import Deal, HybridWorld, deal
 from loaders.hybrid_batch import HybridBlock, StepDocuments, micro_batch
 from loaders.items import ItemBuilder
@@ -169,13 +167,8 @@ class HybridStepLoader:
         self.pad_id: int = int(ds.facts.pad_id)
         self.steps: int = len(ds.planner.first) - 1  # the build's steps (planner.first: their first sequences)
         self._step: int = 0
-        self._builder: ItemBuilder = ItemBuilder(
-            feed_for(ds.shards),
-            seq_len=ds.facts.seq_len,
-            pad_id=self.pad_id,
-            fields=check_fields(_FIELDS, 1),
-            world=World(),
-            cp_split="zigzag",
+        self._builder: ItemBuilder = ItemBuilder.whole(
+            ds.shards, seq_len=ds.facts.seq_len, pad_id=self.pad_id, fields=_FIELDS
         )
 
     @property

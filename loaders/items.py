@@ -12,15 +12,19 @@ chunk it was built in, nor on the feed.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from loaders.context_parallel import expand_runs, split, zigzag_runs
-from loaders.feed import Feed, SegmentTable
-from loaders.fields import IGNORE_INDEX, PROVENANCE_FIELDS
+from loaders.feed import Feed, SegmentTable, feed_for
+from loaders.fields import IGNORE_INDEX, PROVENANCE_FIELDS, check_fields
 from loaders.world import World
+
+if TYPE_CHECKING:
+    from loaders.integrity import VerifiedShardSet
 
 __all__ = ["ItemBuilder"]
 
@@ -44,6 +48,19 @@ class ItemBuilder:
         self._pool: dict[str, list[np.ndarray]] = {}
         self._provenance = tuple(f for f in PROVENANCE_FIELDS if f in fields)
         self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
+
+    @classmethod
+    def whole(cls, shards: VerifiedShardSet, *, seq_len: int, pad_id: int, fields: Iterable[str]) -> ItemBuilder:
+        """Items of whole sequences of ``shards`` (a world of one rank: no CP cut) carrying ``fields`` (checked
+        here): what a loader that cuts the documents itself reads (the THD cut, the hybrid layout)."""
+        return cls(
+            feed_for(shards),
+            seq_len=seq_len,
+            pad_id=pad_id,
+            fields=check_fields(fields, 1),
+            world=World(),
+            cp_split="zigzag",
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pool": {}}  # a spawned worker starts with no pooled arrays

@@ -84,12 +84,9 @@ from typing import Any
 import torch
 
 from loaders.dataset import PackedDataset
-from loaders.feed import feed_for
-from loaders.fields import check_fields
 from loaders.items import ItemBuilder
 from loaders.loader import PackedLoader
 from loaders.varlen import PER_SEGMENT, PER_TOKEN, concat, concat_zigzag, thd_cut
-from loaders.world import World
 
 __all__ = ["CP_SPLITS", "LAYOUTS", "MICRO_BATCH_TOKENS", "Step", "StepLoader", "stack"]
 
@@ -222,14 +219,7 @@ class StepLoader:
             wanted = {"input_ids", "labels", "cu_seqlens"} | {
                 f for f in ds.settings.fields if f in PER_TOKEN or f in PER_SEGMENT
             }
-            self._whole = ItemBuilder(
-                feed_for(ds.shards),
-                seq_len=ds.facts.seq_len,
-                pad_id=ds.facts.pad_id,
-                fields=check_fields(wanted, 1),
-                world=World(),
-                cp_split="zigzag",
-            )
+            self._whole = ItemBuilder.whole(ds.shards, seq_len=ds.facts.seq_len, pad_id=ds.facts.pad_id, fields=wanted)
 
     @property
     def facts(self) -> Any:

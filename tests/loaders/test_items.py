@@ -168,6 +168,20 @@ def test_fields_are_checked_at_the_edge(tiny_build: Path) -> None:
     assert ds.settings.fields == ("input_ids", "cu_seqlens")
 
 
+def test_whole_sequences_are_the_items_of_a_world_of_one(tiny_build: Path) -> None:
+    """ItemBuilder.whole (what the THD cut and the hybrid layout read) gives, on any world, the items a
+    one-rank dataset gives, and checks its fields like the dataset does."""
+    fields = ("input_ids", "labels", "cu_seqlens", "seg_source")
+    one = PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields=fields))
+    cp2 = PackedDataset(tiny_build, world=World(0, 1, 1, 2), payload=Payload(fields=fields))
+    whole = ItemBuilder.whole(cp2.shards, seq_len=cp2.facts.seq_len, pad_id=cp2.facts.pad_id, fields=reversed(fields))
+    seqs = list(range(len(one.shards)))
+    for a, b in zip(whole.build(seqs), one._builder.build(seqs), strict=True):
+        assert same(a, b)
+    with pytest.raises(FieldsError, match="'label'"):
+        ItemBuilder.whole(cp2.shards, seq_len=cp2.facts.seq_len, pad_id=0, fields=("input_ids", "label"))
+
+
 def test_a_streamed_builds_chunks_never_span_two_shards(sharded_build: Path) -> None:
     ds = PackedDataset(sharded_build, world=World(0, 2), balance=Balance(window=3))
     first = np.array([sh.first_sequence for sh in ds.shards.manifest.shards])
