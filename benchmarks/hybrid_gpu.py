@@ -200,15 +200,7 @@ def main() -> None:
         sys.exit(2)
     torch.manual_seed(0)
     cal = measure(args.device, 256 if args.device == "cpu" else 1024, args.max_len, args.heads, args.head_dim)
-    c = cal.cost()  # what `weir calibrate` prints for the mix file
-    cost = CostModel(
-        attention=c["attention"],
-        linear=c["linear"],
-        per_document=c["per_document"],
-        per_micro_batch=c["per_micro_batch"],
-        unit_seconds=c["unit_seconds"],
-        comm_bytes=c["comm_bytes"],
-    )
+    cost = CostModel(**cal.cost())  # what `weir calibrate` prints for the mix file
     layer = AttentionLayer(args.device, args.heads, args.head_dim)
     layouts = measure_layouts(args, cost, layer)
     fixed = summary(layouts["fixed"]["steps"], None)
