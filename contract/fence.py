@@ -44,17 +44,20 @@ _FENCES_LOCK = threading.Lock()
 @contextmanager
 def fenced(store: Store, fence: Fence) -> Iterator[None]:
     """Have every write and removal under ``store``'s root in this process (by any :class:`Store` whose folder is
-    in it) admitted by ``fence`` first, for the ``with`` block. One fence per root: nesting another raises."""
+    in it) admitted by ``fence`` first, for the ``with`` block. One fence per root: nesting another raises;
+    nesting the same one is allowed, and the root stays fenced until the outermost block ends."""
     key = (store.protocol, store.root.rstrip("/"))
     with _FENCES_LOCK:
         if key in _FENCES and _FENCES[key] is not fence:
             raise RuntimeError(f"{redact_url(store.url)} is fenced already")
+        outermost = key not in _FENCES  # an inner block of the same fence must not unfence its outer one
         _FENCES[key] = fence
     try:
         yield
     finally:
-        with _FENCES_LOCK:
-            _FENCES.pop(key, None)
+        if outermost:
+            with _FENCES_LOCK:
+                _FENCES.pop(key, None)
 
 
 def covering(protocol: str, path: str) -> tuple[Fence, str] | None:

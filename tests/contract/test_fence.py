@@ -1,6 +1,7 @@
 """``contract.fence``: a registered fence covers its root and every key under it (on its protocol only, never a
 sibling whose name merely starts alike), for the ``with`` block only; a second fence on one root is refused,
-naming the root without its credentials. (Every write and removal of a Store admitted by it, and a refused one
+naming the root without its credentials; the same fence nested keeps the root fenced until the outermost
+block ends. (Every write and removal of a Store admitted by it, and a refused one
 leaving nothing: tests/pipelines/test_lease.py, with the lease as the fence.)"""
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ def test_a_second_fence_on_a_root_is_refused_naming_the_root_without_credentials
             pass
         assert str(err.value) == f"memory://***@fence-{tmp_path.name} is fenced already"
         assert root.fence() is fence, "the refused one did not replace it"
+    assert root.fence() is None
+
+
+def test_the_same_fence_nested_keeps_the_root_fenced_until_the_outer_block_ends(tmp_path: Path) -> None:
+    root = Store(f"memory://fence-{tmp_path.name}")
+    fence = _Fence()
+    with fenced(root, fence):
+        with fenced(root.sub("shards"), fence):
+            assert root.fence() is fence
+        with fenced(root, fence):
+            pass
+        assert root.fence() is fence, "the inner block ended; the outer one still fences the root"
     assert root.fence() is None
 
 
