@@ -31,11 +31,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
-# library's tokenize for every module imported below, so take this folder off the import path first.
-if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -65,7 +60,7 @@ def cp_imbalance(seq: list[tuple[int, int]], seq_len: int, cp: int, how: str) ->
     for r in range(cp):
         idx = split(seg, cp, r, how)
         work.append(attention_work(seg, np.where(idx < used, idx, -1)))
-    return max(work) / np.mean(work) if np.mean(work) > 0 else 1.0
+    return float(max(work) / np.mean(work)) if np.mean(work) > 0 else 1.0
 
 
 def mixture_error(steps: list[list[list[tuple[int, int]]]], window: int = 10, end: int | None = None) -> float:
@@ -119,7 +114,9 @@ def regime(
         budget = int(1.5 * batch // dp * seq_len)
         capped = [
             dp_imbalance(c, assign_unequal(c, dp, tokens=t, max_tokens=budget), dp)
-            for c, t in zip(per_step_costs, ([sum(x for _, x in s) for s in st] for st in regrouped), strict=True)
+            for c, t in zip(
+                per_step_costs, (np.array([sum(x for _, x in s) for s in st]) for st in regrouped), strict=True
+            )
         ]
         rows["unequal1.5x"] = (float(np.mean(capped)), float(np.percentile(capped, 95)))
         others["unequal1.5x"] = regrouped

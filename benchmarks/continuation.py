@@ -17,21 +17,22 @@ included), with the load average."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# This folder holds a tokenize.py: keep it off sys.path so it never shadows the standard library's.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))  # this checkout's packages: run as a script, only this folder is on the path
 
 NEW_ANNEAL = "mixture: {prose: 0.1, code: 0.3, qa: 0.6}"
 
 
-def _timed(fn) -> float:  # type: ignore[no-untyped-def]
+def _timed(fn: Callable[[], object]) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
@@ -84,17 +85,19 @@ def main() -> None:
         build_mix(base_mix, tmp / "base", say=quiet)
         base_inodes = {p.stat().st_ino for p in (tmp / "base" / "shards").iterdir()}
 
-        fulls, conts, ones = [], [], []
+        fulls: list[float] = []
+        conts: list[float] = []
+        ones: list[float] = []
         last = base_mix.total_steps - 1
         for rep in range(a.reps):
             full, cont, one = tmp / f"full-{rep}", tmp / f"cont-{rep}", tmp / f"one-{rep}"
             for folder in (full, cont, one):
                 reuse_previous(tmp / "base", folder)
-            fulls.append(_timed(lambda full=full: build_mix(new_mix, full, say=quiet)))
+            fulls.append(_timed(functools.partial(build_mix, new_mix, full, say=quiet)))
             continued = new_mix.continuing(str(tmp / "base"), at)
-            conts.append(_timed(lambda cont=cont, m=continued: build_mix(m, cont, say=quiet)))
+            conts.append(_timed(functools.partial(build_mix, continued, cont, say=quiet)))
             one_step = base_mix.continuing(str(tmp / "base"), last)  # what any continuation costs: its constant
-            ones.append(_timed(lambda one=one, m=one_step: build_mix(m, one, say=quiet)))
+            ones.append(_timed(functools.partial(build_mix, one_step, one, say=quiet)))
 
         full, cont = tmp / "full-0", tmp / "cont-0"
         steps, t_full, t_cont, t_one = new_mix.total_steps, min(fulls), min(conts), min(ones)

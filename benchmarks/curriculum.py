@@ -24,8 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# This folder holds a tokenize.py: keep it off sys.path so it never shadows the standard library's.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))  # this checkout's packages: run as a script, only this folder is on the path
 
 
 import time
@@ -59,7 +58,9 @@ def curriculum(steps: int, kind: str) -> list[Phase]:
     """A run of about ``steps`` steps in three phases (whole blocks of 10): warmup (10 %, documents ≤ 4096
     tokens), main (75 %), anneal (15 %). ``kind``: ``same`` (one mixture, no cap, no ramps), ``noramp``
     (three mixtures of unequal cost), ``ramps`` (the same with a 3-step linear ramp into main and a
-    3-step cosine ramp into the anneal: the real curriculum)."""
+    3-step cosine ramp into the anneal: the real curriculum). ValueError under 30 steps (a block each)."""
+    if steps < 30:
+        raise ValueError(f"a three-phase curriculum takes at least 30 steps (10 per phase), not {steps}")
     warm, anneal = max(10, round(steps * 0.1 / 10) * 10), max(10, round(steps * 0.15 / 10) * 10)
     main = steps - warm - anneal
     if kind == "same":

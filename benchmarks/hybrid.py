@@ -59,8 +59,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# This folder holds a tokenize.py: keep it off sys.path so it never shadows the standard library's.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))  # this checkout's packages: run as a script, only this folder is on the path
 
 import argparse
 import hashlib
@@ -303,6 +302,8 @@ def main() -> None:
         help="override a number of the cost model (a sensitivity run), e.g. linear=0 or group_latency=0.002",
     )  # fmt: skip
     args = ap.parse_args()
+    if args.steps < 30:
+        ap.error(f"--steps {args.steps}: a simulated three-phase build takes at least 30 steps")
     overrides: dict[str, Any] = {k: float(v) for k, _, v in (c.partition("=") for c in args.cost)}
     start = {
         "commit": commit(),

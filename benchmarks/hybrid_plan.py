@@ -31,8 +31,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# This folder holds a tokenize.py: keep it off sys.path so it never shadows the standard library's.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))  # this checkout's packages: run as a script, only this folder is on the path
 
 import argparse
 import dataclasses
@@ -151,6 +150,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("real", "longtail"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.steps < 30:
+        ap.error(f"--steps {args.steps}: a simulated three-phase build takes at least 30 steps")
     engines = args.engine or (["compiled", "numpy"] if default_engine() == "compiled" else ["numpy"])
     head = {"commit": commit(), "uncommitted": uncommitted(), "cpus": os.cpu_count()}
     head["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

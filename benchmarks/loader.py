@@ -29,20 +29,14 @@ The peer venv (it borrows this venv's torch and numpy through a .pth file, so no
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
-# library's tokenize for every module imported below, so take this folder off the import path first.
-if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import functools
 import os
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,7 +109,7 @@ def weir(
     kept = functools.lru_cache(maxsize=None)(plan)
 
     def read() -> int:
-        ds.planner.assignment = kept if planned else functools.lru_cache(maxsize=None)(plan)  # type: ignore
+        ds.planner.assignment = kept if planned else functools.lru_cache(maxsize=None)(plan)
         ds.load_state_dict(start)
         return sum(int(item["input_ids"].numel()) for item in ds)
 

@@ -23,20 +23,16 @@ this work started from; and this checkout), one fresh Python process (``PYTHONPA
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:  # this folder's tokenize.py shadows the stdlib's
-    sys.path.pop(0)
-
 import argparse
 import hashlib
 import io
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,7 +49,7 @@ def write_sparse_shard(
     shard's ``files`` entry for the manifest: the tokens' sha256 a placeholder, so readers open it with
     ``verify=False``; the metadata's real.)"""
     buf = io.BytesIO()
-    np.savez(buf, **meta)  # type: ignore[arg-type]
+    np.savez(buf, allow_pickle=True, **meta)  # its default, named: else mypy reads **meta as filling it
     data = buf.getvalue()
     meta_name, tok_name = f"shard-{k:05d}.meta.npz", f"shard-{k:05d}.tokens.npy"
     (shards_dir / meta_name).write_bytes(data)

@@ -11,14 +11,8 @@ of ``argv[2]`` passes after a warm-up pass). Needs numpy and torch only (no weir
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
-# library's tokenize for every module imported below, so take this folder off the import path first.
-if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import time
+from pathlib import Path
 
 import numpy as np
 import torch

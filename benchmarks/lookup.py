@@ -32,19 +32,15 @@ so its stages add up; the CLI rows are medians; the 1-minute load average before
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:  # this folder's tokenize.py shadows the stdlib's
-    sys.path.pop(0)
-
 import argparse
 import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np

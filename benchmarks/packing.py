@@ -33,19 +33,13 @@ This script holds the CLI, the build, the timing and the printing; the baseline 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
-# library's tokenize for every module imported below, so take this folder off the import path first.
-if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import os
+import sys
 import tempfile
 import time
 import tracemalloc
+from pathlib import Path
 
 import duckdb
 import numpy as np

@@ -21,12 +21,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# This folder holds tokenize.py (the tokenizer benchmark): run as a script, it would shadow the standard
-# library's tokenize for every module imported below, so take this folder off the import path first; and
-# import this checkout's packages, not whichever one the environment was installed from.
+# Import this checkout's packages, not whichever one the environment was installed from.
 ROOT = Path(__file__).resolve().parent.parent
-if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
 sys.path.insert(0, str(ROOT))
 
 import argparse
@@ -148,8 +144,8 @@ def main() -> None:
     ap.add_argument("--stage", nargs=5, metavar=("NAME", "DB", "N", "TOKENS", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stage:
-        name, db, n, tokens, config = args.stage
-        out = stage(name, Path(db), int(n), int(tokens), json.loads(config))
+        name, db, n, tokens, stage_config = args.stage
+        out = stage(name, Path(db), int(n), int(tokens), json.loads(stage_config))
         ru = resource.getrusage(resource.RUSAGE_SELF)
         out["rss"] = ru.ru_maxrss * 1024  # Linux: KiB
         out["cpu"] = ru.ru_utime + ru.ru_stime  # all threads: what the stage costs whatever the load

@@ -62,8 +62,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# This folder holds a tokenize.py: keep it off sys.path so it never shadows the standard library's.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))  # this checkout's packages: run as a script, only this folder is on the path
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 TIKTOKEN_CACHE = SHARED / "tokenizers" / "tiktoken_cache" if SHARED else None
 

@@ -65,7 +65,7 @@ def lengths(data: Path) -> dict[str, np.ndarray]:
     enc = tiktoken.get_encoding("o200k_base")
     out = {n: np.array([len(t) + 1 for t in enc.encode_ordinary_batch(texts(n, data), num_threads=2)]) for n in MIXTURE}
     cache.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(cache, **out)
+    np.savez(cache, allow_pickle=True, **out)  # its default, named: else mypy reads **out as filling it
     return out
 
 
@@ -122,10 +122,13 @@ def draw(
 
 def concat_chunk(units_per_step: list, seq_len: int, batch: int) -> list[Step]:
     """B0 packing: one token stream cut every S tokens."""
-    steps, carry = [], []
+    steps: list[Step] = []
+    carry: list[tuple[int, int]] = []
     for units in units_per_step:
         stream = deque(carry + list(units))
-        seqs, cur, room = [], [], seq_len
+        seqs: list[list[tuple[int, int]]] = []
+        cur: list[tuple[int, int]] = []
+        room = seq_len
         while len(seqs) < batch and stream:
             k, length = stream.popleft()
             take = min(length, room)
@@ -147,7 +150,8 @@ def concat_chunk(units_per_step: list, seq_len: int, batch: int) -> list[Step]:
 
 def bfd(units_per_step: list, seq_len: int, batch: int) -> list[Step]:
     """Best-fit decreasing into ``batch`` sequences per step; units that fit nowhere wait for the next step."""
-    steps, carry = [], []
+    steps: list[Step] = []
+    carry: list[tuple[int, int]] = []
     for units in units_per_step:
         pool = sorted(carry + list(units), key=lambda u: -u[1])
         room = np.full(batch, seq_len)

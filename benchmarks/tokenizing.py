@@ -1,7 +1,7 @@
 """Tokenizing pipeline throughput vs the raw tokenizer, and peak memory vs source size.
 
-    python benchmarks/tokenize.py                 # default: 4 MB of mixed code + prose, 1 and 2 threads
-    python benchmarks/tokenize.py --mb 50         # bigger run
+    python benchmarks/tokenizing.py               # default: 4 MB of mixed code + prose, 1 and 2 threads
+    python benchmarks/tokenizing.py --mb 50       # bigger run
 
 For each tokenizer (the trained byte-level BPE, and the real ones in ../shared/tokenizers: DeepSeek's
 tokenizer.json and tiktoken o200k_base, skipped when absent) and each thread count, one fresh process
@@ -23,6 +23,7 @@ run over the fastest raw run. Then the peak resident memory of tokenizing a sour
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -33,13 +34,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# This folder holds a tokenize.py: keep it off sys.path so it never shadows the standard library's.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))  # this checkout's packages: run as a script, only this folder is on the path
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 EOS = "<|endoftext|>"
+
+if TYPE_CHECKING:
+    from mixing.ingest.tokenizer import TextTokenizer
 
 
 def _texts(mb: float) -> list[str]:
@@ -85,7 +88,7 @@ def _batched(fn: Callable[[list[str]], Any]) -> Callable[[list[str]], None]:
     return run
 
 
-def _tokenizer(kind: str, work: Path):  # type: ignore[no-untyped-def]
+def _tokenizer(kind: str, work: Path) -> tuple[TextTokenizer, dict[str, Callable[[list[str]], Any]]]:
     """(pipeline tokenizer, raw encode_batch callable) for one kind."""
     from mixing.ingest.tokenizer import load_tokenizer, prepare_tokenizer
     from mixing.mixfile.mix import TokenizerSpec
@@ -100,7 +103,11 @@ def _tokenizer(kind: str, work: Path):  # type: ignore[no-untyped-def]
         return tok, {"encode_ordinary_batch": whole, "encode_ordinary_batch/1MB": _batched(whole)}
     from tokenizers import Tokenizer
 
-    path = work / "bpe.json" if kind == "bpe" else SHARED / "tokenizers" / "deepseek_tokenizer.json"  # type: ignore[operator]
+    if kind == "bpe":
+        path = work / "bpe.json"
+    else:
+        assert SHARED is not None, "main runs deepseek only where ../shared holds its tokenizer.json"
+        path = SHARED / "tokenizers" / "deepseek_tokenizer.json"
     eos = EOS if kind == "bpe" else "<｜end▁of▁sentence｜>"
     raw = Tokenizer.from_file(str(path))
     tok = prepare_tokenizer(
@@ -147,7 +154,7 @@ def worker(kind: str, work: Path, reps: int) -> dict[str, object]:
 
     tokenize_source("warm", spec, index.head(1), tok, work / f"out-{kind}-{os.getpid()}-warm")  # lazy imports
     # Once each raw variant, to pick the fastest call (encode_batch_fast skips offsets: the strict ceiling).
-    best = {name: timed(lambda raw=raw: raw(texts)) for name, raw in raws.items()}
+    best = {name: timed(functools.partial(raw, texts)) for name, raw in raws.items()}
     raw_name = min(best, key=best.__getitem__)
     fastest = raws[raw_name]
     # Then raw and pipeline interleaved, R P R P ... R: each pipeline run is paired with the mean of the
