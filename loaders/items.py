@@ -92,11 +92,16 @@ class ItemBuilder:
                 head = np.cumsum(count) - count
                 gather = expand_runs(at[rows], count, head, np.empty(int(head[-1] + count[-1]), np.int64))
                 cus = list(torch.from_numpy(cu_all[gather]).split_with_sizes(count.tolist()))
-            sources = self._provenance_fields(per_segment, table, rows, used) if self._provenance else None
+            sources = None
+            if self._provenance:  # the segments' lengths only for source_ids (no labels or positions here)
+                first, at, pad, seg, _ = self._layout(table, rows, used, lengths="source_ids" in want)
+                sources = self._provenance_fields(per_segment, table, used, first, at, pad, seg)
             self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used, sources)
         else:
-            seg, first, cu = self._layout(table, rows, used)
-            sources = self._provenance_fields(per_segment, table, rows, used, seg) if self._provenance else None
+            first, at, pad, seg, cu = self._layout(table, rows, used)
+            sources = None
+            if self._provenance:
+                sources = self._provenance_fields(per_segment, table, used, first, at, pad, seg)
             if self.zigzag:
                 self._zigzag(cols, tokens, seg, first, cu, used, sources)
             else:
@@ -117,58 +122,67 @@ class ItemBuilder:
         return [dict(zip(keys, values, strict=False)) for values in zip(*cols.values(), strict=True)]
 
     def _layout(
-        self, table: SegmentTable, rows: np.ndarray, used: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Segments of ``table``'s ``rows`` back to back, each one's padding (if any) as one more segment:
-        lengths ``seg`` [m], ``first`` [n+1] (item k's segments are ``first[k]:first[k+1]``), boundaries
-        ``cu`` [m+1] in the concatenated positions (item k starts at k·S); ``used``: the rows' real tokens."""
+        self, table: SegmentTable, rows: np.ndarray, used: np.ndarray, *, lengths: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Segments of ``table``'s ``rows`` back to back, each one's padding (if any) as one more segment (m
+        *entries* in all; ``used``: the rows' real tokens): ``first`` [n+1] (item k's entries are
+        ``first[k]:first[k+1]``), ``at`` [m] (each entry's row of ``table``; 0 for a padding entry), ``pad``
+        (the padding entries, ascending), then, when ``lengths``, the entries' lengths ``seg`` [m] and
+        boundaries ``cu`` [m+1] in the concatenated positions (item k starts at k·S), else two empty arrays.
+        All int64."""
+        # a few µs per chunk matter here (provenance's cost on lean items): np.add.accumulate and the
+        # ndarray.repeat method, not np.cumsum and np.repeat, whose Python wrappers cost about a µs each
         S, n = self.S, len(rows)
-        offs = table.offsets
-        lo, n_real = offs[rows], offs[rows + 1] - offs[rows]
-        n_seg = n_real + (used < S)
+        lo = table.offsets[rows]
+        padded = used < S
+        n_seg = table.offsets[rows + 1] - lo + padded  # ≥ 1: a sequence holds a segment or is padding
         first = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(n_seg, out=first[1:])
-        seg = np.empty(int(first[-1]), dtype=np.int64)
-        seg[first[1:] - 1] = S - used  # the last entry of each item: its padding, overwritten when it has none
-        item_of = np.repeat(np.arange(n), n_real)
-        e = np.arange(len(item_of)) - np.repeat(np.cumsum(n_real) - n_real, n_real)  # index inside its item
-        seg[first[item_of] + e] = table.lengths[lo[item_of] + e]
+        np.add.accumulate(n_seg, out=first[1:])
+        # entry first[k] + e is row lo[k] + e: one shift per item over a count (cheaper than expand_runs'
+        # fill, scatter and cumsum); a padding entry would get the row after its item's, which may not
+        # exist, so it reads row 0 instead (whatever it reads is overwritten)
+        at = (lo - first[:-1]).repeat(n_seg)
+        at += np.arange(len(at))
+        pad = (first[1:] - 1)[padded]
+        at[pad] = 0
+        if not lengths:
+            empty = np.zeros(0, np.int64)
+            return first, at, pad, empty, empty
+        # a table with no segment at all: every entry is padding
+        seg = table.lengths[at] if len(table.lengths) else np.zeros(len(at), np.int64)
+        seg[pad] = S - used[padded]
         cu = np.zeros(len(seg) + 1, dtype=np.int64)
-        np.cumsum(seg, out=cu[1:])
-        return seg, first, cu
+        np.add.accumulate(seg, out=cu[1:])
+        return first, at, pad, seg, cu
 
     def _provenance_fields(
         self,
         cols: dict[str, list[Any]],
         table: SegmentTable,
-        rows: np.ndarray,
         used: np.ndarray,
-        seg: np.ndarray | None = None,
+        first: np.ndarray,
+        at: np.ndarray,
+        pad: np.ndarray,
+        seg: np.ndarray,
     ) -> np.ndarray | None:
-        """``cols``' per-segment provenance fields of ``table``'s ``rows`` (``used``: their real tokens), each
-        item's segments in order then its trailing padding's (-1), as :meth:`_layout` lays them out (so aligned
-        with the items' ``cu_seqlens``); returns, when ``source_ids`` is asked, the source of every concatenated
-        position (int32 [N + 1], -1 on padding and on the extra slot N that a CP padding slot gathers), else
-        None. ``seg``: :meth:`_layout`'s lengths when made already (only ``source_ids`` needs them).
+        """``cols``' per-segment provenance fields of the entries :meth:`_layout` laid out (``first``, ``at``,
+        ``pad``: each item's segments in order then its trailing padding's, -1; so aligned with the items'
+        ``cu_seqlens``); returns, when ``source_ids`` is asked, the source of every concatenated position
+        (int32 [N + 1], -1 on padding and on the extra slot N that a CP padding slot gathers), else None.
+        ``seg``: the entries' lengths (only ``source_ids`` reads them); ``used``: the rows' real tokens.
 
         O(segments) numpy work and one tensor per field per item, except ``source_ids``: one ``np.repeat``
         over the positions, in a narrow type, and one copy into a pooled int32 array, viewed per item."""
-        S, want = self.S, self.fields
-        lo = table.offsets[rows]
-        n_real = table.offsets[rows + 1] - lo
-        padded = used < S
-        n_seg = n_real + padded  # ≥ 1: a sequence holds a segment or is padding
-        head = np.cumsum(n_seg) - n_seg
-        at = expand_runs(lo, n_seg, head, np.empty(int(n_seg.sum()), np.int64))
-        pad = (head + n_real)[padded]  # the padding's entry of each padded item (its `at` is past its rows)
-        at[pad] = 0
-        counts = n_seg.tolist()
+        want = self.fields
+        counts = (first[1:] - first[:-1]).tolist()
+        segments = table.segments
         source: np.ndarray | None = None
         for name, col in (("seg_source", 0), ("seg_doc", 1), ("seg_offset", 2)):
             if name not in want and not (col == 0 and "source_ids" in want):
                 continue
-            # a fresh int64 copy (a table with no segment at all: every entry is padding)
-            arr = table.segments[at, col] if len(table.segments) else np.zeros(len(at), np.int64)
+            # a fresh int64 copy, by a fancy index of the column (a 1-d index: cheaper than a 2-d one or an
+            # np.take of whole rows); a table with no segment at all: every entry is padding
+            arr = segments[:, col][at] if len(segments) else np.zeros(len(at), np.int64)
             if col == 0:
                 arr = source = arr.astype(np.int32)
             arr[pad] = -1
@@ -176,17 +190,14 @@ class ItemBuilder:
                 cols[name] = list(torch.from_numpy(arr).split_with_sizes(counts))
         if source is None or "source_ids" not in want:
             return None
-        if seg is None:
-            seg = table.lengths[at] if len(table.lengths) else np.zeros(len(at), np.int64)
-            seg[pad] = S - used[padded]
         # each segment's source over its slots, into a pooled array (a fresh one faults its pages in every
         # chunk): repeated in the narrowest type that holds the ids (a quarter of the bytes for < 128
         # sources), then widened by one casting copy
-        N = int(seg.sum())
+        N = int(used.size * self.S)
         ids = self._take("source_ids", N + 1, np.int32)
         top = int(source.max(initial=-1))
         narrow = source.astype(np.int8 if top < 2**7 else np.int16 if top < 2**15 else np.int32)
-        np.copyto(ids[:N], np.repeat(narrow, seg))
+        np.copyto(ids[:N], narrow.repeat(seg))
         ids[N] = -1  # what a CP padding slot gathers
         return ids
 

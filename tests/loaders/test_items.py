@@ -81,12 +81,14 @@ def test_both_feeds_give_the_same_items_on_random_segmentations(
         check_feeds_agree(build, 3, "zigzag", chunks, fields=("labels", "indices", "cu_seqlens_padded"))
 
 
-def check_provenance(build: Path, cp: int, how: str) -> None:
+def check_provenance(build: Path, cp: int, how: str, lean: bool = False) -> None:
     """Every item's provenance fields, on every CP rank, against the shards' own segments: per segment of
-    ``cu_seqlens`` (the trailing padding -1) and per slot of the rank (through ``indices``; -1 on padding)."""
+    ``cu_seqlens`` (the trailing padding -1) and per slot of the rank (through ``indices``; -1 on padding).
+    ``lean``: without labels (``cp`` 1 only), so built from the index's ``cu_seqlens`` as a trainer that
+    computes its labels itself gets them."""
     shards = ShardSet(build / "shards")
     S = shards.manifest.seq_len
-    fields = ("labels", "indices", "cu_seqlens", *PROVENANCE_FIELDS)
+    fields = ("indices", "cu_seqlens", *PROVENANCE_FIELDS) + (() if lean else ("labels",))
     for rank in range(cp):
         ds = PackedDataset(build, world=World(0, 1, rank, cp), cp_split=how, payload=Payload(fields=fields))
         for i, it in enumerate(ds.items(list(range(len(shards))))):
@@ -114,8 +116,12 @@ def test_provenance_is_the_shards_segments_on_random_segmentations(
         for cp in (1, 2, 3, 4):
             for how in SPLITS if S % (2 * cp) == 0 else ("zigzag",):
                 check_provenance(build, cp, how)
+        check_provenance(build, 1, "zigzag", lean=True)
         check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "cu_seqlens", *PROVENANCE_FIELDS))
         check_feeds_agree(build, 3, "zigzag", chunks, fields=("labels", "source_ids", "seg_doc"))
+        # the lean path with and without the segments' lengths (which only source_ids reads)
+        check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "cu_seqlens", "seg_doc", "seg_offset"))
+        check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "source_ids", "seg_source"))
 
 
 def test_provenance_on_a_real_build_with_split_documents(tiny_build: Path) -> None:
@@ -123,6 +129,7 @@ def test_provenance_on_a_real_build_with_split_documents(tiny_build: Path) -> No
     assert (segs[:, 2] > 0).any() and len(set(segs[:, 0].tolist())) == 2  # pieces past a document's start
     for cp, how in ((1, "zigzag"), (2, "zigzag"), (4, "sequence_zigzag")):
         check_provenance(tiny_build, cp, how)
+    check_provenance(tiny_build, 1, "zigzag", lean=True)
 
 
 @pytest.mark.parametrize("cp", [2, 3, 4])
