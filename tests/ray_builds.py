@@ -241,9 +241,12 @@ def commit_state(store: Store) -> dict[str, list[str]]:
     """What a reader of ``store`` would trust, checked: each commit record's name → what is wrong with the files it
     lists (``[]`` when all are as published; ``["damaged record"]`` when it does not read back), and, when there is
     a manifest, ``shards/manifest.json`` → what is wrong with the shard files it lists."""
-    state = {}
+    state: dict[str, list[str]] = {}
     for c in committed(store):
-        state[c.name] = verify(store, c) if isinstance(c, Commit) else ["damaged record"]
+        if isinstance(c, Commit):
+            state[c.name] = verify(store, c)
+        else:  # a record that does not read back: committed() gives its name
+            state[c] = ["damaged record"]
     if store.exists(f"shards/{MANIFEST}"):
         problems = ShardSet(f"{store.url}/shards", store.storage_options).file_problems()
         state[f"shards/{MANIFEST}"] = [f"{name}: {why}" for name, why in problems.items()]

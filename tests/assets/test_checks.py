@@ -38,7 +38,9 @@ def test_the_mixture_error_check_judges_the_trainers_stream(tmp_path: Path) -> N
     assert f"window {max(built.window, stream.window):.4f}" in text  # the worse of the two is judged
     assert check.metadata["window"].value == max(built.window, stream.window)
     assert (stream.regroup.window, stream.regroup.period) == (2, 2)  # measured under the mix file's settings
-    assert check.passed == (max(built.window, stream.window) <= check.metadata["goal_window"].value)
+    goal = check.metadata["goal_window"]
+    assert isinstance(goal, dg.FloatMetadataValue) and goal.value is not None
+    assert check.passed == (max(built.window, stream.window) <= goal.value)
 
 
 SHARES = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)

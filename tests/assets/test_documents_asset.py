@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -9,6 +10,13 @@ import dagster as dg
 from assets import WeirEngine, WeirStorage, mix_assets
 from mixing import load_mix
 from mixing.stages import stages_until
+
+
+def _int(meta: Mapping[str, dg.MetadataValue], key: str) -> int:
+    """``meta[key]`` as the count it is (Dagster types a metadata value's ``.value`` as any packable value)."""
+    value = meta[key]
+    assert isinstance(value, dg.IntMetadataValue) and value.value is not None, (key, value)
+    return value.value
 
 
 def test_documents_metadata_and_accounting_check(tiny_mix_path: Path, tmp_path: Path) -> None:
@@ -24,9 +32,11 @@ def test_documents_metadata_and_accounting_check(tiny_mix_path: Path, tmp_path: 
             assert r.success
     mats = [e for e in r.get_asset_materialization_events()]
     meta = mats[-1].materialization.metadata
-    assert meta["docs_seen"].value == meta["docs_kept"].value + meta["docs_quarantined"].value == 41
+    assert _int(meta, "docs_seen") == _int(meta, "docs_kept") + _int(meta, "docs_quarantined") == 41
     assert meta["quarantine_reasons"].value == {"invalid JSON": 1}
-    assert Path(meta["quarantine"].value).read_text().count("\n") == 1
-    assert meta["quarantine_sample"].value[0]["line"] == 6
+    quarantine, sample = meta["quarantine"], meta["quarantine_sample"]
+    assert isinstance(quarantine, dg.PathMetadataValue) and isinstance(sample, dg.JsonMetadataValue)
+    assert Path(quarantine.value).read_text().count("\n") == 1
+    assert isinstance(sample.value, list) and sample.value[0]["line"] == 6
     checks = r.get_asset_check_evaluations()
     assert [(c.check_name, c.passed) for c in checks] == [("docs_accounted", True)]

@@ -38,7 +38,8 @@ def test_an_env_var_address_is_read_from_the_environment_in_a_run_and_outside_on
 ) -> None:
     monkeypatch.setenv("WEIR_TEST_RAY_ADDRESS", "head:6379")
     resource = WeirEngine(kind="ray", ray_address=dg.EnvVar("WEIR_TEST_RAY_ADDRESS"))
-    assert resource.engine().address == "head:6379"
+    made = resource.engine()
+    assert isinstance(made, RayEngine) and made.address == "head:6379"
 
     @dg.asset
     def where(engine: WeirEngine) -> dg.MaterializeResult:

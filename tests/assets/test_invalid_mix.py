@@ -17,7 +17,7 @@ from assets.invalid_mix import invalid_mix_assets, invalid_mix_group
 from mixing import MixError, load_mix
 
 DAGSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-STEMS = st.text(st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), max_size=20)
+STEMS = st.text(st.characters(blacklist_characters="/\x00", blacklist_categories=["Cs"]), max_size=20)
 
 
 @settings(max_examples=200, deadline=None)
@@ -58,7 +58,9 @@ def _run(path: Path, error: str) -> tuple[str, dg.AssetCheckEvaluation]:
     result = dg.materialize([asset], instance=instance, raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
-    cause = failure.step_failure_data.error.cause
+    info = failure.step_failure_data.error
+    assert info is not None
+    cause = info.cause
     assert cause is not None
     checked = dg.materialize(
         [asset, check], selection=dg.AssetSelection.checks_for_assets(asset), instance=instance, raise_on_error=False

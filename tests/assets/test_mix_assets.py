@@ -7,6 +7,7 @@ plan assets: ``test_documents_asset.py``, ``test_plan_assets.py``; the stream ch
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -28,7 +29,7 @@ def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, 
     defs = mix_assets(mix)
     resources = {"storage": WeirStorage(root=str(tmp_path / "build"), per_mix=False), "engine": WeirEngine()}
     instance = dg.DagsterInstance.ephemeral()
-    meta: dict[tuple[str, str | None], dict] = {}
+    meta: dict[tuple[str, str | None], Mapping[str, dg.MetadataValue]] = {}
     for stage in STAGES:
         for part in stage.partitions(mix):
             result = dg.materialize(
@@ -45,9 +46,9 @@ def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, 
     tok_fp = meta["tokenizer", None]["fingerprint"].value
     # One fingerprint per build, the same wherever the UI shows it and in the shards' manifest.
     assert manifest.tokenizer_fingerprint == tok_fp
-    for stage in ("plan", "packed_shards"):
-        assert meta[stage, None]["mix_fingerprint"].value == manifest.mix_fingerprint == mix.fingerprint()
-        assert meta[stage, None]["tokenizer_fingerprint"].value == tok_fp
+    for name in ("plan", "packed_shards"):
+        assert meta[name, None]["mix_fingerprint"].value == manifest.mix_fingerprint == mix.fingerprint()
+        assert meta[name, None]["tokenizer_fingerprint"].value == tok_fp
     for source in mix.sources:
         docs = meta["documents", source]
         assert docs["tokenizer_fingerprint"].value == tok_fp
@@ -56,7 +57,9 @@ def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, 
         lines = Path(link.value).read_text().splitlines()
         # The file behind the link holds exactly the records the count says were quarantined.
         assert len(lines) == docs["docs_quarantined"].value
-    bad = [json.loads(line) for line in Path(meta["documents", "qa"]["quarantine"].value).read_text().splitlines()]
+    qa_link = meta["documents", "qa"]["quarantine"]
+    assert isinstance(qa_link, dg.PathMetadataValue)
+    bad = [json.loads(line) for line in Path(qa_link.value).read_text().splitlines()]
     assert len(bad) == 1 and "line" in bad[0], bad
     # The build's figures are numbers (the UI plots them across builds), equal to what inspect reports.
     report = inspect_build(tmp_path / "build")

@@ -53,7 +53,7 @@ def test_an_object_store_root_publishes_to_its_url_and_works_in_a_folder_of_its_
 def test_the_fsspec_options_carry_exactly_the_settings_that_are_set(chosen: set[str]) -> None:
     fields = {f: SETTINGS[f][1] if f in SETTINGS else "eu-west-1" for f in chosen}
     opts = WeirStorage(**fields).storage_options()  # type: ignore[arg-type]
-    want = {SETTINGS[f][0]: v for f, v in fields.items() if f in SETTINGS}
+    want: dict[str, object] = {SETTINGS[f][0]: v for f, v in fields.items() if f in SETTINGS}
     if "aws_region" in chosen:
         want["client_kwargs"] = {"region_name": "eu-west-1"}
     assert opts == want

@@ -259,7 +259,7 @@ def test_the_index_holds_the_shards_metadata_as_mappable_arrays(tmp_path: Path, 
     for i in range(len(plain)):
         a, b = indexed.sequence(i), plain.sequence(i)
         assert (a.step, a.tokens.tolist(), a.segments.tolist()) == (b.step, b.tokens.tolist(), b.segments.tolist())
-        assert np.array_equal(a.seg_cost, b.seg_cost)
+        assert a.seg_cost is not None and b.seg_cost is not None and np.array_equal(a.seg_cost, b.seg_cost)
     ix = map_index(tmp_path / "ix", len(plain))
     assert isinstance(ix["segments"].base, np.memmap) and isinstance(ix["segments"].base.base, mmap.mmap)
     cu, count = item_cu_seqlens(offs, segs[:, 3], plain.seq_tokens, 16)

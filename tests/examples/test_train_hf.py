@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -73,7 +74,7 @@ def test_trainer_learns_and_resumes_under_torchrun(tiny_build: Path, tmp_path: P
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT)]
 
-    def train(out: Path, *args: str) -> list[dict[str, float]]:
+    def train(out: Path, *args: str) -> list[dict[str, Any]]:  # losses.jsonl's rows: step (int), loss (float)
         proc = subprocess.run(
             [*launch, str(tiny_build), str(out), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
         )

@@ -54,15 +54,15 @@ def test_every_chunk_file_is_verified_on_reuse(tmp_path: Path, name: str) -> Non
         p = data / f"f{i:02d}.jsonl"
         p.write_text(json.dumps({"text": f"document {i} " * (i + 1)}) + "\n{broken\n")
         paths.append(str(p))
-    paths = pl.DataFrame({"path": paths, "fingerprint": [f"v1{p}" for p in paths]})  # as an index: reusable
+    index = pl.DataFrame({"path": paths, "fingerprint": [f"v1{p}" for p in paths]})  # as an index: reusable
     spec = SourceSpec(uri="unused", format="jsonl")
     tok = load_tokenizer(TokenizerSpec(kind="bytes"), tmp_path)
-    first = tokenize_source("s", spec, paths, tok, tmp_path / "first")
+    first = tokenize_source("s", spec, index, tok, tmp_path / "first")
     shutil.copytree(tmp_path / "first", tmp_path / "second")
     chunk = sorted((tmp_path / "second" / "chunks").iterdir())[-1]
     flip_bit(chunk / name)
 
-    again = tokenize_source("s", spec, paths, tok, tmp_path / "second")
+    again = tokenize_source("s", spec, index, tok, tmp_path / "second")
     assert again.chunks_damaged == [chunk.name]
     assert again.chunks_reused == first.chunks - 1
     assert len(again.warnings) == 1 and chunk.name in again.warnings[0]

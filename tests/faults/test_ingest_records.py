@@ -39,7 +39,8 @@ def test_a_leading_byte_order_mark_loses_no_record(tmp_path: Path, case: str) ->
     fields, name, data = CASES[case]
     spec = SourceSpec(uri="unused", **fields)  # type: ignore[arg-type]
     plain, marked = tmp_path / "plain", tmp_path / "marked"
-    plain.mkdir(), marked.mkdir()
+    plain.mkdir()
+    marked.mkdir()
     (plain / name).write_bytes(data)
     (marked / name).write_bytes(BOM + data)
     assert texts(marked / name, spec) == texts(plain / name, spec)

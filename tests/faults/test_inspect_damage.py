@@ -109,7 +109,7 @@ def npy_shape_digit(data: bytes) -> int:
     return data.index(b"'shape': (") + len(b"'shape': (")  # first digit of the shape in the .npy header
 
 
-DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+DAMAGE: dict[str, tuple[Callable[[Path], object], str]] = {  # damage a build's folder (what it returns is unused)
     "npy magic byte flipped": (flip(TOKENS, lambda d: 0), TOKENS),
     "npy header shape flipped": (flip(TOKENS, npy_shape_digit), TOKENS),
     "npy header dtype flipped": (flip(TOKENS, lambda d: d.index(b"<u2") + 2), TOKENS),
@@ -169,6 +169,7 @@ def test_an_undamaged_build_still_exits_0_with_the_same_figures(
     assert r.returncode == 0 and r.stderr == "", r.stderr
     report = json.loads(r.stdout)
     m = ShardSet(BuildLayout(tiny_build).shards_dir).manifest
+    assert m.steps is not None and m.global_batch is not None
     assert report == json.loads(json.dumps(inspect_build(tiny_build).as_json()))
     assert report["corrupt_files"] == [] and report["file_problems"] == {} and report["manifest_sealed"] is True
     assert report["sequences"] == m.steps * m.global_batch == 32 and report["steps"] == 8

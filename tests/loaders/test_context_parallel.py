@@ -5,6 +5,7 @@ micro-batch by it keeps every token once with its unsplit label."""
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 import numpy as np
 import torch
@@ -121,7 +122,7 @@ def test_thd_cut_keeps_every_token_once_with_its_unsplit_label(seg_lens: list[in
     total = sum(seg_lens)
     cu = torch.tensor(np.cumsum([0, *seg_lens]), dtype=torch.int32)
     ids = torch.from_numpy(rng.integers(0, 500, total))
-    whole = {
+    whole: dict[str, Any] = {  # a micro-batch as the loader's concat makes it
         "input_ids": ids,
         "labels": labels(ids, cu, total),  # made before any cut, as the loader makes them
         "position_ids": position_ids(cu, total),

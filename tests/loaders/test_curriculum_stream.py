@@ -31,7 +31,8 @@ ONE = Payload(fields=("input_ids",))
 def synthetic_build(root: Path, phases: tuple[tuple[str, int, int], ...] = PHASES) -> ShardSet:
     """Every build step holds its phase's mixture exactly: ``HEAVY`` single-document sequences of books and
     ``BATCH − HEAVY`` packs of eight 8-token documents, ``a`` of source a and the rest of b."""
-    steps, segs, offs, listed, t = [], [], [0], [], 0
+    segs: list[list[int]] = []  # (source, document, start, length) per segment
+    steps, offs, listed, t = [], [0], [], 0
     for name, n, a in phases:
         listed.append({"phase": name, "first_step": t, "steps": n})
         for _ in range(n):

@@ -144,7 +144,12 @@ def test_a_node_verdict_being_written_holds_back_another_thread_of_the_same_proc
     Verifier(tmp_path / "cache").verify(data, f)  # writes the node's verdict
     (marker,) = (tmp_path / "cache" / "verified").iterdir()
     done = threading.Event()
-    thread = threading.Thread(target=lambda: (Verifier(tmp_path / "cache").verify(data, f), done.set()))
+
+    def verify_then_say() -> None:
+        Verifier(tmp_path / "cache").verify(data, f)
+        done.set()
+
+    thread = threading.Thread(target=verify_then_say)
     with open(marker, "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         thread.start()

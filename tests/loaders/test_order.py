@@ -32,7 +32,7 @@ def boundary_error(
     return worst
 
 
-def problem(seed: int, period: int, k: int) -> tuple[np.ndarray, ...]:
+def problem(seed: int, period: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Classes of one main source each (as cost classes are: books in the heaviest, short documents in the
     lightest), the build's steps on their mean; before: another phase's classes in a random order."""
     rng = np.random.default_rng(seed)

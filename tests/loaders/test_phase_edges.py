@@ -43,7 +43,8 @@ def synthetic_build(root: Path, seed: int = 0) -> ShardSet:
     phase's mean is exact) single-segment sequences of source 0, the rest packs of 8-token documents of
     sources 1–4 drawn by the phase's weights."""
     rng = np.random.default_rng(seed)
-    steps, segs, offs, phases, t = [], [], [0], [], 0
+    segs: list[list[int]] = []  # (source, document, start, length) per segment
+    steps, offs, phases, t = [], [0], [], 0
     for name, n, heavy, weights in PHASES:
         phases.append({"phase": name, "first_step": t, "steps": n})
         p = np.array(weights, dtype=np.float64) / sum(weights)
@@ -113,6 +114,7 @@ def test_each_sequence_once_and_phases_kept(shards: ShardSet) -> None:
     rows = np.stack([planner.step_sequences(t) for t in range(planner.steps)])
     assert sorted(rows.ravel().tolist()) == list(range(len(shards)))  # every sequence exactly once
     assert (shards.steps[rows] == np.arange(planner.steps)[:, None]).sum() < rows.size  # it did regroup
+    assert shards.manifest.phases is not None
     for ph in shards.manifest.phases:  # no sequence leaves its phase
         a, b = ph.first_step, ph.first_step + ph.steps
         assert ((shards.steps[rows[a:b]] >= a) & (shards.steps[rows[a:b]] < b)).all()
@@ -127,12 +129,14 @@ def test_the_stream_error_is_what_the_ranks_read(shards: ShardSet) -> None:
         lo, hi = offs[item["sequence"]], offs[item["sequence"] + 1]
         np.add.at(got[item["step"]], segs[lo:hi, 0], segs[lo:hi, 3])
     assert np.array_equal(got, stream_compositions(ranks[0].planner))
+    phases, sources = shards.manifest.phases, shards.manifest.sources
+    assert phases is not None and sources is not None
     quotas = pl.DataFrame(
         [
             {"step": t, "phase": ph.phase, "source": s, "quota": int(v)}
-            for ph in shards.manifest.phases
+            for ph in phases
             for t in range(ph.first_step, ph.first_step + ph.steps)
-            for s, v in zip(shards.manifest.sources, build_compositions(shards)[t], strict=True)
+            for s, v in zip(sources, build_compositions(shards)[t], strict=True)
         ]
     )
     stream, built = stream_mixture_error(shards, quotas), shards_mixture_error(shards, quotas)

@@ -85,7 +85,8 @@ plans = st.builds(
 
 def write_build(root: Path, b: Build, **info: Any) -> ShardSet:
     rng = np.random.default_rng(b.seed)
-    segs, offs = [], [0]
+    segs: list[list[int]] = []  # (source, document, start, length) per segment
+    offs = [0]
     for _ in range(b.steps * b.batch):
         if rng.random() < 0.3:
             lengths = [S]

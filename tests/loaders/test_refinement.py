@@ -69,7 +69,8 @@ def test_windows_move_toward_the_build_mixture() -> None:
     size, period, unit, units = 16, 10, 20, 6
     costs, src = synthetic(rng, unit * units, size)
     build = src.reshape(-1, size, src.shape[1]).sum(1)
-    plain, refined = [], []
+    plain: list[np.ndarray] = []
+    refined: list[np.ndarray] = []
     for b in range(units):
         sl = slice(b * unit * size, (b + 1) * unit * size)
         step_of = regroup_window(costs[sl], src[sl], unit, period=period)
@@ -180,6 +181,7 @@ def test_a_loader_with_workers_saves_states_without_refining_in_the_main_process
         if k == 10:
             break
     state = loader.state_dict()
+    assert isinstance(loader.dataset, PackedDataset)  # DataLoader's stub types .dataset as any torch Dataset
     assert not loader.dataset.planner._arranged  # the contexts came from the workers
     items(reference, 11)
     assert state == reference.state_dict()  # the same state an in-process pass computes itself

@@ -15,6 +15,7 @@ import pytest
 
 from contract.shards import ShardError
 from loaders import Balance, PackedDataset, PackedLoader, Payload, Reading, World
+from loaders.remote import RemoteShardSet
 from tests.conftest import moto_endpoint
 
 
@@ -49,6 +50,7 @@ def test_s3_stream_equals_the_local_stream_within_the_cache_bound(
         reading=Reading(cache_dir=tmp_path, cache_bytes=2 * one, storage_options=s3["opts"]),
     )
     assert remote.build_id == local.build_id
+    assert isinstance(remote.shards, RemoteShardSet)
     peak = 0
     for a, b in zip(local, remote, strict=True):
         assert a["sequence"] == b["sequence"] and all(a[k].equal(b[k]) for k in ("input_ids", "labels", "indices"))
@@ -79,6 +81,7 @@ def test_s3_workers_and_restarts_share_the_nodes_cache(s3: dict, sharded_build: 
     (folder,) = [p for p in tmp_path.iterdir() if (p / "manifest.json").exists()]
     files = {p.name: p.stat() for p in folder.glob("shard-*")}
     build_bytes = sum(f.bytes for s in remote.shards.manifest.shards for f in s.files.both())
+    assert isinstance(remote.shards, RemoteShardSet)
     assert sum(st.st_size for st in files.values()) == build_bytes == remote.shards.cached_bytes()
     again = PackedDataset(
         "s3://weir-test/tiny2",

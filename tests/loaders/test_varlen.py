@@ -38,7 +38,9 @@ def test_state_after_every_micro_batch_is_a_step_boundary_that_resumes_the_rest(
     for batch in varlen.by_step(first):
         whole.append(summary(batch))
         states.append(first.state_dict())
-    steps = first.dataset.planner.steps if isinstance(first, PackedLoader) else first.planner.steps
+    dataset = first.dataset if isinstance(first, PackedLoader) else first
+    assert isinstance(dataset, PackedDataset)  # DataLoader's stub types .dataset as any torch Dataset
+    steps = dataset.planner.steps
     assert [s for s, *_ in whole] == list(range(steps))
     for k, state in enumerate(states[:-1]):
         assert (state["step"], state["consumed"]) == (whole[k][0] + 1, 0)  # the boundary, not one item past

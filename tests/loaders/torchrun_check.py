@@ -49,7 +49,7 @@ def main(build: str, out: str) -> None:
         if sorted(by_cp[0]) != sorted(by_cp[1]):
             problems.append("regrouped: CP ranks of a DP rank read different sequences")
         union = [pair for w, _, _, pairs in gathered if w.cp_rank == 0 for pair in pairs]
-        sizes = defaultdict(int)
+        sizes: defaultdict[int, int] = defaultdict(int)
         for step, _ in union:
             sizes[step] += 1
         if sorted(seq for _, seq in union) != list(range(len(ShardSet(ds.shards.dir)))):

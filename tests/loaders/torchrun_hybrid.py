@@ -192,23 +192,25 @@ def main(build: str, out: str) -> None:
         with torch.no_grad():  # the same SGD step on both, each with its own gradients
             offset = 0
             for p, r in zip(params, reference.parameters(), strict=True):
-                p -= 0.5 * flat[offset : offset + p.numel()].view_as(p)
+                p.sub_(0.5 * flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
                 if r.grad is not None:
-                    r -= 0.5 * r.grad
+                    r.sub_(0.5 * r.grad)
     gathered: list[Any] = [None] * WORLD.size
     dist.all_gather_object(gathered, (problems, seen))
     if rank == 0:
         problems = [p for ps, _ in gathered for p in ps]
         slots = sorted(s for _, ss in gathered for s in ss)
-        want = []
+        tokens: list[tuple[int, int, int, int]] = []  # (step, document, position, token) of every step's token
         for t in range(STEPS):
             docs = loader.documents(t)
             ids = docs.input_ids.tolist()
             for j in range(len(docs.cu) - 1):
-                want += [(t, j, p, ids[int(docs.cu[j]) + p]) for p in range(int(docs.lengths[j]))]
-        if slots != sorted(want):
-            problems.append(f"the ranks' real slots ({len(slots)}) are not the steps' tokens ({len(want)}), each once")
+                tokens += [(t, j, p, ids[int(docs.cu[j]) + p]) for p in range(int(docs.lengths[j]))]
+        if slots != sorted(tokens):
+            problems.append(
+                f"the ranks' real slots ({len(slots)}) are not the steps' tokens ({len(tokens)}), each once"
+            )
         degrees = {d for line in lines for d in line.split("degrees ")[1].strip("[]").split(", ")}
         if not {"1", "2", "4"} <= degrees:
             problems.append(f"the steps split documents over {sorted(degrees)} ranks only; expected 1, 2 and 4")

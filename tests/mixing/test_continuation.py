@@ -124,6 +124,13 @@ def _pieces(shards: ShardSet, keep: np.ndarray) -> Counter[tuple[str, int, int]]
     return Counter((names[s], d, st) for s, d, st in mine[:, :3].tolist())
 
 
+def _recorded(shards: ShardSet) -> np.ndarray:
+    """The step digests ``shards`` recorded (uint8 [steps, 16]); every build here records them."""
+    digests = read_step_digests(shards)
+    assert digests is not None, shards.url
+    return digests
+
+
 @pytest.mark.parametrize("edit", sorted(EDITS))
 def test_the_past_is_kept_and_every_piece_goes_on_once(base: Path, edit: str) -> None:
     out = _continue(base, edit, *EDITS[edit])
@@ -132,9 +139,9 @@ def test_the_past_is_kept_and_every_piece_goes_on_once(base: Path, edit: str) ->
     assert c.manifest.steps == mix.total_steps and c.manifest.lineage[-1].at == N
     # steps < N: the base's digests, recomputed from the continuation's own files, and the base's shard files
     digests = compute_step_digests(c)
-    assert np.array_equal(digests, read_step_digests(c))
-    assert np.array_equal(digests[:N], read_step_digests(b)[:N])
-    assert not np.array_equal(digests[N : b.manifest.steps], read_step_digests(b)[N : c.manifest.steps])
+    assert np.array_equal(digests, _recorded(c))
+    assert np.array_equal(digests[:N], _recorded(b)[:N])
+    assert not np.array_equal(digests[N : b.manifest.steps], _recorded(b)[N : c.manifest.steps])
     first = c.manifest.shards[0]
     assert first.files == b.manifest.shards[0].files and (out / "shards" / first.files.tokens.name).stat().st_nlink > 1
     assert diff_builds(b, c).identical == N and diff_builds(b, c).continues_at == N
@@ -176,7 +183,7 @@ def test_a_continuation_continues(base: Path) -> None:
     c1, c2 = ShardSet(first / "shards"), ShardSet(second / "shards")
     assert [e.at for e in c2.manifest.lineage] == [N, 12] == [e.at for e in inspect_build(second).lineage]
     assert diff_builds(c1, c2).identical == 12
-    assert np.array_equal(read_step_digests(c2)[:N], read_step_digests(ShardSet(base / "shards"))[:N])
+    assert np.array_equal(_recorded(c2)[:N], _recorded(ShardSet(base / "shards"))[:N])
 
 
 def _refusals(base: Path, text: str) -> str:
@@ -216,8 +223,8 @@ def test_a_refused_build_fails_in_one_message(base: Path) -> None:
     data.mkdir(exist_ok=True)
     for f in (base.parent / "data").iterdir():
         (data / f.name).write_bytes(f.read_bytes())
-    with (data / "a.jsonl").open("a") as f:
-        f.write(json.dumps({"t": "a late addition"}) + "\n")
+    with (data / "a.jsonl").open("a") as fh:
+        fh.write(json.dumps({"t": "a late addition"}) + "\n")
     text = (HEAD + PAST.replace("{main}", "4") + EDITS["shorter"][1]).replace("{root}", str(data))
     mix = base.parent / "edited.yaml"
     mix.write_text(text)
@@ -281,8 +288,10 @@ def test_dagster_shows_the_continuation_with_its_base_and_prefix_check(base: Pat
     assert meta["continues_build_id"].value == Base(str(base), N).build_id
     check = dg.AssetCheckKey(key, "prefix_unchanged")
     evaluation = instance.event_log_storage.get_latest_asset_check_execution_by_key([check])[check]
-    data = evaluation.event.dagster_event.event_specific_data  # type: ignore[union-attr]
-    assert data.passed and f"steps 0..{N - 1} identical" in data.description
+    assert evaluation.event is not None and evaluation.event.dagster_event is not None
+    data = evaluation.event.dagster_event.event_specific_data
+    assert isinstance(data, dg.AssetCheckEvaluation)
+    assert data.passed and f"steps 0..{N - 1} identical" in (data.description or "")
 
 
 def test_a_continuation_in_object_storage_continues_a_base_there(
@@ -328,4 +337,4 @@ def test_feedback_reweights_the_future_and_is_recorded(base: Path) -> None:
         return float(mine[:, 3].sum() / late[:, 3].sum())
 
     assert late_share(c, "c") > late_share(ShardSet(plain / "shards"), "c") + 0.05
-    assert np.array_equal(read_step_digests(c)[:N], read_step_digests(ShardSet(base / "shards"))[:N])
+    assert np.array_equal(_recorded(c)[:N], _recorded(ShardSet(base / "shards"))[:N])

@@ -24,7 +24,10 @@ def test_indexing_every_source_builds_the_rest_once_in_order(tmp_path: Path, tin
     defs = load_definitions(tmp_path / "mixes", tmp_path / "build")
     instance = dg.DagsterInstance.ephemeral()
     resources = {"storage": WeirStorage(root=str(tmp_path / "build")), "engine": WeirEngine()}
-    runnable = list(defs.assets or [])
+    runnable: list[dg.AssetsDefinition | dg.AssetSpec | dg.SourceAsset] = []
+    for a in defs.assets or []:
+        assert isinstance(a, (dg.AssetsDefinition, dg.AssetSpec, dg.SourceAsset)), a  # none is cacheable
+        runnable.append(a)
 
     def key(stage: str) -> dg.AssetKey:
         return dg.AssetKey(["tiny", stage])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import dagster as dg
 import pytest
@@ -54,6 +55,7 @@ def test_the_engine_resource_comes_from_the_environment_and_shows_in_the_definit
     mixes.mkdir()
     (mixes / "tiny.yaml").write_text(tiny_mix_path.read_text())
     defs = load_definitions(mixes, tmp_path / "build")
+    assert defs.resources is not None
     engine = defs.resources["engine"]
     assert isinstance(engine, WeirEngine) and engine.kind == "ray"
     documents = defs.resolve_assets_def(dg.AssetKey(["tiny", "documents"]))
@@ -74,5 +76,12 @@ def test_a_storage_root_fsspec_cannot_reach_is_refused_never_a_local_folder(
     assert not list(tmp_path.glob("s3*")) and not list(tmp_path.glob("nosuch*")), "no local folder was made"
 
 
-def _creds() -> dict[str, str]:
+class _Creds(TypedDict):
+    """WeirStorage's credential fields, by name."""
+
+    aws_access_key_id: str
+    aws_secret_access_key: str
+
+
+def _creds() -> _Creds:
     return {"aws_access_key_id": S3_ENV["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": S3_ENV["AWS_SECRET_ACCESS_KEY"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -13,6 +14,13 @@ from mixing.stages import STAGES
 from pipelines.definitions import defs, load_definitions
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _int(meta: Mapping[str, dg.MetadataValue], key: str) -> int:
+    """``meta[key]`` as the count it is (Dagster types a metadata value's ``.value`` as any packable value)."""
+    value = meta[key]
+    assert isinstance(value, dg.IntMetadataValue) and value.value is not None, (key, value)
+    return value.value
 
 
 def test_project_definitions_load_with_the_demo_mix() -> None:
@@ -58,8 +66,8 @@ def test_materialize_whole_graph_on_tiny_mix(tiny_mix_path: Path, tmp_path: Path
             instance=instance,
         )
         mat = r.asset_materializations_for_node("tiny__documents")[0]
-        meta = {k: v.value for k, v in mat.metadata.items()}
-        assert meta["docs_seen"] == meta["docs_kept"] + meta["docs_quarantined"]
+        meta = mat.metadata
+        assert _int(meta, "docs_seen") == _int(meta, "docs_kept") + _int(meta, "docs_quarantined")
     rest = [dg.AssetKey(["tiny", s]) for s in ("length_stats", "plan", "packed_shards")]
     result = dg.materialize(assets, selection=rest, resources=resources, instance=instance)
     assert result.success
@@ -136,7 +144,7 @@ def test_a_broken_mix_file_is_a_group_showing_its_error_and_the_others_load(
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     error_info = failure.step_failure_data.error
-    assert error_info.cause is not None and "nan is not a finite" in error_info.cause.message
+    assert error_info is not None and error_info.cause is not None and "nan is not a finite" in error_info.cause.message
     checked = dg.materialize(
         [d.resolve_assets_def(key), *(d.asset_checks or [])],
         selection=dg.AssetSelection.checks_for_assets(key),

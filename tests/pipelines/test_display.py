@@ -31,7 +31,7 @@ def test_a_step_line_names_the_stage_and_its_partition(stage: str, partition: st
         st.tuples(
             st.sampled_from(["weir", "weir.documents", "weir.chunks", "other"]),
             st.sampled_from([logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR]),
-            st.text(st.characters(blacklist_categories=("Cs",)), max_size=20),
+            st.text(st.characters(blacklist_categories=["Cs"]), max_size=20),
         ),
         max_size=8,
     )

@@ -26,7 +26,8 @@ def test_the_executor_is_chosen_by_configuration() -> None:
 def test_max_concurrent_caps_the_multiprocess_executor(limit: int) -> None:
     executor = executor_from_env({"WEIR_MAX_CONCURRENT": str(limit)})
     assert executor.name == "multiprocess"
-    assert executor.apply_config_mapping({}).value["config"]["max_concurrent"] == limit
+    mapped = executor.apply_config_mapping({}).value
+    assert mapped is not None and mapped["config"]["max_concurrent"] == limit
 
 
 @settings(max_examples=100, deadline=None)
@@ -38,7 +39,7 @@ def test_a_limit_that_is_not_a_whole_number_is_refused_in_one_line(value: str) -
 
 
 @settings(max_examples=100, deadline=None)
-@given(kind=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12))
+@given(kind=st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12))
 def test_an_unknown_executor_is_refused_in_one_line_naming_the_choices(kind: str) -> None:
     if kind.strip() in (*EXECUTORS, ""):
         return

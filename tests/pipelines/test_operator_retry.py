@@ -73,6 +73,7 @@ def test_a_failed_build_keeps_its_tokenization_and_the_fixed_mix_reuses_all_of_i
         assert (out / rel).stat().st_ino == inode, rel
     assert beside(out) == {"out"}, "a successful build removes the cache"
     clean = build_output(load_mix(tiny_mix_path), tmp_path / "clean", say=lambda _s: None)
+    assert isinstance(clean.dest, Path)  # a local build's folder
     assert manifest(out) == manifest(clean.dest)
 
 
@@ -92,6 +93,7 @@ def test_a_damaged_chunk_in_the_kept_work_is_tokenized_again_and_weir_build_says
     assert r.returncode == 0, r.stderr
     assert f"warning: chunk {victim.parent.name} of source 'notes' was damaged" in r.stdout, r.stdout
     clean = build_output(load_mix(tiny_mix_path), tmp_path / "clean", fresh=True, say=lambda _s: None)
+    assert isinstance(clean.dest, Path)  # a local build's folder
     assert manifest(out) == manifest(clean.dest)
     rebuilt = out / victim.relative_to(out.with_name(".out.cache"))  # the chunk the index points at
     assert rebuilt.read_bytes() == (clean.dest / rebuilt.relative_to(out)).read_bytes()

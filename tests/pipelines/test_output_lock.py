@@ -29,8 +29,12 @@ def test_the_lock_names_its_holder_or_is_waited_for_and_is_gone_afterwards(tmp_p
 
         waiting, entered = threading.Event(), threading.Event()
 
+        def say_and_wait(line: str) -> None:
+            said.append(line)
+            waiting.set()
+
         def second() -> None:  # its own open file: the flock excludes it as it would another process
-            with output_lock(dest, True, lambda line: (said.append(line), waiting.set())):
+            with output_lock(dest, True, say_and_wait):
                 entered.set()
 
         waiter = threading.Thread(target=second)

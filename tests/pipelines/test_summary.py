@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from assets.checks import MIN_PACKING_EFFICIENCY
+from contract.record import Regroup
 from mixing.output.layout import BuildLayout
 from mixing.report import BuildReport, StreamMixtureReport, inspect_build
 from pipelines.summary import missed_goals, print_summary
@@ -24,11 +25,11 @@ def report(tiny_build: Path) -> BuildReport:
 
 
 @pytest.fixture(scope="module")
-def regroup(tiny_build: Path) -> object:
+def regroup(tiny_build: Path) -> Regroup:
     return BuildLayout.of(tiny_build).shard_set().manifest.regrouping
 
 
-def variant(r: BuildReport, regroup: object, eff: float, trunc: float, window: float, phase: float,
+def variant(r: BuildReport, regroup: Regroup, eff: float, trunc: float, window: float, phase: float,
             stream: bool | None) -> BuildReport:  # fmt: skip
     """``r`` with these figures; ``stream``: no stream report (None), or one that meets its goals or not."""
     me = r.mixture_error.model_copy(update={"window": window, "phase": phase})
@@ -51,7 +52,7 @@ FIGURES = dict(
 @settings(max_examples=100, deadline=None)
 @given(**FIGURES)
 def test_a_goal_is_missed_exactly_when_its_figure_crosses_it(
-    report: BuildReport, regroup: object, eff: float, trunc: float, window: float, phase: float, stream: bool | None
+    report: BuildReport, regroup: Regroup, eff: float, trunc: float, window: float, phase: float, stream: bool | None
 ) -> None:
     r = variant(report, regroup, eff, trunc, window, phase, stream)
     me = r.mixture_error
@@ -72,7 +73,7 @@ def test_a_goal_is_missed_exactly_when_its_figure_crosses_it(
 @settings(max_examples=25, deadline=None)
 @given(**FIGURES)
 def test_the_summary_marks_each_missed_goal_once_and_returns_them(
-    report: BuildReport, regroup: object, eff: float, trunc: float, window: float, phase: float, stream: bool | None
+    report: BuildReport, regroup: Regroup, eff: float, trunc: float, window: float, phase: float, stream: bool | None
 ) -> None:
     r = variant(report, regroup, eff, trunc, window, phase, stream)
     console = Console(record=True, width=100_000, color_system=None)

@@ -80,6 +80,7 @@ def test_a_build_killed_mid_way_is_cleaned_up_by_the_next_and_the_output_equals_
     assert beside(out) == {"out"}
     clean = build_output(load_mix(tiny_mix_path), tmp_path / "clean", say=lambda _s: None)
     assert clean.leftovers == 0
+    assert isinstance(clean.dest, Path)  # a local build's folder
     assert manifest(out) == manifest(clean.dest)
 
 
@@ -87,7 +88,8 @@ def test_a_build_killed_mid_way_is_cleaned_up_by_the_next_and_the_output_equals_
 def test_a_build_killed_between_its_two_renames_gets_its_previous_output_back(
     tiny_mix_path: Path, tmp_path: Path
 ) -> None:
-    mix, out, said = load_mix(tiny_mix_path), tmp_path / "out", []
+    said: list[str] = []
+    mix, out = load_mix(tiny_mix_path), tmp_path / "out"
     build_output(mix, out, say=lambda _s: None)
     before = manifest(out)
     chunk = next((out / "sources" / "notes" / "chunks").rglob("tokens.bin"))

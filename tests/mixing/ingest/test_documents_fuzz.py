@@ -31,7 +31,7 @@ MAX = 2000  # max_record_bytes, small so "tens of MB" is cheap to fake
 SPEC = SourceSpec(uri="unused", format="jsonl", field="text", max_record_bytes=MAX)
 TOK = load_tokenizer(TokenizerSpec(kind="bytes"), Path("."))
 
-text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=60).filter(
+text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=60).filter(
     lambda s: s.strip() != ""
 )
 # (kind, raw line) where kind is the expected reason, or "ok" with its text.

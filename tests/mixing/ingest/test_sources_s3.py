@@ -6,7 +6,7 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,7 +47,7 @@ def upload(opts: dict[str, object], bucket: str, files: dict[str, bytes]) -> Non
         fs.pipe(f"{bucket}/{key}", data)
 
 
-def parquet_bytes(rows: list[dict[str, object]]) -> bytes:
+def parquet_bytes(rows: Sequence[Mapping[str, object]]) -> bytes:
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), buf)
     return buf.getvalue()

@@ -22,7 +22,8 @@ S = 512
 def _random_units(seed: int, steps: int, batch: int) -> np.ndarray:
     """Long-tailed documents (lognormal lengths), pieces of long ones cut at S, quota S·batch per step."""
     rng = np.random.default_rng(seed)
-    rows, doc = [], 0
+    rows: list[tuple[int, int, int, int, int, int]] = []  # pack_units's (length, source, doc, start, step, ord)
+    doc = 0
     for step in range(steps):
         left = S * batch
         while left > 0:
@@ -60,7 +61,7 @@ def test_dropped_units_are_only_those_left_at_a_phase_end() -> None:
     units = _random_units(1, 10, 4)
     p = pack_units(units, PHASES, ("x", "y", "z"), S, 4)
     planned_step = {u[2]: u[4] for u in units.tolist()}
-    per_phase = Counter()
+    per_phase: Counter[str] = Counter()
     for _src, doc, _start, length in p.dropped.tolist():
         per_phase[PHASES[planned_step[doc]][1]] += length
     # the carry never grows, so what is left at a phase end is less than one step's worth of tokens

@@ -38,7 +38,11 @@ def test_length_tables_under_a_small_memory_limit_are_the_same(tmp_path: Path) -
             }
         ).write_parquet(files[name])
     digests = []
-    for run, config in (("free", None), ("bounded", {"memory_limit": "64MB", "threads": 1})):
+    runs: tuple[tuple[str, dict[str, str | int] | None], ...] = (
+        ("free", None),
+        ("bounded", {"memory_limit": "64MB", "threads": 1}),
+    )
+    for run, config in runs:
         db = tmp_path / f"{run}.duckdb"
         compute_length_stats(db, files, 1024, config)
         digests.append(tables(db))

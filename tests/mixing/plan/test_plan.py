@@ -184,7 +184,11 @@ def test_plan_under_a_small_duckdb_memory_limit_spills_and_is_the_same(tmp_path:
     rng = np.random.default_rng(1)
     lengths = {"a": np.clip(rng.lognormal(4, 1.2, 200_000), 1, 2000), "b": rng.integers(1, 300, 100_000)}
     digests = []
-    for name, config in (("free", {}), ("bounded", {"memory_limit": "16MB", "threads": 1})):
+    runs: tuple[tuple[str, dict[str, str | int | bool]], ...] = (
+        ("free", {}),
+        ("bounded", {"memory_limit": "16MB", "threads": 1}),
+    )
+    for name, config in runs:
         db = tmp_path / f"{name}.duckdb"
         write_documents(db, lengths)
         plan = make_plan(mix, db, config=config)

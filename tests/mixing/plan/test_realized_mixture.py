@@ -28,7 +28,8 @@ def _plan(seed: int, n_src: int) -> tuple[np.ndarray, list[tuple[int, str]], np.
     rng = np.random.default_rng(seed)
     mu, sigma = rng.uniform(3.0, 5.5, n_src), rng.uniform(0.8, 1.6, n_src)  # median 20..245 tokens
     steps: list[tuple[int, str]] = []
-    quotas, rows, doc = [], [], [0] * n_src
+    rows: list[tuple[int, int, int, int, int, int]] = []  # pack_units's (length, source, doc, start, step, ord)
+    quotas, doc = [], [0] * n_src
     for ph in range(int(rng.integers(1, 4))):
         mixture = rng.dirichlet(np.ones(n_src)) * 0.8 + 0.2 / n_src  # every share ≥ 0.2 / n_src
         drawn, q_cum = np.zeros(n_src), np.zeros(n_src)
@@ -87,7 +88,8 @@ def test_the_shortest_source_is_not_what_a_phase_end_drops() -> None:
     # realized shares stay on the quotas and the drop falls mostly on the long source, which the plan
     # over-drew
     rng = np.random.default_rng(7)
-    rows, drawn, q_cum, quotas = [], np.zeros(2), np.zeros(2), []
+    rows: list[tuple[int, int, int, int, int, int]] = []  # pack_units's (length, source, doc, start, step, ord)
+    drawn, q_cum, quotas = np.zeros(2), np.zeros(2), []
     for step in range(30):
         q = np.array([0.3, 0.7]) * S * BATCH
         quotas.append(q)
