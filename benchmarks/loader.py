@@ -10,7 +10,8 @@ Provenance (``loaders.PROVENANCE_FIELDS``, opt-in) off and on, side by side: eac
 with provenance fields by readers over the same build, taking turns round by round (the order reversed every
 other round), each round's on/off ratio kept; printed per pair: the best tokens/s off and on, their ratio, the
 median of the rounds' ratios, and that median by CPU time (goal: on within 1 % of off, i.e. ≥ 0.99).
-``--provenance-only`` runs that section alone.
+``--provenance-only`` runs that section alone; ``benchmarks/loader_provenance.py`` sets the loader of a commit
+before provenance existed beside them.
 
 Peers run in a separate venv (``--peer-python``; their pins need not match ours) through
 ``benchmarks/loader_peers.py``; without one they are reported as not measured. Every reader delivers
