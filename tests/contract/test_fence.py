@@ -2,7 +2,7 @@
 sibling whose name merely starts alike), for the ``with`` block only; a second fence on one root is refused,
 naming the root without its credentials; the same fence nested keeps the root fenced until the outermost
 block ends. (Every write and removal of a Store admitted by it, and a refused one
-leaving nothing: tests/pipelines/test_lease.py, with the lease as the fence.)"""
+leaving nothing: tests/pipelines/test_lease_fence.py, with the lease as the fence.)"""
 
 from __future__ import annotations
 

@@ -1,21 +1,17 @@
-"""``mixing.provenance`` and the commands that print it (``weir lookup``, ``weir epochs``).
+"""``mixing.provenance``: the pieces of a build's steps and its epochs, looked up in a small build of every input
+format (:mod:`tests.mixing.provenance_helpers`).
 
-One small build reads every input format weir reads (jsonl with a template and a malformed line, parquet, csv
-with a template and a value across two lines, text cut by a separator, a code ``.tar`` with a member it skips),
-with a trained BPE and the loader's regrouping on, built in this process (about a second). Its lookups are
-checked against what each record renders to, written out here without weir's readers, against the shards' own
-segments, and (``weir lookup --rank --dp --cp``) against the items a :class:`loaders.PackedDataset` of that
-world hands out; its epochs against a count of the shards' segments.
+Its lookups are checked against what each record renders to, written out without weir's readers, and against
+the shards' own segments; its epochs against a count of the shards' segments. A source's index written otherwise
+looks up the same; one gone or of another tokenizer, and a tokenizer that cannot be loaded, are refused in one
+line.
+The commands that print it (``weir lookup``, ``weir epochs``) are tested in ``test_provenance_commands.py``.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import re
 import shutil
-import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,98 +19,17 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from contract.shards import ShardSet
-from mixing import load_mix
-from mixing.output.layout import BuildLayout
 from mixing.piece import Piece
 from mixing.provenance import Provenance, ProvenanceError, step_range
-from mixing.stages import STAGES
-from pipelines.cli import app
-
-S, BATCH, STEPS = 64, 4, 8
-LABEL = {  # what each format's ``line`` reads as
-    "qa": r"line \d+",
-    "rows": r"row \d+",
-    "table": r"row \d+",
-    "notes": r"piece \d+",
-    "code": r"member \d+ \(pkg/m\d\.py\)",
-}
-
-
-@dataclass(frozen=True)
-class Formats:
-    """The build's root and, per (source, line), the record's text as its source renders it."""
-
-    root: Path
-    rendered: dict[tuple[str, int], str]
-
-
-def write_formats(data: Path) -> dict[tuple[str, int], str]:
-    """One file per format under ``data``; returns every kept record's rendered text by (source, line)."""
-    data.mkdir(parents=True)
-    rendered: dict[tuple[str, int], str] = {}
-    lines = [json.dumps({"q": f"what is {i}+{i}?", "a": str(2 * i)}) for i in range(30)]
-    lines.insert(5, "{not json")  # quarantined: the records after it keep their own line numbers
-    (data / "qa.jsonl").write_text("\n".join(lines) + "\n")
-    for n, line in enumerate(lines, start=1):
-        if line.startswith('{"q"'):
-            rec = json.loads(line)
-            rendered["qa", n] = f"Q: {rec['q']} A: {rec['a']}"
-    texts = [f"row {i}: " + " ".join(f"w{(i * 5 + k) % 17}" for k in range(3 + i)) for i in range(20)]
-    pq.write_table(pa.table({"text": texts}), data / "rows.parquet")
-    rendered |= {("rows", i + 1): t for i, t in enumerate(texts)}
-    bodies = [f"body {i} é, {'x' * i}" if i != 3 else "body 3\nacross two lines" for i in range(20)]
-    (data / "t.csv").write_text("title,body\n" + "".join(f't{i},"{b}"\n' for i, b in enumerate(bodies)))
-    rendered |= {("table", i + 1): f"t{i}: {b}" for i, b in enumerate(bodies)}  # a row, not a line
-    pieces = [f"note {i}: " + "abc " * (i * 3) + "end" for i in range(15)]
-    (data / "notes.txt").write_text("\n\n".join(pieces))
-    rendered |= {("notes", i + 1): p for i, p in enumerate(pieces)}
-    with tarfile.open(data / "code.tar", "w") as tar:
-        members = [("pkg/README.txt", "not code: skipped, but it is member 1")]
-        members += [(f"pkg/m{i}.py", f"def f{i}(x):\n    return x * {i}\n" * (i + 1)) for i in range(8)]
-        for n, (name, body) in enumerate(members, start=1):
-            info = tarfile.TarInfo(name)
-            info.size = len(body.encode())
-            tar.addfile(info, io.BytesIO(body.encode()))
-            if name.endswith(".py"):
-                rendered["code", n] = body
-    return rendered
-
-
-FORMATS_MIX = """\
-name: formats
-seed: 3
-tokenizer: {{kind: bpe, vocab_size: 300}}
-sequence: {{length: {S}, global_batch: {BATCH}}}
-sources:
-  qa:    {{uri: "{data}/qa.jsonl", format: jsonl, template: "Q: {{q}} A: {{a}}", max_epochs: 50}}
-  rows:  {{uri: "{data}/rows.parquet", format: parquet, max_epochs: 50}}
-  table: {{uri: "{data}/t.csv", format: csv, template: "{{title}}: {{body}}", max_epochs: 50}}
-  notes: {{uri: "{data}/notes.txt", format: text, separator: "\\n\\n", max_epochs: 50}}
-  code:  {{uri: "{data}/code.tar", format: code, max_epochs: 50}}
-curriculum:
-  - {{phase: one, steps: {STEPS}, mixture: {{qa: 0.2, rows: 0.2, table: 0.2, notes: 0.2, code: 0.2}}}}
-balance: {{regroup: {{window: 4, period: 2, slack: 1.15}}}}
-"""
+from tests.mixing.provenance_helpers import LABEL, STEPS, Formats, S, build_formats, weir
 
 
 @pytest.fixture(scope="module")
 def formats(tmp_path_factory: pytest.TempPathFactory) -> Formats:
-    base = tmp_path_factory.mktemp("formats")
-    rendered = write_formats(base / "data")
-    (base / "formats.yaml").write_text(FORMATS_MIX.format(S=S, BATCH=BATCH, STEPS=STEPS, data=base / "data"))
-    mix, layout = load_mix(base / "formats.yaml"), BuildLayout(base / "build")
-    for stage in STAGES:
-        for part in stage.partitions(mix):
-            stage.run(mix, layout, part)
-    return Formats(layout.root, rendered)
-
-
-def weir(*args: str) -> tuple[int, str, str]:
-    r = CliRunner().invoke(app, list(args))
-    return r.exit_code, r.stdout, r.stderr
+    """The build of every format, once for this module."""
+    return build_formats(tmp_path_factory.mktemp("formats"))
 
 
 # --- the pieces of a step -----------------------------------------------------------------------------------
@@ -223,118 +138,7 @@ def test_a_step_range_outside_the_build_is_refused(text: str) -> None:
         step_range(text, 8)
 
 
-# --- the commands -------------------------------------------------------------------------------------------
-
-
-def test_lookup_of_a_rank_is_what_the_loader_hands_that_rank(formats: Formats, tmp_path: Path) -> None:
-    """``weir lookup --rank R --dp 2 --cp 2 --cp-rank K``: the sequences of the training step (regrouped: not the
-    build step's) that DP rank R's loader reads, in its order, each document's held ranges the slots the loader
-    cut for CP rank K (zigzag)."""
-    from loaders import Payload, Reading, World
-    from loaders.dataset import PackedDataset
-
-    fields = ("input_ids", "labels", "indices", "cu_seqlens", "seg_source", "seg_doc", "seg_offset")
-    regrouped = False
-    for rank, cp_rank in [(0, 1), (1, 0)]:
-        world = World(dp_rank=rank, dp_size=2, cp_rank=cp_rank, cp_size=2)
-        ds = PackedDataset(
-            formats.root, world=world, payload=Payload(fields=fields), reading=Reading(cache_dir=tmp_path)
-        )
-        items: dict[int, list[dict[str, object]]] = {}
-        for item in ds:
-            items.setdefault(int(item["step"]), []).append(item)
-        for step in (1, 6):
-            code, stdout, stderr = weir(
-                "lookup", str(formats.root), "--step", str(step), "--rank", str(rank), "--dp", "2",
-                "--cp", "2", "--cp-rank", str(cp_rank), "--json",
-            )  # fmt: skip
-            assert code == 0, stderr
-            got = json.loads(stdout)
-            assert got["dp"] == {"rank": rank, "size": 2} and got["cp"] == {
-                "rank": cp_rank,
-                "size": 2,
-                "split": "zigzag",
-            }
-            assert got["sequences"] == [it["sequence"] for it in items[step]]
-            regrouped |= any(s["build_step"] != step for s in got["segments"])
-            want = []
-            for it in items[step]:
-                cu = it["cu_seqlens"].numpy()  # type: ignore[attr-defined]
-                idx = it["indices"].numpy()  # type: ignore[attr-defined]
-                for j, doc in enumerate(it["seg_doc"].tolist()):  # type: ignore[attr-defined]
-                    if doc < 0:  # the trailing padding
-                        continue
-                    mine = np.sort(idx[(idx >= cu[j]) & (idx < cu[j + 1])]) - cu[j] + int(it["seg_offset"][j])  # type: ignore[index]
-                    want.append((it["sequence"], doc, mine.tolist()))
-            held = [
-                (s["sequence"], s["doc_id"], [t for a, b in s["held"] for t in range(a, b)]) for s in got["segments"]
-            ]
-            assert held == want
-    assert regrouped, "a training step here gathers sequences of other build steps"
-
-
-def test_lookup_thd_holds_chunks_r_and_2cp_minus_1_minus_r_of_every_document(formats: Formats) -> None:
-    code, stdout, stderr = weir(
-        "lookup", str(formats.root), "--step", "0", "--cp", "2", "--cp-rank", "1", "--cp-split", "thd", "--json"
-    )
-    assert code == 0, stderr
-    for s in json.loads(stdout)["segments"]:
-        m = -(-s["length"] // 4)  # each document padded at its end to a multiple of 2·cp, in 4 chunks of m
-        chunks = [(s["start"] + c * m, min(s["start"] + (c + 1) * m, s["end"])) for c in (1, 2)]
-        merged = [c for c in chunks if c[0] < c[1]]
-        if len(merged) == 2 and merged[0][1] == merged[1][0]:
-            merged = [(merged[0][0], merged[1][1])]
-        assert [tuple(r) for r in s["held"]] == merged, s
-
-
-def test_lookup_contiguous_holds_a_slice_of_every_sequence(formats: Formats) -> None:
-    code, stdout, stderr = weir(
-        "lookup", str(formats.root), "--step", "0", "--cp", "2", "--cp-split", "contiguous", "--json"
-    )
-    assert code == 0, stderr
-    for s in json.loads(stdout)["segments"]:  # CP rank 0: slots 0 … S/2 − 1, in document coordinates
-        a, b = s["position"], min(s["position"] + s["length"], S // 2)
-        assert s["held"] == ([[s["start"], s["start"] + b - a]] if a < b else []), s
-
-
-def test_lookup_prints_one_line_per_segment_and_its_text(formats: Formats) -> None:
-    code, stdout, stderr = weir("lookup", str(formats.root), "--step", "2", "--text")
-    assert code == 0, stderr
-    lines = stdout.splitlines()
-    assert re.fullmatch(r"training step 2: 4 sequences, \d+ segments, [\d,]+ tokens", lines[0])
-    sequences = json.loads(weir("lookup", str(formats.root), "--step", "2", "--json")[1])["sequences"]
-    for p in Provenance(formats.root).lookup(sequences, text=True):
-        at = lines.index(f"  {p.source}  {p.file}  {p.record}  tokens {p.start}:{p.end} of {p.n_tokens} ({p.length})")
-        assert lines[at + 1] == "    " + json.dumps(p.text, ensure_ascii=False)
-
-
-def test_epochs_prints_the_counts_of_the_steps_asked(formats: Formats) -> None:
-    code, stdout, stderr = weir("epochs", str(formats.root), "--steps", "2:5", "--json")
-    assert code == 0, stderr
-    assert json.loads(stdout) == Provenance(formats.root).epochs(2, 5).as_json()
-    code, stdout, stderr = weir("epochs", str(formats.root))
-    assert code == 0, stderr
-    assert "build steps 0..7" in stdout and all(name in stdout for name in LABEL)
-
-
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (["lookup", "{root}", "--step", "8"], "has no step 8: its steps are 0..7"),
-        (["lookup", "{missing}", "--step", "0"], "no manifest.json.*give the folder weir build wrote"),
-        (["lookup", "{root}", "--step", "0", "--dp", "2"], "add --rank R"),
-        (["lookup", "{root}", "--step", "0", "--rank", "0", "--dp", "3"], "not divisible by dp_size 3.*--dp"),
-        (["lookup", "{root}", "--step", "0", "--cp", "3", "--cp-split", "thd"], "2·cp_size 6.*--cp"),
-        (["lookup", "{root}", "--step", "0", "--cp-rank", "1"], "needs --cp C"),
-        (["lookup", "{root}", "--step", "0", "--cp", "2", "--cp-rank", "2"], "rank out of range.*--cp"),
-        (["epochs", "{root}", "--steps", "3:2"], "give A:B"),
-        (["epochs", "{missing}"], "no manifest.json"),
-    ],
-)
-def test_a_failure_is_one_line_and_exit_1(formats: Formats, tmp_path: Path, args: list[str], says: str) -> None:
-    code, stdout, stderr = weir(*(a.format(root=formats.root, missing=tmp_path / "nope") for a in args))
-    assert code == 1 and stdout == ""
-    assert len(stderr.strip().splitlines()) == 1 and re.search(says, stderr), stderr
+# --- a build's files gone, rewritten or not fitting ---------------------------------------------------------
 
 
 def test_a_source_index_gone_or_from_another_build_is_named(formats: Formats, tmp_path: Path) -> None:
