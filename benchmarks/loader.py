@@ -46,6 +46,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.loader_provenance import PAIRS
 from contract.shards import ShardSet
 from loaders import FIELDS, PROVENANCE_FIELDS, PackedDataset, Payload, Reading, World
 from loaders.balance import assign_ranks, regroup_window
@@ -121,14 +122,9 @@ def load() -> str:
     return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
-# (payload, fields off, fields on): what a trainer adds for a loss per source, and everything there is
-PROVENANCE_PAIRS = (
-    ("full item + source_ids", FIELDS, (*FIELDS, "source_ids")),
-    ("full item + seg_source", FIELDS, (*FIELDS, "seg_source")),
-    ("full item + all four", FIELDS, (*FIELDS, *PROVENANCE_FIELDS)),
-    ("input_ids+cu_seqlens + source_ids", LEAN, (*LEAN, "source_ids")),
-    ("input_ids+cu_seqlens + seg_source", LEAN, (*LEAN, "seg_source")),
-)
+# (payload, fields off, fields on): loader_provenance.py's, written out there without importing loaders
+PROVENANCE_PAIRS = PAIRS
+assert {f for _, _, on in PAIRS for f in on} == {*FIELDS, *PROVENANCE_FIELDS}, "the pairs name every field"
 
 
 def provenance(build: Path, repeat: int, min_s: float = 0.5) -> dict[str, tuple[float, float, float, float]]:
