@@ -53,9 +53,11 @@ micro-batch opens on every rank, which costs each ``per_micro_batch``. The water
 its level needs beyond the ranks' room, unless (``per_micro_batch`` > 0) filling without them is faster (the
 two fills are compared whole, where opening can win at all). At the default ``per_micro_batch`` of 0 a
 micro-batch costs nothing the model sees, so the deal opens one whenever capacity stands in the way of the
-balance. A small step (at most :data:`EXACT` documents) whose documents all fit one rank, some split for
-cost, is also dealt with no document split and the faster deal kept; so a small step whose documents all fit
-one micro-batch of one rank is never dealt worse than by LPT of whole documents.
+balance. A micro-batch that no document ended up in on any rank (the water-fill opens them ahead of need) is
+dropped at the end of each deal, the others keeping their order. A small step (at most :data:`EXACT`
+documents) whose documents all fit one rank, some split for cost, is also dealt with no document split and the
+faster deal kept; so a small step whose documents all fit one micro-batch of one rank is never dealt worse
+than by LPT of whole documents.
 
 **Engines.** The placement (:mod:`loaders.hybrid_placement`) runs its inner loops (LPT, a block's
 placement, the water-fill) on numpy and Python by default (a training node needs no numba), or, opted in with

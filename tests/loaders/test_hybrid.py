@@ -1,11 +1,11 @@
-"""loaders/hybrid.py: the hybrid data-parallel deal. Every document is placed exactly once, whole or on an
-aligned power-of-two block big enough for its tokens; no rank's micro-batch holds more than its capacity;
-the reported rank times are the cost model's; the deal is a function of its arguments; long documents are
-split and short ones are not, unless no rank could take one below the mean; split documents that would stack
-on a block go half as far instead; a small step whose documents all fit one rank is dealt no worse than LPT of
-whole documents; and every engine (numpy, the kernels interpreted, compiled where numba is installed) deals
-the pinned inputs as the reference deal did, and random steps alike. (Timing is a script's business, not a
-test's: ``benchmarks/hybrid_plan.py``.)"""
+"""loaders/hybrid.py: the hybrid data-parallel deal. Every document is placed exactly once, whole or on an aligned
+power-of-two block big enough for its tokens; no rank's micro-batch holds more than its capacity; the reported rank
+times are the cost model's; the deal is a function of its arguments; long documents are split and short ones are
+not, unless no rank could take one below the mean; split documents that would stack on a block go half as far
+instead; no micro-batch is empty on every rank; a small step whose documents all fit one rank is dealt no worse than
+LPT of whole documents; and every engine (numpy, the kernels interpreted, compiled where numba is installed) deals
+the pinned inputs as the reference deal did, and random steps alike. (Timing is a script's business, not a test's:
+``benchmarks/hybrid_plan.py``.)"""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def check(lengths: np.ndarray, world: HybridWorld, cost: CostModel, d: Deal) -> 
     assert (deg >= least).all() and (deg <= ranks).all()
     assert (first % deg == 0).all() and (first >= 0).all() and (first + deg <= ranks).all()  # aligned, inside
     assert (mb >= 0).all() and (mb < max(d.micro_batches, 1)).all()
+    assert n == 0 or np.unique(mb).tolist() == list(range(d.micro_batches)), "a micro-batch empty on every rank"
     tokens = np.zeros((ranks, max(d.micro_batches, 1)))
     expected = np.full(ranks, d.micro_batches * cost.per_micro_batch)
     per_rank = np.asarray(cost.time(lengths, deg, world.gpus_per_node), dtype=np.float64).reshape(-1)
@@ -289,7 +290,7 @@ PINNED = {
     "flexsp": "969b3255f8aa4001",
     "small fits": "6c4547b9c67166df",
     "latency 12": "da0be3bfaa2468dc",
-    "crowded": "8125a9cda182d2c5",
+    "crowded": "32669556e4b202af",  # 8125a9cda182d2c5 until its 32nd micro-batch, empty on every rank, was dropped
     "crowded mb": "8f14e2619456d3dc",
     "random": "e3c1bb990316a6c8",
     "random tight": "8ed0af6e265a6ef8",
@@ -305,6 +306,15 @@ def pinned_deals(engine: str) -> dict[str, list[Deal]]:
     out["random"] = [one(random_case(s, False)) for s in range(60)]
     out["random tight"] = [one(random_case(s, True)) for s in range(30)]
     return out
+
+
+def test_no_micro_batch_is_left_empty_on_every_rank() -> None:
+    """The water-fill opens micro-batches ahead of need; one that no document ended up in (the crowded case
+    had its 32nd so) is dropped, so no trainer runs a pass with nothing in it on every rank."""
+    lengths, world, cost, seed = named_cases()["crowded"]
+    d = deal(lengths, world, cost, seed=seed)
+    check(lengths, world, cost, d)
+    assert d.micro_batches == 31
 
 
 @pytest.mark.parametrize("engine", ENGINES)
