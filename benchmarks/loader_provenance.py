@@ -114,6 +114,11 @@ class Child:
         self.proc.wait()
 
 
+def med(xs: list[tuple[float, float]], ys: list[tuple[float, float]], i: int) -> float:
+    """The median over rounds of ``ys[r][i] ÷ xs[r][i]`` (``i``: 0 wall, 1 CPU)."""
+    return statistics.median(y[i] / x[i] for x, y in zip(xs, ys, strict=True))
+
+
 def load() -> str:
     return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
@@ -148,9 +153,6 @@ def compare(build: Path, before: str, repeat: int, min_s: float) -> dict[str, di
         b = rates[id(old), offs.index(off)]
         f = rates[id(new), mine.index(off)]
         o = rates[id(new), len(offs) + [p[2] for p in PAIRS].index(on)]
-
-        def med(xs: list[tuple[float, float]], ys: list[tuple[float, float]], i: int) -> float:
-            return statistics.median(y[i] / x[i] for x, y in zip(xs, ys, strict=True))
 
         row = {
             "before": max(x[0] for x in b),
