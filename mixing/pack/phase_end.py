@@ -17,12 +17,18 @@ one), :func:`drop_mask` swaps that choice for a length-blind one, at no cost in 
    (a source passing its share by one unit where another falls short, the fills place the other's units in
    its stead); a source left short then takes the next units of its order that still fit (:func:`set_aside`,
    ``"dither"``).
+   Continuation pieces go first (:func:`keep_whole`): a unit with ``start`` > 0 is a piece of a long document
+   whose first piece is another unit, so setting it aside drops part of a document, never a whole one. A source
+   without enough such pieces (short documents only) gives its ``X_s`` to the sources with more: all of it,
+   then at most half of :data:`WINDOW_TOL` of a 10-step window, then none (whole units by priority stand in for
+   what the pieces do not cover); then the plain choice among all units.
 3. **Check.** The remaining fills are dry-run again without the units set aside. The choice is kept only if
    they place at most :data:`PAD_TOL` of the phase's tokens fewer than the first dry run and keep the mixture:
    the phase's share error no worse than the first dry run's or :data:`PHASE_TOL`, and no source's phase total
-   moved by more than :data:`WINDOW_TOL` of a 10-step window. Else the same with no total passing Σ ``X_s``,
-   then with no source passing its ``X_s`` (``"under"``); if none holds, the phase end drops what its last fill
-   leaves, by length.
+   moved by more than :data:`WINDOW_TOL` of a 10-step window (a choice that gives a source's ``X_s`` to others
+   may take the share error to :data:`SHIFT_TOL`). Else the next choice: the plain one, the same with no total
+   passing Σ ``X_s``, then with no source passing its ``X_s`` (``"under"``); if none holds, the phase end drops
+   what its last fill leaves, by length.
 
 The units set aside are dropped at the phase end with whatever the last fill leaves (the carried units the
 fills now place in their stead are the short ones the phase end would have dropped). Pure functions of their
@@ -41,10 +47,11 @@ from mixing.plan.mixture import WINDOW
 if TYPE_CHECKING:
     from mixing.pack.pool import Pool
 
-__all__ = ["PAD_TOL", "PHASE_TOL", "WINDOW_TOL", "drop_mask", "due", "priority", "set_aside"]
+__all__ = ["PAD_TOL", "PHASE_TOL", "SHIFT_TOL", "WINDOW_TOL", "drop_mask", "due", "keep_whole", "priority", "set_aside"]
 
 PAD_TOL = 0.0005  # of the phase's tokens: the padding the choice may add (its packing efficiency, at most that less)
 PHASE_TOL = 0.001  # a phase's share error the choice may reach (the goal is 0.002)
+SHIFT_TOL = 0.0015  # the phase's share error moving a source's drop onto others' pieces may reach (goal 0.002)
 WINDOW_TOL = 0.004  # of the last 10-step window's tokens: how far a source's total may move (the goal is 0.01)
 
 _SALT = 0x5EED_D0C5_0F_A11  # any constant: the priorities are a fixed function of the plan's units
@@ -155,7 +162,7 @@ def _finish(
     pool: Pool, units: np.ndarray, q_cum: np.ndarray, r_cum: np.ndarray, later: np.ndarray, capacity: float, bins: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run the phase's remaining fills on ``pool`` (empty) given ``units``, as the packer does: (tokens placed
-    per source over the phase, float64 [k]; tokens left per source, float64 [k])."""
+    per source over the phase, float64 [k]; the units left, int64 [m, 6])."""
     pool.add(units)
     q, r = q_cum.copy(), r_cum.copy()
     for j in range(len(later) + 1):
@@ -164,8 +171,38 @@ def _finish(
         segs = np.zeros((len(pool), 4), np.int64)
         _n, placed = pool.fill(due(q, r, capacity), segs, np.zeros(bins, np.int64))
         r += placed
-    left = pool.take_all()
-    return r, np.bincount(left[:, 1], weights=left[:, 0], minlength=len(q)).astype(np.float64)
+    return r, pool.take_all()
+
+
+def _tokens(units: np.ndarray, k: int) -> np.ndarray:
+    """float64 [k]: the tokens of ``units`` per source."""
+    return np.bincount(units[:, 1], weights=units[:, 0], minlength=k).astype(np.float64)
+
+
+def keep_whole(units: np.ndarray, targets: np.ndarray, *, since: int, slack: float, move: float) -> np.ndarray:
+    """bool [n]: what :func:`set_aside` (``"dither"``) chooses, taken first among the *continuation pieces*
+    (``start`` > 0: their document's first piece is another unit), so that a phase end drops no document whole
+    where pieces can stand in. A source with fewer such tokens planned at ``since`` or later than its target
+    gives up to ``move`` tokens of its shortfall to the sources with more (each taking at most ``move``, in
+    proportion to their excess; :func:`drop_mask`'s mixture checks bound how far that moves any source). What
+    the pieces cannot cover is set aside among the whole units as :func:`set_aside` would (by their priority,
+    length-blind)."""
+    units = np.asarray(units, np.int64).reshape(-1, 6)
+    t = np.asarray(targets, np.float64)
+    piece = (units[:, 3] > 0) & (units[:, 4] >= since)
+    avail = _tokens(units[piece], len(t))
+    give = np.minimum(t - np.minimum(t, avail), move)  # what each source lacks in pieces, up to move
+    take = np.minimum(avail - np.minimum(t, avail), move)  # what each source has in pieces beyond its target
+    amount = min(float(give.sum()), float(take.sum()))
+    want = t - give * (amount / give.sum()) + take * (amount / take.sum()) if amount > 0 else t
+    mask = np.zeros(len(units), np.bool_)
+    mask[piece] = set_aside(units[piece], want, rule="dither", since=since, slack=slack)
+    taken = _tokens(units[mask], len(t))
+    rest, gap = np.maximum(t - taken, 0.0), float(t.sum() - taken.sum())
+    if gap > 0 and rest.sum() > 0:  # what no piece covers: whole units, as the plain choice takes them
+        whole = ~piece
+        mask[whole] = set_aside(units[whole], rest * (gap / float(rest.sum())), rule="dither", since=since)
+    return mask
 
 
 def _share_error(r: np.ndarray, q: np.ndarray) -> float:
@@ -196,21 +233,29 @@ def drop_mask(
     steps. Deterministic.
     """
     none = np.zeros(len(units), np.bool_)
-    placed_a, left_a = _finish(new_pool(), units, q_cum, r_cum, later, capacity, bins)
+    k = len(q_cum)
+    placed_a, rows_a = _finish(new_pool(), units, q_cum, r_cum, later, capacity, bins)
+    left_a = _tokens(rows_a, k)
     if left_a.sum() <= 0:
         return none
     q_end = q_cum + later.sum(axis=0)
     pad = PAD_TOL * phase_steps * capacity  # the padding the choice may add
     window = min(WINDOW, phase_steps) * capacity  # the tokens of the phase's last 10-step window
     worst = max(_share_error(placed_a, q_end), PHASE_TOL)
-    for rule, slack in (("dither", pad), ("dither", 0.0), ("under", 0.0)):
-        mask = set_aside(units, left_a, rule=rule, since=since, slack=slack)
+    pieces = bool(((units[:, 3] > 0) & (units[:, 4] >= since)).any())
+    moves = (np.inf, WINDOW_TOL * window / 2, 0.0) if pieces else ()  # how far the pieces' rule may move a source
+    tries = [*(("pieces", pad, m) for m in moves), ("dither", pad, 0.0), ("dither", 0.0, 0.0), ("under", 0.0, 0.0)]
+    for rule, slack, move in tries:
+        if rule == "pieces":
+            mask = keep_whole(units, left_a, since=since, slack=slack, move=move)
+        else:
+            mask = set_aside(units, left_a, rule=rule, since=since, slack=slack)
         if not mask.any():
             continue
-        placed_b, _left = _finish(new_pool(), units[~mask], q_cum, r_cum, later, capacity, bins)
+        placed_b, _rows = _finish(new_pool(), units[~mask], q_cum, r_cum, later, capacity, bins)
         if (
             placed_b.sum() >= placed_a.sum() - pad
-            and _share_error(placed_b, q_end) <= worst
+            and _share_error(placed_b, q_end) <= (max(worst, SHIFT_TOL) if move else worst)
             and float(np.abs(placed_b - placed_a).max()) <= WINDOW_TOL * window
         ):
             return mask
