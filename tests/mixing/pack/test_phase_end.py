@@ -106,10 +106,13 @@ def test_take_all_gives_back_units_that_pack_as_the_pool_would(engine: str) -> N
     assert out[0] == out[1]
 
 
-def _steady_plan(seed: int, n_steps: int = 120) -> tuple[np.ndarray, list[tuple[int, str]]]:
-    """Two phases of short documents (lognormal, median ~34 tokens, S=512, 8 sequences) of three sources, drawn as
-    the planner draws: per source, whole documents until its drawn tokens reach its cumulative quota (shares 0.5,
-    0.3, 0.2), so each phase's surplus is less than a document per source."""
+def _drawn_plan(
+    seed: int, n_steps: int, batch: int, shares: tuple[float, float, float], books: bool
+) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """Two phases of three sources (S=512, ``batch`` sequences a step), drawn as the planner draws: per source,
+    whole documents until its drawn tokens reach its cumulative quota, so each phase's surplus is less than a
+    document per source. Short documents are lognormal (median ~34 tokens); with ``books``, source 0 draws
+    books of 1-6 S instead, each S-piece a unit (``start`` = k·S)."""
     rng = np.random.default_rng(seed)
     rows, doc, ords = [], 0, [0, 0, 0]
     steps = [(s, "a" if s < n_steps // 2 else "b") for s in range(n_steps)]
@@ -117,13 +120,20 @@ def _steady_plan(seed: int, n_steps: int = 120) -> tuple[np.ndarray, list[tuple[
     for step in range(n_steps):
         if step == n_steps // 2:
             drawn[:], q_cum[:] = 0.0, 0.0
-        q_cum += np.array([0.5, 0.3, 0.2]) * S * 8
+        q_cum += np.array(shares) * S * batch
         for src in range(3):
             while drawn[src] < q_cum[src]:
-                n = int(min(rng.lognormal(3.5, 1.0) + 1, S))
-                rows.append((n, src, doc, 0, step, ords[src]))
-                ords[src], doc, drawn[src] = ords[src] + 1, doc + 1, drawn[src] + n
+                n = int(rng.integers(S, 6 * S)) if books and src == 0 else int(min(rng.lognormal(3.5, 1.0) + 1, S))
+                for start in range(0, n, S):
+                    rows.append((min(S, n - start), src, doc, start, step, ords[src]))
+                    ords[src] += 1
+                doc, drawn[src] = doc + 1, drawn[src] + n
     return np.array(rows, dtype=np.int64), steps
+
+
+def _steady_plan(seed: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """Two phases of 60 steps of short documents only, 8 sequences, shares 0.5, 0.3, 0.2."""
+    return _drawn_plan(seed, 120, 8, (0.5, 0.3, 0.2), books=False)
 
 
 def _packed(units: np.ndarray, steps: list[tuple[int, str]], fair_drops: bool) -> Packing:
@@ -187,25 +197,9 @@ def test_keep_whole_sets_aside_pieces_before_whole_units(seed: int, n: int, targ
     assert np.array_equal(m2, set_aside(pieces_only, t, rule="dither", since=0, slack=300.0))
 
 
-def _plan_with_books(seed: int, n_steps: int = 128, batch: int = 128) -> tuple[np.ndarray, list[tuple[int, str]]]:
-    """Two phases of three sources drawn as the planner draws (shares 0.4, 0.4, 0.2, S=512, ``batch`` sequences): short
-    documents (lognormal) and, for source 0, books of 1-6 S-pieces, each piece a unit (``start`` = k·S)."""
-    rng = np.random.default_rng(seed)
-    rows, doc, ords = [], 0, [0, 0, 0]
-    steps = [(s, "a" if s < n_steps // 2 else "b") for s in range(n_steps)]
-    drawn, q_cum = np.zeros(3), np.zeros(3)
-    for step in range(n_steps):
-        if step == n_steps // 2:
-            drawn[:], q_cum[:] = 0.0, 0.0
-        q_cum += np.array([0.4, 0.4, 0.2]) * S * batch
-        for src in range(3):
-            while drawn[src] < q_cum[src]:
-                n = int(rng.integers(S, 6 * S)) if src == 0 else int(min(rng.lognormal(3.5, 1.0) + 1, S))
-                for start in range(0, n, S):
-                    rows.append((min(S, n - start), src, doc, start, step, ords[src]))
-                    ords[src] += 1
-                doc, drawn[src] = doc + 1, drawn[src] + n
-    return np.array(rows, dtype=np.int64), steps
+def _plan_with_books(seed: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """Two phases of 64 steps of 128 sequences, shares 0.4, 0.4, 0.2, source 0's documents books."""
+    return _drawn_plan(seed, 128, 128, (0.4, 0.4, 0.2), books=True)
 
 
 def _lost(p: Packing, units: np.ndarray, steps: list[tuple[int, str]]) -> int:
