@@ -2,6 +2,8 @@
 against the ranks, dealt one class of per-rank time at a time so that no rank rises above the level the
 class fills to, and what a class leaves uneven the next, finer, one evens out. numpy here; the compiled
 engine runs the classes kernel of :mod:`loaders.hybrid_kernels` instead, to the same deal, bit for bit.
+Also the deal's last pass where a micro-batch costs (:func:`merge`: the same documents in fewer micro-batches),
+numpy's in both engines.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import numpy as np
 if TYPE_CHECKING:
     from loaders.hybrid_placement import Placement
 
-__all__ = ["CLASSES", "CLASS_RATIO", "classes_of", "water_fill"]
+__all__ = ["CLASSES", "CLASS_RATIO", "OVERSHOOT", "classes_of", "merge", "water_fill"]
 
 CLASS_RATIO = 32  # the water-fill's classes of per-rank time: each this many times shorter than the one before
 CLASSES = 16  # at most this many classes (the last holds everything shorter)
+OVERSHOOT = 0.5  # a merge may lift a rank above the busiest by this share of the micro-batches' cost it saves
+_NO_ROOM = np.iinfo(np.int64).max
 
 
 def water_fill(p: Placement, docs: np.ndarray) -> None:
@@ -137,6 +141,91 @@ def _runs(p: Placement, docs: np.ndarray, rank: np.ndarray) -> np.ndarray:
         start = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
         p.room[cell[start] // M, cell[start] % M] -= np.add.reduceat(s[fit], start)
     return docs[~fit]
+
+
+def merge(p: Placement) -> None:
+    """Where a micro-batch costs (``per_micro_batch`` > 0), the deal in fewer micro-batches, the fastest found:
+    the ``K`` that hold the most tokens kept (in their order), every document of the others moved into the kept
+    ones' free room, ``K`` from the fewest the tokens need up, until a ``K`` leaves no rank above the busiest
+    (more would not be faster). A split document moves to a kept micro-batch of its block (the fullest with
+    room). The whole ones, longest first, are laid end to end over the ranks in proportion to each rank's
+    room, in tokens (the kept micro-batches' free room; the time below the busiest rank's, at the moved
+    documents' mean time per token), then into micro-batches by :func:`_runs`; what does not fit, by best fit
+    (:func:`_best_fit`), up to :data:`OVERSHOOT` of the micro-batches' cost saved above the busiest rank. Where
+    the time below the busiest rank is too short, once more with that much time on every rank."""
+    M = p.micro_batches
+    if p.per_mb <= 0 or M <= 1:
+        return
+    limit, before = float(p.load.max()), p.makespan()
+    best: tuple[float, tuple[np.ndarray, ...]] | None = None
+    fullest = np.argsort((p.room - p.cap).sum(axis=0), kind="stable")  # ties: the lower micro-batch
+    for k in range(max(1, -(-int((p.share * p.degree).sum()) // (p.ranks * p.cap))), M):
+        keep = np.sort(fullest[:k])
+        spill = limit + OVERSHOOT * (M - k) * p.per_mb
+        for budget in (limit, spill):
+            saved = p.state()
+            merged = _merged(p, keep, budget, spill)
+            if merged and p.makespan() < (best[0] if best else before):
+                best = (p.makespan(), p.state())
+            p.restore(saved)
+            if merged:
+                break
+        if best and best[0] <= limit + k * p.per_mb:
+            break  # no rank above the busiest: more micro-batches would cost more
+    if best:
+        p.restore(best[1])
+
+
+def _merged(p: Placement, keep: np.ndarray, budget: float, spill: float) -> bool:
+    """Every document out of the micro-batches not in ``keep`` (sorted), those dropped (see :func:`merge`):
+    the whole ones laid in proportion to the ranks' room below ``budget``, what does not fit up to ``spill``.
+    False where some document found no room (the placement half changed: restore it)."""
+    moving = np.flatnonzero(np.isin(p.mb, keep, invert=True))
+    for j in moving[p.degree[moving] > 1].tolist():  # a block's ranks hold it in the same micro-batch
+        d, f = int(p.degree[j]), int(p.first[j])
+        free = p.room[f : f + d, keep].min(axis=0)
+        fits = free >= p.share[j]
+        if not fits.any():
+            return False
+        p.room[f : f + d, p.mb[j]] += p.share[j]
+        p.mb[j] = keep[np.argmin(np.where(fits, free, _NO_ROOM))]
+        p.room[f : f + d, p.mb[j]] -= p.share[j]
+    whole = moving[p.degree[moving] == 1]
+    whole = whole[np.argsort(-p.share[whole], kind="stable")]
+    renumber = np.full(p.micro_batches, -1, np.int64)
+    renumber[keep] = np.arange(len(keep))
+    p.load = p.load - np.bincount(p.first[whole], weights=p.time[whole], minlength=p.ranks)
+    p.room, p.mb = p.room[:, keep], renumber[p.mb]
+    p.first[whole] = -1
+    if not len(whole):
+        return True
+    s = p.share[whole]
+    total, work = int(s.sum()), float(p.time[whole].sum())
+    below = np.where(budget > p.load, (budget - p.load) * (total / work) if work > 0 else np.inf, 0.0)
+    allow = np.minimum(p.room.sum(axis=1), below)
+    if allow.sum() < total:
+        return False
+    edges = np.cumsum(allow * (total / allow.sum()))  # each rank's span: its room, in proportion
+    return _best_fit(p, _runs(p, whole, _cut(edges, np.cumsum(s) - s / 2, p.ranks)), spill)
+
+
+def _best_fit(p: Placement, docs: np.ndarray, limit: float) -> bool:
+    """Whole documents ``docs``, each onto the least-loaded rank with room in some micro-batch where it leaves
+    the rank at most at ``limit`` (in the fullest such micro-batch there); False where no rank is such."""
+    most = p.room.max(axis=1)
+    for j in docs.tolist():
+        s, t = p.share[j], p.time[j]
+        ok = (most >= s) & (p.load + t <= limit)
+        if not ok.any():
+            return False
+        r = int(np.argmin(np.where(ok, p.load, np.inf)))
+        row = p.room[r]
+        m = int(np.argmin(np.where(row >= s, row, _NO_ROOM)))
+        row[m] -= s
+        most[r] = row.max()
+        p.first[j], p.mb[j] = r, m
+        p.load[r] += t
+    return True
 
 
 def classes_of(t: np.ndarray) -> np.ndarray:

@@ -4,8 +4,8 @@ refinement, and the result (see :mod:`loaders.hybrid` for the heuristic).
 
 Two engines place the same documents on the same ranks and micro-batches, bit for bit: numpy (this module
 and :mod:`loaders.hybrid_fill`), and the scalar kernels of :mod:`loaders.hybrid_kernels` (compiled by numba)
-for the inner loops, LPT, a block's placement and the water-fill; the refinement and the result are numpy's
-in both.
+for the inner loops, LPT, a block's placement and the water-fill; the refinement, the merge of micro-batches
+and the result are numpy's in both.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import heapq
 import numpy as np
 
 from contract.cost import CostModel
-from loaders.hybrid_fill import water_fill
+from loaders.hybrid_fill import merge, water_fill
 from loaders.hybrid_kernels import Kernels
 
 __all__ = ["EXACT", "REFINE_ROUNDS", "SWAP_CANDIDATES", "TAIL_SHARE", "Placement"]
@@ -243,6 +243,7 @@ class Placement:
             if not (self._move(busiest, whole) or self._swap(busiest, whole) or self._split(busiest)):
                 break
         self._drop_empty()
+        merge(self)
         return self
 
     def _drop_empty(self) -> None:

@@ -1,18 +1,31 @@
 """loaders/hybrid_fill.py: the hybrid deal's water-fill, on numpy. Classes split the times at powers of
 CLASS_RATIO below the longest; the water level fills the shortfalls with the total; runs are laid next fit,
 within each micro-batch's room, in order; and a water-fill places every document, within capacity, with no
-rank above the level of the whole fill plus the longest document (a micro-batch costing nothing).
+rank above the level of the whole fill plus the longest document (a micro-batch costing nothing). Where a
+micro-batch costs, the merge deals a step one long document bounds in the micro-batches its tokens need plus one
+(the water-fill alone: twice as many), never slower than without it, and every engine alike.
 (The kernels' engine: test_hybrid_kernels.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.cost import CostModel
+from loaders import hybrid_placement
+from loaders.hybrid import HybridWorld, deal
 from loaders.hybrid_fill import CLASS_RATIO, CLASSES, _runs, _water_level, classes_of, water_fill
 from loaders.hybrid_placement import Placement
+from tests.loaders.test_hybrid import ENGINES, check, pareto, random_case
+
+# H200's fitted constants (benchmarks/hybrid.py --cost ...): a micro-batch costs some 0.6 % of a 131072-token step
+H200 = CostModel(
+    1.0, 6502.6, per_document=88624.0, per_micro_batch=1.70589e7, unit_seconds=8.65678e-11, comm_bytes=32768.0
+)
 
 
 def placement(seed: int, n: int, ranks: int, width: int) -> Placement:
@@ -85,3 +98,41 @@ def test_a_water_fill_places_everything_within_capacity_and_near_the_level(
     assert (held + p.room == p.cap).all()
     np.testing.assert_allclose(p.load, start + np.bincount(p.first, weights=p.time, minlength=ranks), rtol=1e-9)
     assert p.load.max() <= max(level, start.max()) + p.time.max() * (1 + 1e-9)
+
+
+def test_a_step_one_long_document_bounds_is_merged_into_the_micro_batches_its_tokens_need_plus_one() -> None:
+    """Four documents of 131072 tokens on blocks of 8 ranks bound the step; the water-fill piles the short
+    documents' tokens on the ranks the blocks leave light, in micro-batches the others do not need (6 of them
+    before the merge); merged, 3 (the tokens need 2, at 99.99 % full no packing has them), and the busiest rank
+    holds no more than one long document's time."""
+    short = pareto(np.random.default_rng(0), 3800, 64, 16384, 1.2)
+    lens = np.concatenate([np.full(4, 131072), [109785, 98771, 29672, 19085, 18680, 17745, 17620], short])
+    world = HybridWorld(8, 8, 16384)
+    longest = float(np.asarray(H200.time(np.array([131072]), np.array([8]), 8)).reshape(-1)[0])
+    ref = deal(lens, world, H200, seed=3, engine="numpy")
+    check(lens, world, H200, ref)
+    assert ref.micro_batches <= 3
+    assert ref.rank_time.max() <= (longest + 3 * H200.per_micro_batch) * (1 + 1e-12)
+    for engine in ENGINES[1:]:
+        d = deal(lens, world, H200, seed=3, engine=engine)
+        assert all(np.array_equal(getattr(d, a), getattr(ref, a)) for a in ("degree", "first_rank", "micro_batch"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from([1e-3, 1e-2, 0.1]))
+def test_merging_micro_batches_is_never_slower_and_every_engine_merges_alike(
+    seed: int, tight: bool, share: float
+) -> None:
+    lengths, world, cost, _ = random_case(seed, tight)
+    mean = float(np.asarray(cost.time(lengths, np.ones_like(lengths), world.gpus_per_node)).sum()) / world.size
+    cost = dataclasses.replace(cost, per_micro_batch=mean * share)  # a micro-batch: this share of a rank's time
+    ref = deal(lengths, world, cost, seed=seed, engine="numpy")
+    check(lengths, world, cost, ref)
+    for engine in ENGINES[1:]:
+        d = deal(lengths, world, cost, seed=seed, engine=engine)
+        for name in ("degree", "first_rank", "micro_batch", "rank_time"):
+            assert np.array_equal(getattr(d, name), getattr(ref, name)), (engine, name)
+    with pytest.MonkeyPatch.context() as m:  # the same deal, but for the merge
+        m.setattr(hybrid_placement, "merge", lambda p: None)
+        unmerged = deal(lengths, world, cost, seed=seed, engine="numpy")
+    assert ref.rank_time.max() <= unmerged.rank_time.max() * (1 + 1e-9)
