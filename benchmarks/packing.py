@@ -280,6 +280,8 @@ def main() -> int:
           "0.5: blind to length)")  # fmt: skip
     print(f"{'documents a phase never gave':28s}{weir['lost']:12,d}{by_length['lost']:13,d}{0:18,d}   "
           "(planned in a phase, in none of its steps)")  # fmt: skip
+    print(f"{'first pieces dropped':28s}{weir['first']:12,d}{by_length['first']:13,d}{0:18,d}   "
+          "(whole documents, or a long one's beginning: an epoch's occurrence lost)")  # fmt: skip
     print(f"{'longest wait (steps)':28s}{weir['wait']:12,d}{by_length['wait']:13,d}{'':18s}   "
           "(placed step − planned step, the most of any unit)")  # fmt: skip
     bm, bc = _cost_spread(b_cost)

@@ -124,8 +124,10 @@ def drop_figures(p: Packing, plan: dict[str, np.ndarray], phase_of_step: np.ndar
     """What the phase ends dropped: ``pct``, the dropped units' mean length percentile within their source (the
     mid-rank of each length among the source's planned units: ~0.5 when the choice is blind to length, ~0 when
     it takes the shortest); ``lost``, the documents (source, doc_id) planned in a phase that no step of that
-    phase delivered; ``wait``, the most steps any unit was placed after its own (a unit planned again in a later
-    epoch paired with its placements in order). ``plan``: int64 columns ``src`` (index into ``p.sources``),
+    phase delivered; ``first``, the dropped units that start their document (a whole document, each one a
+    planned occurrence, one epoch's, that the trainer never sees; or a long one's first piece); ``wait``, the
+    most steps any unit was placed after its own (a unit planned again in a later epoch paired with its
+    placements in order). ``plan``: int64 columns ``src`` (index into ``p.sources``),
     ``doc_id``, ``start``, ``step``, ``length``, ``phase`` of every planned unit; ``phase_of_step``: each
     step's phase index."""
     pct = np.zeros(len(p.dropped))
@@ -161,6 +163,7 @@ def drop_figures(p: Packing, plan: dict[str, np.ndarray], phase_of_step: np.ndar
     return {
         "pct": float(pct.mean()) if len(pct) else float("nan"),
         "lost": lost,
+        "first": int((p.dropped[:, 2] == 0).sum()),
         "units": len(p.dropped),
         "wait": max(waits, default=0),
     }

@@ -248,6 +248,8 @@ def drop_mask(
     for rule, slack, move in tries:
         if rule == "pieces":
             mask = keep_whole(units, left_a, since=since, slack=slack, move=move)
+            if not (mask & (units[:, 3] > 0)).any():  # no piece stands in: the plain choice's turn
+                continue
         else:
             mask = set_aside(units, left_a, rule=rule, since=since, slack=slack)
         if not mask.any():
