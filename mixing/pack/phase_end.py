@@ -162,7 +162,7 @@ def _finish(
     pool: Pool, units: np.ndarray, q_cum: np.ndarray, r_cum: np.ndarray, later: np.ndarray, capacity: float, bins: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run the phase's remaining fills on ``pool`` (empty) given ``units``, as the packer does: (tokens placed
-    per source over the phase, float64 [k]; the units left, int64 [m, 6])."""
+    per source over the phase, float64 [k]; tokens left per source, float64 [k])."""
     pool.add(units)
     q, r = q_cum.copy(), r_cum.copy()
     for j in range(len(later) + 1):
@@ -171,7 +171,7 @@ def _finish(
         segs = np.zeros((len(pool), 4), np.int64)
         _n, placed = pool.fill(due(q, r, capacity), segs, np.zeros(bins, np.int64))
         r += placed
-    return r, pool.take_all()
+    return r, _tokens(pool.take_all(), len(q))
 
 
 def _tokens(units: np.ndarray, k: int) -> np.ndarray:
@@ -233,9 +233,7 @@ def drop_mask(
     steps. Deterministic.
     """
     none = np.zeros(len(units), np.bool_)
-    k = len(q_cum)
-    placed_a, rows_a = _finish(new_pool(), units, q_cum, r_cum, later, capacity, bins)
-    left_a = _tokens(rows_a, k)
+    placed_a, left_a = _finish(new_pool(), units, q_cum, r_cum, later, capacity, bins)
     if left_a.sum() <= 0:
         return none
     q_end = q_cum + later.sum(axis=0)
@@ -254,7 +252,7 @@ def drop_mask(
             mask = set_aside(units, left_a, rule=rule, since=since, slack=slack)
         if not mask.any():
             continue
-        placed_b, _rows = _finish(new_pool(), units[~mask], q_cum, r_cum, later, capacity, bins)
+        placed_b, _left = _finish(new_pool(), units[~mask], q_cum, r_cum, later, capacity, bins)
         if (
             placed_b.sum() >= placed_a.sum() - pad
             and _share_error(placed_b, q_end) <= (max(worst, SHIFT_TOL) if move else worst)
