@@ -20,7 +20,7 @@ from loaders import hybrid_placement
 from loaders.hybrid import HybridWorld, deal
 from loaders.hybrid_fill import CLASS_RATIO, CLASSES, _runs, _water_level, classes_of, water_fill
 from loaders.hybrid_placement import Placement
-from tests.loaders.test_hybrid import ENGINES, check, pareto, random_case
+from tests.loaders.test_hybrid import ENGINES, check, dealt_alike, pareto, random_case
 
 # H200's fitted constants (benchmarks/hybrid.py --cost ...): a micro-batch costs some 0.6 % of a 131072-token step
 H200 = CostModel(
@@ -126,12 +126,7 @@ def test_merging_micro_batches_is_never_slower_and_every_engine_merges_alike(
     lengths, world, cost, _ = random_case(seed, tight)
     mean = float(np.asarray(cost.time(lengths, np.ones_like(lengths), world.gpus_per_node)).sum()) / world.size
     cost = dataclasses.replace(cost, per_micro_batch=mean * share)  # a micro-batch: this share of a rank's time
-    ref = deal(lengths, world, cost, seed=seed, engine="numpy")
-    check(lengths, world, cost, ref)
-    for engine in ENGINES[1:]:
-        d = deal(lengths, world, cost, seed=seed, engine=engine)
-        for name in ("degree", "first_rank", "micro_batch", "rank_time"):
-            assert np.array_equal(getattr(d, name), getattr(ref, name)), (engine, name)
+    ref = dealt_alike(lengths, world, cost, seed)
     with pytest.MonkeyPatch.context() as m:  # the same deal, but for the merge
         m.setattr(hybrid_placement, "merge", lambda p: None)
         unmerged = deal(lengths, world, cost, seed=seed, engine="numpy")
