@@ -80,21 +80,25 @@ class IndexFeed(Feed):
     def __init__(self, shards: VerifiedShardSet) -> None:
         super().__init__(shards)
         self._plain: dict[int, np.ndarray] = {}
+        self._table: SegmentTable | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # a spawned worker maps shards itself (no pickled copies of their arrays)
-        return {**self.__dict__, "_plain": {}}
+        return {**self.__dict__, "_plain": {}, "_table": None}
 
     def read(self, idx: np.ndarray, block: np.ndarray) -> tuple[SegmentTable, np.ndarray]:
-        shard = np.searchsorted(self._first, idx, side="right") - 1
+        shard = self._first.searchsorted(idx, side="right") - 1
         rows = (idx - self._first[shard]).tolist()
-        stored = [self._stored(k) for k in shard.tolist()]
-        for k in range(len(idx)):  # one copy per row (no gathered temporary), converting to int64 on the way
-            block[k] = stored[k][rows[k]]
-        shards, index = self.shards, self.shards.index
-        offsets, segments = shards.segments
-        cu = (index["cu_seqlens"], index["cu_offsets"]) if index is not None else None
-        return SegmentTable(offsets, segments[:, 3], shards.seq_tokens, shards.steps, segments, cu), idx
+        plain = self._plain
+        # one copy per row (no gathered temporary), converting to int64 on the way
+        for k, s in enumerate(shard.tolist()):
+            block[k] = (plain[s] if s in plain else self._stored(s))[rows[k]]
+        if self._table is None:  # the whole build's: the same for every chunk
+            shards, index = self.shards, self.shards.index
+            offsets, segments = shards.segments
+            cu = (index["cu_seqlens"], index["cu_offsets"]) if index is not None else None
+            self._table = SegmentTable(offsets, segments[:, 3], shards.seq_tokens, shards.steps, segments, cu)
+        return self._table, idx
 
     def _stored(self, k: int) -> np.ndarray:
         """Shard ``k``'s tokens as a plain ndarray over its memory map (row access without memmap's overhead)."""

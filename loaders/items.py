@@ -11,6 +11,7 @@ chunk it was built in, nor on the feed.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ class ItemBuilder:
         self._pool: dict[str, list[np.ndarray]] = {}
         self._provenance = tuple(f for f in PROVENANCE_FIELDS if f in fields)
         self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
+        self._narrow = np.uint16 if seq_len <= 2**16 else np.uint32  # holds every position (< S)
+        self._ramp_of = np.zeros(0, self._narrow)
 
     @classmethod
     def whole(cls, shards: VerifiedShardSet, *, seq_len: int, pad_id: int, fields: Iterable[str]) -> ItemBuilder:
@@ -63,7 +66,8 @@ class ItemBuilder:
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": {}}  # a spawned worker starts with no pooled arrays
+        # a spawned worker starts with no pooled arrays and makes its own ramp
+        return {**self.__dict__, "_pool": {}, "_ramp_of": self._ramp_of[:0]}
 
     def build(self, seqs: list[int]) -> list[dict[str, Any]]:
         """Global sequences ``seqs`` as items: the requested fields plus ``step`` (the build's), ``sequence``
@@ -88,10 +92,14 @@ class ItemBuilder:
             cus = []
             if "cu_seqlens" in want or "cu_seqlens_padded" in want:
                 cu_all, at = table.cu
-                count = at[rows + 1] - at[rows]  # ≥ 2 boundaries per item
-                head = np.cumsum(count) - count
-                gather = expand_runs(at[rows], count, head, np.empty(int(head[-1] + count[-1]), np.int64))
-                cus = list(torch.from_numpy(cu_all[gather]).split_with_sizes(count.tolist()))
+                start = at[rows]
+                count = at[rows + 1] - start  # ≥ 2 boundaries per item
+                # boundary b of the chunk is cu_all[start[k] + b - head[k]] for item k (b from head[k] on):
+                # one repeat and an in-place add (fewer numpy calls than expand_runs' fill, scatter and cumsum)
+                head = np.add.accumulate(count) - count
+                gather = (start - head).repeat(count)
+                gather += np.arange(len(gather))
+                cus = _pieces(cu_all[gather], count.tolist())
             sources = None
             if self._provenance:  # the segments' lengths only for source_ids (no labels or positions here)
                 first, at, pad, seg, _ = self._layout(table, rows, used, lengths="source_ids" in want)
@@ -118,8 +126,9 @@ class ItemBuilder:
         cols["sequence"] = list(seqs)
         cols["num_tokens"] = used.tolist()
         keys = list(cols)
-        # every column has one entry per item by construction; a strict zip per item costs more than the dict
-        return [dict(zip(keys, values, strict=False)) for values in zip(*cols.values(), strict=True)]
+        # every column has one entry per item (the strict zip checks it); zip mapped over the items, not called
+        # per item with a keyword, which costs a fifth of the dicts' making
+        return list(map(dict, map(zip, itertools.repeat(keys), zip(*cols.values(), strict=True))))
 
     def _layout(
         self, table: SegmentTable, rows: np.ndarray, used: np.ndarray, *, lengths: bool = True
@@ -187,7 +196,7 @@ class ItemBuilder:
                 arr = source = arr.astype(np.int32)
             arr[pad] = -1
             if name in want:
-                cols[name] = list(torch.from_numpy(arr).split_with_sizes(counts))
+                cols[name] = _pieces(arr, counts)
         if source is None or "source_ids" not in want:
             return None
         # each segment's source over its slots, into a pooled array (a fresh one faults its pages in every
@@ -195,7 +204,7 @@ class ItemBuilder:
         # sources), then widened by one casting copy
         N = int(used.size * self.S)
         ids = self._take("source_ids", N + 1, np.int32)
-        top = int(source.max(initial=-1))
+        top = int(np.maximum.reduce(source, initial=-1))  # the ufunc: ndarray.max wraps it in Python
         narrow = source.astype(np.int8 if top < 2**7 else np.int16 if top < 2**15 else np.int32)
         np.copyto(ids[:N], narrow.repeat(seg))
         ids[N] = -1  # what a CP padding slot gathers
@@ -206,18 +215,25 @@ class ItemBuilder:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Each item's ``cu_seqlens`` and zigzag-padded ``cu_seqlens_padded`` (int32 [k+1] from 0) from a
         :meth:`_layout` (the padded ones only under the per-document zigzag, else the same list)."""
+        # methods and in-place operations: each numpy or torch Python wrapper skipped saves about a µs
         n = len(first) - 1
-        n_seg = first[1:] - first[:-1]
-        owner = np.repeat(np.arange(n), n_seg + 1)
-        src = np.arange(len(owner)) - owner  # entry e of item k is boundary first[k] + e of the flat cu
-        bounds = (n_seg + 1).tolist()
-        cus = list(torch.split(torch.from_numpy((cu[src] - owner * self.S).astype(np.int32)), bounds))
+        count = first[1:] - first[:-1]
+        count += 1  # item k's boundaries
+        owner = np.arange(n).repeat(count)
+        src = np.arange(len(owner))
+        src -= owner  # entry e of item k is boundary first[k] + e of the flat cu
+        bounds = count.tolist()
+        flat = cu[src]
+        flat -= owner * self.S
+        cus = _pieces(flat.astype(np.int32), bounds)
         if not self.zigzag:
             return cus, cus
         two = 2 * self.cp_size
         pcu = np.zeros(len(seg) + 1, dtype=np.int64)
-        np.cumsum(-(-seg // two) * two, out=pcu[1:])
-        return cus, list(torch.split(torch.from_numpy((pcu[src] - pcu[first[owner]]).astype(np.int32)), bounds))
+        np.add.accumulate(-(-seg // two) * two, out=pcu[1:])
+        flat = pcu[src]
+        flat -= pcu[first[owner]]
+        return cus, _pieces(flat.astype(np.int32), bounds)
 
     def _whole(
         self,
@@ -245,10 +261,12 @@ class ItemBuilder:
                 labels[row * S + int(used[row]) : (row + 1) * S] = IGNORE_INDEX
         if "position_ids" in want:
             positions = full["position_ids"] = self._take("position_ids", N + 1)
-            positions.fill(1)
-            positions[cu[1:-1]] = 1 - seg[:-1]  # the running count restarts at 0 at every segment start
-            positions[0] = 0
-            np.cumsum(positions[:N], out=positions[:N])
+            # slot less its segment's start, in an unsigned type of 2 bytes (4 when S > 2^16) whose wrapping
+            # is exact as every position is < S: a quarter of the bytes of int64 for the repeat and the
+            # subtraction, then one widening copy (a fill and a cumsum over int64 cost twice as much)
+            rel = cu[:-1].astype(self._narrow).repeat(seg)
+            np.subtract(self._ramp(N), rel, out=rel)
+            np.copyto(positions[:N], rel)
             positions[N] = 0
         if "indices" in want:
             cols["indices"] = [self._fixed_t] * n
@@ -260,7 +278,7 @@ class ItemBuilder:
                 if gather is not None:  # CP: this rank's slots of every item, in one gather per array
                     out = self._take("cp_" + name, n * size, arr.dtype.type)
                     arr = np.take(full[name], gather, out=out, mode="clip")
-                cols[name] = list(torch.from_numpy(arr).view(n, size).unbind(0))
+                cols[name] = _pieces(arr, [size] * n)
 
     def _zigzag(
         self,
@@ -290,7 +308,7 @@ class ItemBuilder:
         gather[pad] = N  # the pad_id slot
         if "input_ids" in want:
             x = np.take(tokens, gather, out=self._take("cp_input_ids", total), mode="clip")
-            cols["input_ids"] = list(torch.from_numpy(x).split(sizes))
+            cols["input_ids"] = _pieces(x, sizes)
         if "labels" in want:
             y = np.take(tokens[1:], gather, out=self._take("cp_labels", total), mode="clip")
             last = runs.chunk == 2 * cp - 1  # the run ending at its segment's last token
@@ -299,23 +317,28 @@ class ItemBuilder:
                 r = 2 * int(first[k + 1] - 1)
                 y[runs.head[r] : runs.head[r + 1] + runs.length[r + 1]] = IGNORE_INDEX
             y[pad] = IGNORE_INDEX
-            cols["labels"] = list(torch.from_numpy(y).split(sizes))
+            cols["labels"] = _pieces(y, sizes)
         if "position_ids" in want:
             seg_start = np.repeat(cu[:-1], 2)
             pos = expand_runs(runs.start - seg_start, runs.length, runs.head, self._take("cp_position_ids", total))
             pos[pad] = 0
-            cols["position_ids"] = list(torch.from_numpy(pos).split(sizes))
+            cols["position_ids"] = _pieces(pos, sizes)
         if "indices" in want:
             local = self._take("cp_indices", total)
-            local_t = torch.from_numpy(local)
-            parts = list(local_t.split(sizes))
-            for k, part in enumerate(torch.from_numpy(gather).split(sizes)):  # n slices: cheaper than a repeat
+            parts = _pieces(local, sizes)
+            for k, part in enumerate(_pieces(gather, sizes)):  # n slices: cheaper than a repeat
                 torch.sub(part, k * S, out=parts[k])
             local[pad] = -1
             cols["indices"] = parts
         if sources is not None:  # a CP padding slot gathers position N, whose source is -1
             ids = np.take(sources, gather, out=self._take("cp_source_ids", total, np.int32), mode="clip")
-            cols["source_ids"] = list(torch.from_numpy(ids).split(sizes))
+            cols["source_ids"] = _pieces(ids, sizes)
+
+    def _ramp(self, size: int) -> np.ndarray:
+        """``0 … size − 1`` in the narrow position type (wrapping), made once for the largest chunk: read-only."""
+        if len(self._ramp_of) < size:
+            self._ramp_of = np.arange(size, dtype=np.int64).astype(self._narrow)
+        return self._ramp_of[:size]
 
     def _take(self, role: str, size: int, dtype: type = np.int64) -> np.ndarray:
         """An array of ``size`` (int64, or ``dtype``: one per role) for ``role`` (one per array a chunk
@@ -341,3 +364,12 @@ class ItemBuilder:
         elif len(pool) < 4:  # bounded: a consumer that keeps every item gets fresh arrays
             pool.append(fresh)
         return fresh[:size]
+
+
+def _pieces(arr: np.ndarray, sizes: list[int]) -> list[torch.Tensor]:
+    """``arr`` (1-d) as consecutive tensors of ``sizes`` (Σ = ``len(arr)``), each a view of ``arr``'s memory.
+
+    ``unsafe_split_with_sizes``: the split without autograd's view records, which cost about a third of a
+    chunk's tensor making (the pieces share ``arr``'s storage all the same); "unsafe" only for in-place
+    changes under autograd, which integer tensors never take part in (every field is int32 or int64)."""
+    return list(torch.from_numpy(arr).unsafe_split_with_sizes(sizes))

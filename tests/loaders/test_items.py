@@ -139,6 +139,25 @@ def test_both_feeds_give_the_same_items_on_the_demo_build(demo_build: Path, cp: 
             assert check_feeds_agree(demo_build, cp, how, [32, 5]) > 0
 
 
+@pytest.mark.parametrize(("S", "n"), [(8192, 12), (70000, 4)])
+def test_positions_count_inside_each_segment_past_two_bytes_of_slots(S: int, n: int) -> None:
+    """Positions are counted in a narrow type that wraps: a chunk of more than 2^16 slots (12 · 8192) and
+    sequences longer than 2^16 (the 4-byte type) still count 0, 1, … inside every segment of cu_seqlens."""
+    rng = np.random.default_rng(S)
+    seg_lens = []
+    for k in range(n):
+        cuts = np.sort(rng.choice(np.arange(1, S), 6, replace=False)) if k != 1 else np.array([], np.int64)
+        seg_lens.append(np.diff(np.concatenate([[0], cuts])).tolist())  # padding after the last cut; k = 1: all
+    with tempfile.TemporaryDirectory() as tmp:
+        build = random_build(Path(tmp), seg_lens, S, 3, shard_sequences=5)
+        ds = PackedDataset(build, world=World(0, 1))
+        for item in ds.items(list(range(n))):
+            cu = item["cu_seqlens"].numpy()
+            want = np.concatenate([np.arange(d) for d in np.diff(cu)])
+            assert np.array_equal(item["position_ids"].numpy(), want)
+        assert check_feeds_agree(build, 1, "zigzag", [n]) == n
+
+
 @pytest.mark.parametrize("cp", [1, 2])
 def test_iteration_with_fewer_fields_gives_the_same_arrays(tiny_build: Path, cp: int) -> None:
     lean = ("input_ids", "labels", "cu_seqlens")
