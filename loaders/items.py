@@ -261,12 +261,7 @@ class ItemBuilder:
                 labels[row * S + int(used[row]) : (row + 1) * S] = IGNORE_INDEX
         if "position_ids" in want:
             positions = full["position_ids"] = self._take("position_ids", N + 1)
-            # slot less its segment's start, in an unsigned type of 2 bytes (4 when S > 2^16) whose wrapping
-            # is exact as every position is < S: a quarter of the bytes of int64 for the repeat and the
-            # subtraction, then one widening copy (a fill and a cumsum over int64 cost twice as much)
-            rel = cu[:-1].astype(self._narrow).repeat(seg)
-            np.subtract(self._ramp(N), rel, out=rel)
-            np.copyto(positions[:N], rel)
+            self._positions(positions[:N], cu[:-1], seg)  # each slot less its segment's start
             positions[N] = 0
         if "indices" in want:
             cols["indices"] = [self._fixed_t] * n
@@ -319,8 +314,9 @@ class ItemBuilder:
             y[pad] = IGNORE_INDEX
             cols["labels"] = _pieces(y, sizes)
         if "position_ids" in want:
-            seg_start = np.repeat(cu[:-1], 2)
-            pos = expand_runs(runs.start - seg_start, runs.length, runs.head, self._take("cp_position_ids", total))
+            # run i starts at output slot head[i] with its segment's position start[i] - (its segment's start)
+            pos = self._take("cp_position_ids", total)
+            self._positions(pos, runs.head - (runs.start - np.repeat(cu[:-1], 2)), runs.length)
             pos[pad] = 0
             cols["position_ids"] = _pieces(pos, sizes)
         if "indices" in want:
@@ -333,6 +329,16 @@ class ItemBuilder:
         if sources is not None:  # a CP padding slot gathers position N, whose source is -1
             ids = np.take(sources, gather, out=self._take("cp_source_ids", total, np.int32), mode="clip")
             cols["source_ids"] = _pieces(ids, sizes)
+
+    def _positions(self, out: np.ndarray, base: np.ndarray, lengths: np.ndarray) -> None:
+        """Writes ``j - base[i]`` into ``out[j]`` (int64) for the ``lengths[i]`` slots of each run ``i``, back to
+        back: a position inside its segment when ``base`` is each run's first slot less its first position.
+        Worked in an unsigned type of 2 bytes (4 when S > 2^16) whose wrapping is exact as every position is <
+        S: a quarter of the bytes of int64 for the repeat and the subtraction, then one widening copy (a fill
+        and a running count over int64 cost twice as much)."""
+        rel = base.astype(self._narrow).repeat(lengths)
+        np.subtract(self._ramp(len(out)), rel, out=rel)
+        np.copyto(out, rel)
 
     def _ramp(self, size: int) -> np.ndarray:
         """``0 … size − 1`` in the narrow position type (wrapping), made once for the largest chunk: read-only."""
