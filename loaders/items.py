@@ -352,8 +352,8 @@ class ItemBuilder:
 
         Fresh multi-megabyte arrays cost a page fault per 4 KiB on every chunk (the allocator maps them
         anew each time), more than the work itself; so a few arrays per role are kept and one is handed out
-        again once no tensor of its earlier items is alive (CPython's reference count says so exactly: each
-        item's tensors keep the array referenced through their views' base).
+        again once no tensor of its earlier items is alive (CPython's reference count says so exactly: the
+        storage each item's tensors share holds the array, through the numpy view it was made from).
         """
         pool = self._pool.setdefault(role, [])
         spare = -1
@@ -373,7 +373,7 @@ class ItemBuilder:
 
 
 def _pieces(arr: np.ndarray, sizes: list[int]) -> list[torch.Tensor]:
-    """``arr`` (1-d) as consecutive tensors of ``sizes`` (Σ = ``len(arr)``), each a view of ``arr``'s memory.
+    """``arr`` (1-d) as consecutive tensors of ``sizes`` (Σ = ``len(arr)``), all on ``arr``'s memory.
 
     ``unsafe_split_with_sizes``: the split without autograd's view records, which cost about a third of a
     chunk's tensor making (the pieces share ``arr``'s storage all the same); "unsafe" only for in-place
