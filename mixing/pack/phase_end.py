@@ -240,13 +240,13 @@ def drop_mask(
     pad = PAD_TOL * phase_steps * capacity  # the padding the choice may add
     window = min(WINDOW, phase_steps) * capacity  # the tokens of the phase's last 10-step window
     worst = max(_share_error(placed_a, q_end), PHASE_TOL)
-    pieces = bool(((units[:, 3] > 0) & (units[:, 4] >= since)).any())
-    moves = (np.inf, WINDOW_TOL * window / 2, 0.0) if pieces else ()  # how far the pieces' rule may move a source
+    piece = (units[:, 3] > 0) & (units[:, 4] >= since)  # what keep_whole may set aside first
+    moves = (np.inf, WINDOW_TOL * window / 2, 0.0) if piece.any() else ()  # how far the pieces' rule may move a source
     tries = [*(("pieces", pad, m) for m in moves), ("dither", pad, 0.0), ("dither", 0.0, 0.0), ("under", 0.0, 0.0)]
     for rule, slack, move in tries:
         if rule == "pieces":
             mask = keep_whole(units, left_a, since=since, slack=slack, move=move)
-            if not (mask & (units[:, 3] > 0)).any():  # no piece stands in: the plain choice's turn
+            if not (mask & piece).any():  # no piece stands in: the plain choice's turn
                 continue
         else:
             mask = set_aside(units, left_a, rule=rule, since=since, slack=slack)
