@@ -46,7 +46,7 @@ def test_the_mixture_error_check_judges_the_trainers_stream(tmp_path: Path) -> N
 SHARES = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(window=SHARES, phase=SHARES, units=st.tuples(SHARES, SHARES), unit=st.sampled_from(["sequence", "document"]))
 def test_the_mixture_check_passes_exactly_when_both_goals_that_apply_are_met(
     window: float, phase: float, units: tuple[float, float], unit: str

@@ -25,7 +25,7 @@ def test_the_default_is_the_local_engine_whatever_the_ray_settings() -> None:
     assert isinstance(WeirEngine(ray_address="head:6379", max_retries=9).engine(), LocalEngine)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(address=ADDRESSES, retries=st.integers(min_value=0, max_value=20))
 def test_ray_carries_the_address_and_retries_without_connecting(address: str | None, retries: int) -> None:
     engine = WeirEngine(kind="ray", ray_address=address, max_retries=retries).engine()

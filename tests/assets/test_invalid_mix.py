@@ -20,7 +20,7 @@ DAGSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 STEMS = st.text(st.characters(blacklist_characters="/\x00", blacklist_categories=["Cs"]), max_size=20)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(stems=st.lists(STEMS, min_size=1, max_size=6), taken=st.sets(st.from_regex(DAGSTER_NAME, fullmatch=True)))
 def test_group_names_are_valid_unique_and_keep_a_valid_stem(stems: list[str], taken: set[str]) -> None:
     used = set(taken)

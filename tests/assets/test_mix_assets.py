@@ -78,7 +78,7 @@ def test_metadata_has_fingerprints_and_the_quarantine_file(tiny_mix_path: Path, 
 SHARES = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     rows=st.lists(
         st.tuples(st.text("abcxyz_", min_size=1, max_size=5), st.integers(-(10**9), 10**9), SHARES), max_size=8

@@ -60,7 +60,7 @@ def quotas(draw: st.DrawFn) -> pl.DataFrame:
     return pl.DataFrame(draw(st.permutations(rows)), schema=["step", "phase", "source", "quota"], orient="row")
 
 
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=3)
 @given(hist=histograms(), seq_len=st.sampled_from([None, 64, 4096]))
 def test_the_length_histogram_is_one_stable_png_line(hist: pl.DataFrame, seq_len: int | None) -> None:
     alt = "length histogram per source"
@@ -68,7 +68,7 @@ def test_the_length_histogram_is_one_stable_png_line(hist: pl.DataFrame, seq_len
     assert png(length_histogram_md(hist.reverse(), seq_len), alt) == image, "row order does not matter"
 
 
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=3)
 @given(q=quotas())
 def test_the_mixture_chart_is_one_stable_png_line(q: pl.DataFrame) -> None:
     alt = "planned mixture over steps"

@@ -48,7 +48,7 @@ def test_an_object_store_root_publishes_to_its_url_and_works_in_a_folder_of_its_
     assert per_mix.root != whole.root
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(chosen=st.sets(st.sampled_from([*SETTINGS, "aws_region"])))
 def test_the_fsspec_options_carry_exactly_the_settings_that_are_set(chosen: set[str]) -> None:
     fields = {f: SETTINGS[f][1] if f in SETTINGS else "eu-west-1" for f in chosen}
@@ -62,7 +62,7 @@ def test_the_fsspec_options_carry_exactly_the_settings_that_are_set(chosen: set[
 URLS = st.from_regex(r"(s3|gs|memory)://[a-z0-9-]{1,12}(/[a-z0-9._-]{1,8}){0,3}", fullmatch=True)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(urls=st.sets(URLS, min_size=1, max_size=8))
 def test_every_url_has_its_own_stable_work_folder_under_the_work_dir(urls: set[str]) -> None:
     base = Path("/tmp/weir-work-test")

@@ -15,7 +15,7 @@ DATA = bytes(range(256)) * (SIZE // 256)
 OFFSET = st.integers(0, len(DATA))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(ranges=st.lists(st.tuples(OFFSET, OFFSET), max_size=30))
 def test_cut_gives_each_ranges_slice_of_the_object(ranges: list[tuple[int, int]]) -> None:
     requests = coalesce(ranges)

@@ -47,7 +47,7 @@ def reference(costs: np.ndarray, dp_size: int, max_swap_rounds: int = 64) -> np.
     return ranks
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.integers(1, 16), st.integers(1, 8), st.sampled_from(["pareto", "ties", "equal"]), st.integers(0, 2**32 - 1))
 def test_assign_ranks_equals_its_first_version(dp: int, per: int, kind: str, seed: int) -> None:
     rng = np.random.default_rng(seed)

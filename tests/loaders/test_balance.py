@@ -21,7 +21,7 @@ def lpt_equal_count(costs: np.ndarray, dp: int) -> float:
     return loads.max() / loads.mean()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.integers(1, 4), st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_equal_counts_and_no_worse_than_lpt(dp: int, per: int, seed: int) -> None:
     costs = np.random.default_rng(seed).pareto(1.2, dp * per) + 0.01
@@ -43,7 +43,7 @@ def test_close_to_the_optimum_on_small_cases() -> None:
         assert got <= best * 1.05
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.integers(1, 8), st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_regroup_is_an_equal_partition_of_similar_costs(steps: int, size: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -74,7 +74,7 @@ def test_regroup_order_tracks_the_mixture() -> None:
     assert heavy_steps in ([0, 2], [1, 3])
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(st.integers(1, 3), st.integers(2, 6), st.integers(1, 5), st.integers(0, 2**31 - 1))
 def test_period_template_repeats_in_every_block(blocks: int, period: int, size: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -105,7 +105,7 @@ def test_period_template_keeps_every_window_on_the_mixture() -> None:
         assert share[1] == 0.4
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.integers(0, 4), st.integers(1, 12), st.integers(0, 11))
 def test_template_repeats_its_first_positions_in_the_partial_block(m: int, period: int, r: int) -> None:
     r %= period
@@ -124,7 +124,7 @@ def test_template_repeats_its_first_positions_in_the_partial_block(m: int, perio
     assert len(tail_classes(period, r)) == r
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.integers(0, 50), st.integers(1, 80), st.integers(1, 12), st.integers(0, 12))
 def test_regroup_bounds_cover_the_phase_and_absorb_a_short_tail(
     first: int, length: int, window: int, period: int

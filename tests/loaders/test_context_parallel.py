@@ -17,7 +17,7 @@ from loaders.targets import labels, position_ids
 from loaders.varlen import thd_cut
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(st.lists(st.integers(1, 300), min_size=1, max_size=12), st.integers(1, 8))
 def test_zigzag_covers_each_slot_once_with_bounded_padding(seg_lens: list[int], cp: int) -> None:
     parts = [document_zigzag(np.array(seg_lens), cp, r) for r in range(cp)]
@@ -27,7 +27,7 @@ def test_zigzag_covers_each_slot_once_with_bounded_padding(seg_lens: list[int], 
     assert (flat < 0).sum() <= (2 * cp - 1) * len(seg_lens)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.integers(512, 8000), min_size=1, max_size=8), st.sampled_from([2, 4, 8]))
 def test_zigzag_balances_causal_work(seg_lens: list[int], cp: int) -> None:
     work = [attention_work(np.array(seg_lens), document_zigzag(np.array(seg_lens), cp, r)) for r in range(cp)]
@@ -93,7 +93,7 @@ def te_padding(seg_lens: list[int], factor: int) -> tuple[list[int], list[int], 
     return cu, ids, pos
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(st.integers(0, 70), min_size=1, max_size=8), st.sampled_from([1, 2, 4, 8]))
 def test_thd_is_transformer_engines_partition(seg_lens: list[int], cp: int) -> None:
     if cp == 1:  # Megatron-core partitions nothing without CP; the kernel itself would want even lengths
@@ -115,7 +115,7 @@ def test_thd_is_transformer_engines_partition(seg_lens: list[int], cp: int) -> N
         assert np.array_equal(split(np.array(seg_lens), cp, r, "thd"), got.indices)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(st.lists(st.integers(1, 90), min_size=1, max_size=10), st.sampled_from([2, 4, 8]), st.integers(0, 2**16))
 def test_thd_cut_keeps_every_token_once_with_its_unsplit_label(seg_lens: list[int], cp: int, seed: int) -> None:
     rng = np.random.default_rng(seed)

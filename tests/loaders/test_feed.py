@@ -77,7 +77,7 @@ def check_read(feed: Feed, idx: np.ndarray, S: int) -> tuple[np.ndarray, list[tu
     return block, got
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, suppress_health_check=[HealthCheck.too_slow])
 @given(segmentations(), st.integers(0, 9), st.data())
 def test_every_feed_reads_the_same_tokens_and_segments(
     seg: tuple[int, list[list[int]]], pad_id: int, data: st.DataObject
@@ -94,7 +94,7 @@ def test_every_feed_reads_the_same_tokens_and_segments(
 
 
 @given(st.lists(st.integers(0, 11), max_size=40).map(sorted), st.integers(1, 7))
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 def test_chunks_keep_the_order_and_a_streamed_builds_never_cross_a_shard(
     tiny_feeds: dict[str, Feed], seqs: list[int], size: int
 ) -> None:

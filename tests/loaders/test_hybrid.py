@@ -82,7 +82,7 @@ def steps(draw: st.DrawFn) -> tuple[np.ndarray, HybridWorld, CostModel, int]:
     return lengths, world, draw(st.sampled_from(COSTS)), draw(st.integers(0, 2**40))
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 @given(steps())
 def test_a_deal_places_each_document_once_within_capacity_on_aligned_blocks(
     case: tuple[np.ndarray, HybridWorld, CostModel, int],
@@ -175,7 +175,7 @@ def lpt_makespan(times: np.ndarray, ranks: int) -> float:
     return max(load for load, _ in heap)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(
     st.lists(st.integers(1, 4096), min_size=1, max_size=60),
     st.integers(1, 4),
@@ -324,7 +324,7 @@ def test_the_deal_is_pinned_for_fixed_inputs(engine: str) -> None:
     assert got == PINNED
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.integers(0, 2**32 - 1), st.booleans())
 def test_every_engine_deals_a_random_step_as_numpy_does(seed: int, tight: bool) -> None:
     lengths, world, cost, _ = random_case(seed, tight)

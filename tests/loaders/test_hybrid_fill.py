@@ -41,7 +41,7 @@ def placement(seed: int, n: int, ranks: int, width: int) -> Placement:
     return p
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.floats(1e-6, 1e12), min_size=1, max_size=300))
 def test_classes_split_the_times_at_powers_of_the_class_ratio(times: list[float]) -> None:
     t = np.sort(np.array(times))[::-1]
@@ -54,7 +54,7 @@ def test_classes_split_the_times_at_powers_of_the_class_ratio(times: list[float]
             assert (ratio < CLASS_RATIO ** (c + 1) * (1 + 1e-9)).all()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.floats(0, 1e12), min_size=1, max_size=70), st.floats(0, 1e13))
 def test_the_water_level_fills_the_shortfalls_with_the_total(loads: list[float], total: float) -> None:
     load = np.array(loads)
@@ -63,7 +63,7 @@ def test_the_water_level_fills_the_shortfalls_with_the_total(loads: list[float],
     assert np.isclose(np.maximum(level - load, 0).sum(), total, rtol=1e-9, atol=1e-3)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 400), st.sampled_from([1, 3, 8, 64]), st.integers(1, 3))
 def test_runs_are_laid_next_fit_in_order_within_each_micro_batch(seed: int, n: int, ranks: int, width: int) -> None:
     p = placement(seed, n, ranks, width)
@@ -82,7 +82,7 @@ def test_runs_are_laid_next_fit_in_order_within_each_micro_batch(seed: int, n: i
         assert (np.diff(p.mb[mine]) >= 0).all()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([300, 3000]), st.sampled_from([2, 12, 64]), st.integers(1, 3))
 def test_a_water_fill_places_everything_within_capacity_and_near_the_level(
     seed: int, n: int, ranks: int, width: int
@@ -118,7 +118,7 @@ def test_a_step_one_long_document_bounds_is_merged_into_the_micro_batches_its_to
         assert all(np.array_equal(getattr(d, a), getattr(ref, a)) for a in ("degree", "first_rank", "micro_batch"))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from([1e-3, 1e-2, 0.1]))
 def test_merging_micro_batches_is_never_slower_and_every_engine_merges_alike(
     seed: int, tight: bool, share: float

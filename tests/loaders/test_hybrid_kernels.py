@@ -64,7 +64,7 @@ def assert_same(a: Placement, b: Placement) -> None:
 
 
 @pytest.mark.parametrize("engine", KERNEL_ENGINES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_lpt_kernel_is_the_numpy_lpt(engine: str, seed: int) -> None:
     a, b, rng = placements(seed, engine)
@@ -77,7 +77,7 @@ def test_lpt_kernel_is_the_numpy_lpt(engine: str, seed: int) -> None:
 
 
 @pytest.mark.parametrize("engine", KERNEL_ENGINES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(seed=st.integers(0, 2**32 - 1), allow_open=st.booleans())
 def test_block_kernel_is_the_numpy_block_placement(engine: str, seed: int, allow_open: bool) -> None:
     a, b, _ = placements(seed, engine)
@@ -89,7 +89,7 @@ def test_block_kernel_is_the_numpy_block_placement(engine: str, seed: int, allow
 
 
 @pytest.mark.parametrize("engine", KERNEL_ENGINES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_runs_kernel_is_the_numpy_runs(engine: str, seed: int) -> None:
     from loaders import hybrid_kernels
@@ -106,7 +106,7 @@ def test_runs_kernel_is_the_numpy_runs(engine: str, seed: int) -> None:
 
 
 @pytest.mark.parametrize("engine", KERNEL_ENGINES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_water_fill_kernel_is_the_numpy_water_fill(engine: str, seed: int) -> None:
     a, b, _ = placements(seed, engine)
@@ -119,7 +119,7 @@ def test_water_fill_kernel_is_the_numpy_water_fill(engine: str, seed: int) -> No
     assert (a.first[docs] >= 0).all() and (a.room >= 0).all()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.floats(0, 1e12), min_size=1, max_size=70), st.floats(0, 1e13))
 def test_the_water_level_fills_the_shortfalls_with_the_total(loads: list[float], total: float) -> None:
     load = np.array(loads)

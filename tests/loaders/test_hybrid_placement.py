@@ -35,7 +35,7 @@ def longest_first(p: Placement, docs: np.ndarray) -> np.ndarray:
     return docs[np.argsort(-p.time[docs], kind="stable")]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 200))
 def test_lpt_keeps_grahams_bound_and_every_micro_batch_within_its_room(seed: int, n: int) -> None:
     p = placement(seed, n, split=False)
@@ -51,7 +51,7 @@ def test_lpt_keeps_grahams_bound_and_every_micro_batch_within_its_room(seed: int
         assert p.load.max() <= p.time.sum() / p.ranks + p.time.max() * (1 + 1e-9)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 60), st.integers(1, 3))
 def test_a_block_goes_to_the_least_busy_aligned_block_with_room(seed: int, n: int, width: int) -> None:
     p = placement(seed, n, split=True, width=width)
@@ -82,7 +82,7 @@ def test_state_restore_and_new_micro_batches_keep_the_state_whole() -> None:
     assert np.array_equal(p.load, load)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([10, 300, 1200]), st.booleans())
 def test_place_places_everything_and_refine_never_makes_the_busiest_busier(seed: int, n: int, split: bool) -> None:
     p = placement(seed, n, split=split).place()
@@ -100,7 +100,7 @@ def test_place_places_everything_and_refine_never_makes_the_busiest_busier(seed:
     np.testing.assert_allclose(times[np.arange(p.ranks) ^ relabel], expected + width * p.per_mb, rtol=1e-9)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([10, 300]), st.booleans())
 def test_place_splits_only_the_longest_whole_documents_and_only_where_asked(seed: int, n: int, split: bool) -> None:
     p = placement(seed, n, split=split)

@@ -24,7 +24,7 @@ from mixing import MixError
 from mixing.mixfile.mix import parse_mix
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(st.integers(1, 6), st.integers(0, 12), st.integers(0, 2**31 - 1))
 def test_every_rank_gets_one_and_the_heaviest_stays_within_the_list_bound(dp: int, extra: int, seed: int) -> None:
     costs = np.random.default_rng(seed).pareto(1.2, dp + extra) + 0.01

@@ -46,7 +46,7 @@ def problem(seed: int, period: int, k: int) -> tuple[np.ndarray, np.ndarray, np.
     return classes, build, other[rng.permutation(period)][:k], other_build[:k]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.integers(1, 9), st.integers(0, 8), st.integers(0, 9), st.integers(0, 2**31 - 1))
 def test_an_order_is_a_permutation_with_the_tail_classes_first(period: int, r: int, k: int, seed: int) -> None:
     r %= period

@@ -127,7 +127,7 @@ def every_step(planner: StepPlanner) -> np.ndarray:
     return np.stack([planner.step_sequences(t) for t in range(planner.steps)])
 
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

@@ -113,7 +113,7 @@ def test_every_steps_tokens_per_source_are_the_builds_exactly(
     assert np.array_equal(losses, _reference[key][1])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     st.lists(st.tuples(st.integers(-1, 3), st.integers(0, 400), st.booleans()), min_size=0, max_size=40),
     st.integers(4, 6),

@@ -49,7 +49,7 @@ def step_balance(costs: np.ndarray, step_of: np.ndarray) -> np.ndarray:
     return top / (np.bincount(step_of, weights=costs) / np.bincount(step_of))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(st.integers(2, 12), st.integers(2, 8), st.integers(0, 5), st.integers(0, 2**31 - 1))
 def test_a_permutation_inside_the_window_within_its_balance_bound(steps: int, size: int, k: int, seed: int) -> None:
     rng = np.random.default_rng(seed)

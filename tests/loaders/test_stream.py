@@ -51,7 +51,7 @@ def per_sequence(shards: ShardSet) -> np.ndarray:
     return out
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(balances)
 def test_every_sources_and_every_phases_tokens_are_conserved(shards: ShardSet, balance: Balance) -> None:
     got = stream_compositions(stream_planner(shards, balance))
@@ -69,7 +69,7 @@ def test_every_sources_and_every_phases_tokens_are_conserved(shards: ShardSet, b
         assert np.array_equal(got, built)  # the build's own steps
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15)
 @given(balances, st.integers(0, 2**31))
 def test_the_stream_is_what_the_ranks_shares_hold_on_any_world_and_seed(
     shards: ShardSet, balance: Balance, seed: int
@@ -85,7 +85,7 @@ def test_the_stream_is_what_the_ranks_shares_hold_on_any_world_and_seed(
             assert (sum(tokens[s].sum(axis=0) for s in shares) == got[t]).all(), (dp, t)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15)
 @given(balances)
 def test_stream_planner_is_the_planner_a_dataset_reads_with(shards: ShardSet, cache: Path, balance: Balance) -> None:
     ds = PackedDataset(shards.dir, world=World(0, 2), balance=balance, reading=Reading(cache_dir=cache))
@@ -108,7 +108,7 @@ def test_stream_planner_is_the_planner_a_dataset_reads_with(shards: ShardSet, ca
     st.sampled_from([0, 1]),
     st.integers(0, 3),
 )
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 def test_each_setting_reaches_its_place_in_the_planner(
     shards: ShardSet, seed: int, window: int, period: int, slack: float, micro: str, layout: int, edges: int
 ) -> None:

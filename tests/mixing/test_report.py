@@ -224,7 +224,7 @@ def reported(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     return root, (root / REPORT).read_text()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(data=st.data())
 def test_any_edit_to_the_saved_figures_is_refused(reported: tuple[Path, str], data: st.DataObject) -> None:
     root, text = reported

@@ -35,7 +35,7 @@ def mix_with(sources: list[str]) -> Mix:
     return parse_mix(text)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(st.lists(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), min_size=1, max_size=5, unique=True))
 def test_partitions_are_the_sources_sorted_or_one_run(sources: list[str]) -> None:
     mix = mix_with(sources)
@@ -53,7 +53,7 @@ def test_run_refuses_a_partition_that_does_not_fit_the_stage(stage: str, tmp_pat
     assert not (tmp_path / "out").exists(), "refused before anything ran"
 
 
-@settings(max_examples=16, deadline=None)
+@settings(max_examples=16)
 @given(per_source=st.booleans(), reads=st.booleans(), fans_out=st.booleans())
 def test_run_passes_the_partition_storage_options_and_engine_as_flagged(
     per_source: bool, reads: bool, fans_out: bool

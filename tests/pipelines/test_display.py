@@ -18,14 +18,14 @@ from pipelines.display import progress_display, step_line, warnings_to
 NAMES = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=16)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(stage=NAMES, partition=st.one_of(st.none(), NAMES))
 def test_a_step_line_names_the_stage_and_its_partition(stage: str, partition: str | None) -> None:
     line = step_line(stage, partition)
     assert line == (f"  {stage} [{partition}]" if partition else f"  {stage}")
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(
     records=st.lists(
         st.tuples(

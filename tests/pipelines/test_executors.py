@@ -21,7 +21,7 @@ def test_the_executor_is_chosen_by_configuration() -> None:
     assert {executor_from_env({"WEIR_EXECUTOR": k}).name for k in EXECUTORS} == set(EXECUTORS)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(limit=st.integers(min_value=1, max_value=4096))
 def test_max_concurrent_caps_the_multiprocess_executor(limit: int) -> None:
     executor = executor_from_env({"WEIR_MAX_CONCURRENT": str(limit)})
@@ -30,7 +30,7 @@ def test_max_concurrent_caps_the_multiprocess_executor(limit: int) -> None:
     assert mapped is not None and mapped["config"]["max_concurrent"] == limit
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(value=st.text(min_size=1, max_size=12).filter(lambda s: not s.isdigit()))
 def test_a_limit_that_is_not_a_whole_number_is_refused_in_one_line(value: str) -> None:
     with pytest.raises(ExecutorChoiceError) as e:
@@ -38,7 +38,7 @@ def test_a_limit_that_is_not_a_whole_number_is_refused_in_one_line(value: str) -
     assert str(e.value) == f"WEIR_MAX_CONCURRENT={value!r}: expected a whole number of processes"
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(kind=st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12))
 def test_an_unknown_executor_is_refused_in_one_line_naming_the_choices(kind: str) -> None:
     if kind.strip() in (*EXECUTORS, ""):

@@ -23,7 +23,7 @@ def test_every_bound_variable_names_a_field_of_the_storage_resource() -> None:
     assert len(set(S3_ENV.values())) == len(S3_ENV)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(env=st.dictionaries(st.sampled_from(sorted(S3_ENV.values())), st.sampled_from(["", "v1", "secret-2"])))
 def test_s3_settings_are_bound_only_where_their_variable_is_set(env: dict[str, str]) -> None:
     bound, values = storage_resource("/b", env), storage_resource("/b", env, bound=False)

@@ -52,7 +52,7 @@ def test_the_schedule_is_nightly_stopped_and_targets_the_mix_job(tiny_mix: Mix) 
     assert nightly_schedule(mix, mix_job(mix), cron="*/5 * * * *").cron_schedule == "*/5 * * * *"
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(when=TICKS, later=st.timedeltas(min_value=timedelta(seconds=1), max_value=timedelta(days=400)))
 def test_one_run_per_source_per_tick_and_one_key_per_tick_and_source(
     tiny_mix: Mix, repo: dg.RepositoryDefinition, when: datetime, later: timedelta

@@ -49,7 +49,7 @@ FIGURES = dict(
 )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(**FIGURES)
 def test_a_goal_is_missed_exactly_when_its_figure_crosses_it(
     report: BuildReport, regroup: Regroup, eff: float, trunc: float, window: float, phase: float, stream: bool | None
@@ -70,7 +70,7 @@ def test_a_goal_is_missed_exactly_when_its_figure_crosses_it(
     assert all("\n" not in m for m in missed)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(**FIGURES)
 def test_the_summary_marks_each_missed_goal_once_and_returns_them(
     report: BuildReport, regroup: Regroup, eff: float, trunc: float, window: float, phase: float, stream: bool | None

@@ -231,7 +231,7 @@ def report_sha(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(name=st.sampled_from(FILES), at=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7), remote=st.booleans())
 def test_a_flipped_bit_in_any_file_is_damage_named_in_one_line(
     checked_chunk: tuple[Store, Store, str], name: str, at: float, bit: int, remote: bool
@@ -346,7 +346,7 @@ def token_chunks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sto
     memory.remove_tree("")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 5000)), max_size=40))
 def test_token_ranges_are_the_same_from_a_map_and_from_ranged_reads(
     token_chunks: tuple[Store, Store, dict[str, np.ndarray]], bounds: list[tuple[int, int]]

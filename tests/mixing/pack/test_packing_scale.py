@@ -133,7 +133,7 @@ plans = st.tuples(
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plans)
 def test_same_packing_and_figures_as_the_reference(engine: str, plan: tuple) -> None:  # type: ignore[type-arg]
     seed, n_steps, batch, seq_len, n_src, overdraw, cost, fair = plan
@@ -148,7 +148,7 @@ def test_same_packing_and_figures_as_the_reference(engine: str, plan: tuple) -> 
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(plans)
 def test_packing_invariants(engine: str, plan: tuple) -> None:  # type: ignore[type-arg]
     seed, n_steps, batch, seq_len, n_src, overdraw, cost, fair = plan

@@ -54,7 +54,7 @@ def test_priority_ignores_length_and_step_and_is_fixed() -> None:
     assert abs(np.corrcoef(rank, u[:, 0])[0, 1]) < 0.1  # not ordered by length
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     seed=st.integers(0, 2**32 - 1),
     n=st.integers(0, 300),
@@ -172,7 +172,7 @@ def test_what_a_phase_end_drops_is_not_chosen_by_length() -> None:
         assert f.seq_tokens.sum() >= b.seq_tokens.sum() - 0.02 * 2 * 2 * S * 8  # PAD_TOL, two phase ends
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     seed=st.integers(0, 2**32 - 1),
     n=st.integers(1, 300),

@@ -102,7 +102,7 @@ def drain(pool: Pool, held: Counter[tuple[int, ...]], order: dict[tuple[int, ...
     return rows
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(sc=scenarios())
 def test_every_engine_keeps_the_contract_and_gives_the_same_results(sc: Scenario) -> None:
     results = {engine: run(engine, sc) for engine in ALL}

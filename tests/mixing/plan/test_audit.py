@@ -117,7 +117,7 @@ MISSING = {  # each turns a unit into one with no such document piece
 }
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12)
 @given(kind=st.sampled_from(sorted(MISSING)), seed=st.integers(0, 2**32 - 1), k=st.integers(1, 12))
 def test_each_unit_with_no_such_document_piece_is_counted_once(planned: Path, kind: str, seed: int, k: int) -> None:
     with damaged(planned, MISSING[kind].format(rows=pick(planned, seed, k))) as db:
@@ -126,7 +126,7 @@ def test_each_unit_with_no_such_document_piece_is_counted_once(planned: Path, ki
         assert audit.duplicate_units == 0
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6)
 @given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 12), again=st.integers(1, 3))
 def test_each_extra_draw_of_a_unit_in_its_epoch_is_counted(planned: Path, seed: int, k: int, again: int) -> None:
     """``again`` more copies of ``k`` units (on the same steps): k × again duplicates; the same unit in another
@@ -146,7 +146,7 @@ def test_each_extra_draw_of_a_unit_in_its_epoch_is_counted(planned: Path, seed: 
 PAIRS = [("warm", "a"), ("warm", "b"), ("main", "a"), ("main", "b")]
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6)
 @given(keep=st.lists(st.floats(0.0, 1.0), min_size=len(PAIRS), max_size=len(PAIRS)))
 def test_the_budget_allows_one_unit_of_slack_and_no_more(planned: Path, keep: list[float]) -> None:
     """The last units of each phase and source's draw removed (``keep`` of them left): ``short`` is what is

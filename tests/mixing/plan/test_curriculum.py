@@ -149,7 +149,7 @@ def curricula(draw: st.DrawFn) -> str:
     return HEAD + "".join(f"  - {p}\n" for p in out)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(curricula())
 def test_phases_and_ramps_land_on_declared_steps(text: str) -> None:
     mix = parse_mix(text)

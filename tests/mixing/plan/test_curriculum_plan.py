@@ -28,7 +28,7 @@ from mixing.plan.curriculum_plan import Plan, PlanError, make_plan, preview_plan
 from tests.mixing.plan.test_plan import planned_mixes, tables, write_documents
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(planned_mixes())
 def test_step_quotas_carry_rounding_forward(case: tuple[Mix, dict[str, np.ndarray]]) -> None:
     mix, _ = case
@@ -52,7 +52,7 @@ def test_step_quotas_carry_rounding_forward(case: tuple[Mix, dict[str, np.ndarra
     assert np.abs(np.cumsum(quota, axis=0) - ideal).max(initial=0) <= 0.5 + 1e-6 * cap * max(steps, 1)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(planned_mixes())
 def test_phase_demand_is_the_ideal_at_each_phase_boundary_and_what_each_phase_s_quotas_sum_to(
     case: tuple[Mix, dict[str, np.ndarray]],
@@ -116,7 +116,7 @@ def same_frame(a: pl.DataFrame, b: pl.DataFrame) -> bool:
     return a.columns == b.columns and a.rows() == b.rows()
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10)
 @given(small_mixes())
 def test_the_plan_summaries_are_the_tables_written_and_a_preview_is_the_same_plan(
     case: tuple[Mix, dict[str, np.ndarray]],

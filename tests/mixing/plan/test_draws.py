@@ -102,7 +102,7 @@ def full_order(case: Case) -> dict[str, np.ndarray]:
     return {k: np.array(v, np.int64) for k, v in cols.items()}
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 @given(cases())
 def test_units_are_the_orders_pieces_each_once_within_each_segments_limit(case: Case) -> None:
     u = concat(case.draw())
@@ -119,7 +119,7 @@ def test_units_are_the_orders_pieces_each_once_within_each_segments_limit(case: 
             assert (every["doc_len"][u["ord"][mine]] <= limit).all(), f"segment {s} drew past its limit {limit}"
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 @given(cases())
 def test_each_segment_takes_a_prefix_of_what_earlier_segments_left(case: Case) -> None:
     u = concat(case.draw())
@@ -131,7 +131,7 @@ def test_each_segment_takes_a_prefix_of_what_earlier_segments_left(case: Case) -
         taken[mine] = True
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 @given(cases())
 def test_through_every_step_the_tokens_drawn_are_within_half_a_unit_of_the_quota(case: Case) -> None:
     u = concat(case.draw())
@@ -151,7 +151,7 @@ def test_through_every_step_the_tokens_drawn_are_within_half_a_unit_of_the_quota
                 assert 2 * got >= want2 - case.seq, (s, t, got, want2 / 2)  # never behind by more than half
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(cases(), st.integers(1, 7))
 def test_the_draw_is_deterministic_and_independent_of_the_chunk(case: Case, chunk: int) -> None:
     whole = concat(case.draw())

@@ -42,7 +42,7 @@ def test_mix64_is_splitmix64() -> None:
     assert got == expected
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
     n=st.integers(0, 300),
     sparse=st.booleans(),

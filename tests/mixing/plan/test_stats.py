@@ -17,7 +17,7 @@ from mixing.plan.stats import length_tables
 SEQ = 64
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     st.dictionaries(
         st.sampled_from(["a", "b", "c"]),
