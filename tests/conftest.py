@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), None)
 
 
-# No per-example deadline: a property's examples are checked for what they compute, and a loaded machine (two
-# workers beside a Ray cluster) makes one example's time noise, not a failure. Timing lives in benchmarks/.
+# No per-example deadline and no "too slow" health check: a property's examples are checked for what they
+# compute, and a loaded machine (two workers beside a Ray cluster) makes their time noise, not a failure. Timing
+# lives in benchmarks/. (A test's own suppress_health_check list replaces this one: list too_slow there too.)
 settings.register_profile("weir", deadline=None)
 settings.load_profile("weir")
 

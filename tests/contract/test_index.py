@@ -20,7 +20,7 @@ from contract.shards import ShardSet
 from contract.store import sha256_file
 from mixing.output.shard_writer import write_shards
 
-BUILDS = settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture])
+BUILDS = settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 @st.composite

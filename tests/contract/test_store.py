@@ -20,7 +20,7 @@ from contract.store import Store, StoreError
 from tests.contract.conftest import BUCKET, S3
 
 SECRET = "SUPERSECRET"
-EXAMPLES = settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture])
+EXAMPLES = settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def test_put_returns_the_size_and_sha256_that_digest_reads_back(store: Store) -> None:

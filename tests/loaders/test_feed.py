@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loaders.feed import Feed, IndexFeed, SegmentTable, ViewFeed, feed_for
@@ -77,7 +77,7 @@ def check_read(feed: Feed, idx: np.ndarray, S: int) -> tuple[np.ndarray, list[tu
     return block, got
 
 
-@settings(max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20)
 @given(segmentations(), st.integers(0, 9), st.data())
 def test_every_feed_reads_the_same_tokens_and_segments(
     seg: tuple[int, list[list[int]]], pad_id: int, data: st.DataObject

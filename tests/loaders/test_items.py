@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.shards import ShardSet
@@ -65,7 +65,7 @@ def check_feeds_agree(build: Path, cp: int, how: str, chunks: list[int], fields=
     return compared
 
 
-@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25)
 @given(segmentations(), st.lists(st.integers(1, 9), min_size=1, max_size=3), st.integers(0, 9))
 def test_both_feeds_give_the_same_items_on_random_segmentations(
     seg: tuple[int, list[list[int]]], chunks: list[int], pad_id: int
@@ -105,7 +105,7 @@ def check_provenance(build: Path, cp: int, how: str, lean: bool = False) -> None
             assert it["source_ids"].tolist() == np.where(idx >= 0, at[idx.clip(0)], -1).tolist(), (cp, how, rank, i)
 
 
-@settings(max_examples=15, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15)
 @given(segmentations(), st.lists(st.integers(1, 9), min_size=1, max_size=3))
 def test_provenance_is_the_shards_segments_on_random_segmentations(
     seg: tuple[int, list[list[int]]], chunks: list[int]

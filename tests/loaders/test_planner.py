@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.shards import ShardSet
@@ -127,7 +127,7 @@ def every_step(planner: StepPlanner) -> np.ndarray:
     return np.stack([planner.step_sequences(t) for t in range(planner.steps)])
 
 
-SETTINGS = settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=25)
 
 
 @SETTINGS

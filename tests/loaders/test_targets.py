@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from loaders import PackedDataset, Payload, World
 from loaders.targets import cp_position_ids, labels, position_ids
@@ -45,7 +45,7 @@ def test_targets_from_a_lean_item(tiny_build: Path) -> None:
     assert padded  # the tiny build has padded sequences
 
 
-@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25)
 @given(segmentations())
 def test_targets_equal_the_loaders_on_random_segmentations(seg: tuple[int, list[list[int]]]) -> None:
     S, seg_lens = seg

@@ -47,7 +47,7 @@ kinds = st.one_of(
 )
 
 
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(files=st.lists(st.lists(kinds, max_size=25), min_size=1, max_size=4), missing=st.booleans())
 def test_counts_identity_and_nothing_valid_lost(tmp_path_factory, files, missing) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("fuzz")
@@ -105,7 +105,7 @@ csv_kinds = st.one_of(
 )
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(files=st.lists(st.lists(csv_kinds, max_size=25), min_size=1, max_size=3))
 def test_csv_counts_identity_and_nothing_valid_lost(tmp_path_factory, files) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("fuzzcsv")
@@ -132,7 +132,7 @@ piece_kinds = st.one_of(
 )
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(files=st.lists(st.tuples(st.lists(piece_kinds, min_size=1, max_size=20), st.booleans()), min_size=1, max_size=3))
 def test_separator_counts_identity_and_nothing_valid_lost(tmp_path_factory, files) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("fuzztxt")
@@ -195,7 +195,7 @@ def _tokenizers() -> dict[str, TextTokenizer]:
     return {"bytes": TOK, "bpe": load_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), out)}
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     files=st.lists(st.lists(poison_lines, max_size=12), min_size=1, max_size=3),
     bom=st.booleans(),

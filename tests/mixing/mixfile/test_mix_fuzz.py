@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mixing import MixError
@@ -84,7 +84,7 @@ def mutated_mix(draw: st.DrawFn) -> str:
     return "\n".join(lines) + "\n"
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400)
 @given(mutated_mix())
 def test_a_mutated_mix_validates_or_fails_with_one_line(text: str) -> None:
     try:

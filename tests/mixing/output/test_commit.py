@@ -64,7 +64,7 @@ def flipped(data: bytes, at: int, mask: int) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(where=st.floats(0, 1, exclude_max=True), mask=st.integers(1, 255))
 def test_a_record_with_any_byte_changed_reads_as_none(
     tmp_path_factory: pytest.TempPathFactory, where: float, mask: int

@@ -20,7 +20,7 @@ from contract.manifest import MANIFEST, BuildInfo, ShardError, validated
 from contract.shards import ShardSet
 from mixing.output.shard_writer import open_shards, seal_shards, token_dtype, write_shard, write_shards
 
-BUILDS = settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])
+BUILDS = settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 INFO = {"cost": {"attention": 1.0, "linear": 3.0}, "mix": "w", "sources": ["a", "b"]}
 
 

@@ -133,7 +133,7 @@ plans = st.tuples(
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(plans)
 def test_same_packing_and_figures_as_the_reference(engine: str, plan: tuple) -> None:  # type: ignore[type-arg]
     seed, n_steps, batch, seq_len, n_src, overdraw, cost, fair = plan

@@ -75,7 +75,7 @@ def planned_mixes(draw: st.DrawFn) -> tuple[Mix, dict[str, np.ndarray]]:
     return parse_mix(text), lengths
 
 
-@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(planned_mixes())
 def test_random_plans_track_the_mixture_and_draw_each_document_once_per_epoch(
     tmp_path: Path, case: tuple[Mix, dict[str, np.ndarray]]
