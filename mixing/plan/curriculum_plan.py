@@ -33,7 +33,7 @@ from contract.errors import WeirError
 from mixing.mixfile.mix import Mix
 from mixing.plan.curriculum import PhaseSpan, length_segments, phase_demand, step_shares
 from mixing.plan.draws import SegmentQuota, Trained, draw_source
-from mixing.plan.feasibility import available, epochs_needed, plan_warnings, shortfalls
+from mixing.plan.feasibility import available, epochs_needed, plan_warnings, short_document_warnings, shortfalls
 from mixing.plan.order import SortedOrder
 
 __all__ = ["Past", "Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
@@ -193,7 +193,8 @@ def _plan(
             raise
         con.execute("COMMIT")
     shown = quotas if past is None else _whole(past.quotas, quotas)  # a continuation's cover its base's steps too
-    return Plan(shown, per_source, phases, int(n_units), tuple(plan_warnings(mix, per_source)))
+    warnings = plan_warnings(mix, per_source) + short_document_warnings(mix, spans, need, have, short)
+    return Plan(shown, per_source, phases, int(n_units), tuple(warnings))
 
 
 def _whole(before: pl.DataFrame, after: pl.DataFrame) -> pl.DataFrame:

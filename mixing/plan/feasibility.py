@@ -1,5 +1,6 @@
 """Whether a plan can be met with the documents there are: the epochs of each source to draw, every way
-its caps (``max_epochs``, a phase's ``max_doc_tokens``) make it infeasible, and the warnings of a feasible plan.
+its caps (``max_epochs``, a phase's ``max_doc_tokens``) make it infeasible, and the warnings of a feasible plan
+(of a source as a whole, and of the short documents a phase's ``max_doc_tokens`` leaves it).
 
 The figures: ``need`` maps (phase, source) to the tokens the quotas plan; ``got`` the same for the tokens
 drawn; ``have`` maps a source to (tokens, documents) of all its documents; ``short`` maps (limit, source) to
@@ -16,7 +17,7 @@ import polars as pl
 from mixing.mixfile.mix import Mix
 from mixing.plan.curriculum import PhaseSpan, length_segments
 
-__all__ = ["available", "epochs_needed", "plan_warnings", "shortfalls"]
+__all__ = ["available", "epochs_needed", "plan_warnings", "short_document_warnings", "shortfalls"]
 
 
 def available(
@@ -166,4 +167,34 @@ def plan_warnings(mix: Mix, per_source: pl.DataFrame) -> list[str]:
             out.append(f"source {s!r} is repeated {row['epochs']:.2f} times (no max_epochs caps it)")
         elif row["epochs"] > 0.999 * row["max_epochs"]:
             out.append(f"source {s!r} is drawn {row['epochs']:.2f} epochs, at its max_epochs {row['max_epochs']:g}")
+    return out
+
+
+def short_document_warnings(
+    mix: Mix,
+    spans: tuple[PhaseSpan, ...],
+    need: dict[tuple[str, str], int],
+    have: dict[str, tuple[int, int]],
+    short: dict[tuple[int, str], tuple[int, int]],
+) -> list[str]:
+    """One sentence per ``max_doc_tokens`` limit and source whose phases at that limit or below draw its documents
+    of at most that many tokens more than once over with no ``max_epochs`` cap, or up to the cap: a warmup of short
+    documents cycling the few a source has, which the source's own epochs (over all its documents) do not show.
+    Skipped where the limit leaves out none of the source's documents (the source's own warning covers it)."""
+    out = []
+    for lim in sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None}):
+        phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
+        names = ", ".join(repr(sp.name) for sp in phases)
+        for s in sorted(mix.sources):
+            want = sum(need.get((sp.name, s), 0) for sp in phases)
+            tokens, docs = short.get((lim, s), (0, 0))
+            if not want or not tokens or docs == have.get(s, (0, 0))[1]:
+                continue
+            times, cap = want / tokens, mix.sources[s].max_epochs
+            what = f"phase(s) {names} draw {want} tokens of source {s!r} from its {docs} documents of at most {lim}"
+            what += f" tokens ({tokens} tokens): each {times:.2f} times"
+            if times > 1 and not math.isfinite(cap):
+                out.append(f"{what} (no max_epochs caps it)")
+            elif times > 0.999 * cap:
+                out.append(f"{what}, at its max_epochs {cap:g}")
     return out

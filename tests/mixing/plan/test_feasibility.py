@@ -177,3 +177,43 @@ def test_warnings_name_undrawn_uncapped_repeats_and_sources_at_their_cap() -> No
         "source 'b' is drawn 2.00 epochs, at its max_epochs 2",
         "source 'c' is declared but no phase draws it",
     ]
+
+
+SHORT_WARMUP = """\
+name: s
+sequence: {length: 128, global_batch: 8}
+sources:
+  a: {uri: x}
+  b: {uri: y}
+  c: {uri: z, max_epochs: 1}
+curriculum:
+  - {phase: warm, steps: 10, mixture: {a: 0.5, b: 0.25, c: 0.25}, max_doc_tokens: 150}
+  - {phase: main, steps: 2, mixture: {a: 0.5, b: 0.25, c: 0.25}}
+"""
+
+
+def test_a_phase_cycling_the_few_short_documents_of_a_source_is_warned_about(tmp_path: Path) -> None:
+    """The warmup draws 5,120 tokens of a from its ten documents of ≤ 150 tokens (1,000): each five times over,
+    though a is drawn 0.31 of an epoch in all, so only a warning on the short documents says so; c's short
+    documents are drawn exactly its max_epochs (1); b's limit leaves out none of its documents: no warning."""
+    db = tmp_path / "w.duckdb"
+    write_documents(
+        db,
+        {
+            "a": np.array([100] * 10 + [211] * 90),
+            "b": np.full(500, 100),
+            "c": np.array([128] * 20 + [211] * 50),
+        },
+    )
+    plan = make_plan(parse_mix(SHORT_WARMUP), db)
+    assert plan.warnings == (
+        "phase(s) 'warm' draw 5120 tokens of source 'a' from its 10 documents of at most 150 tokens (1000 tokens): "
+        "each 5.12 times (no max_epochs caps it)",
+        "phase(s) 'warm' draw 2560 tokens of source 'c' from its 20 documents of at most 150 tokens (2560 tokens): "
+        "each 1.00 times, at its max_epochs 1",
+    )
+    with duckdb.connect(str(db), read_only=True) as con:  # what the warning says is what the plan drew
+        epochs, docs = con.sql(
+            "SELECT count(DISTINCT epoch), count(DISTINCT doc_id) FROM plan_units WHERE source = 'a' AND step < 10"
+        ).fetchall()[0]
+    assert (epochs, docs) == (6, 10)
