@@ -53,6 +53,7 @@ from mixing.mixfile.parts import (
 )
 from mixing.mixfile.pathrule import is_url, resolve_path
 from mixing.mixfile.phase import Phase, Transition, resolve_steps
+from mixing.mixfile.suggest import nearest
 
 __all__ = [
     "Cost",
@@ -125,9 +126,11 @@ class Mix(FrozenModel):
             seen.add(ph.phase)
             for src in ph.mixture:
                 if src not in self.sources:
+                    close = nearest(src, self.sources)
+                    hint = f"did you mean {close!r}? " if close is not None else ""
                     raise FieldError(
                         ("curriculum", i, "mixture", src),
-                        f"unknown source {src!r}; expected one of: {', '.join(sorted(self.sources))}",
+                        f"unknown source {src!r}; {hint}expected one of: {', '.join(sorted(self.sources))}",
                     )
             total = sum(ph.mixture.values())
             normalize = self.normalize if ph.normalize is None else ph.normalize

@@ -1,16 +1,17 @@
-"""The nearest valid field name for a misspelled one (``max_epoch`` → ``max_epochs``), from the models' own
-fields: what the mix file's error says after "unknown field"."""
+"""The nearest valid name for a misspelled one: a field (``max_epoch`` → ``max_epochs``), from the models' own
+fields, what the mix file's error says after "unknown field"; a source a mixture names (``qaa`` → ``qa``)."""
 
 from __future__ import annotations
 
 import difflib
 import types
 import typing
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from pydantic import BaseModel
 
-__all__ = ["first_error", "known_fields", "unknown_field"]
+__all__ = ["first_error", "known_fields", "nearest", "unknown_field"]
 
 
 def first_error(root: type[BaseModel], errors: list[Any]) -> Any:
@@ -30,11 +31,17 @@ def unknown_field(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
     """The message for the unknown field at ``loc``: the nearest valid name there, else the valid names."""
     name = str(loc[-1])
     known = known_fields(root, loc[:-1])
-    close = difflib.get_close_matches(name, known, n=1)
-    if close:
-        return f"unknown field {name!r}; did you mean {close[0]!r}?"
+    close = nearest(name, known)
+    if close is not None:
+        return f"unknown field {name!r}; did you mean {close!r}?"
     expected = f"one of: {', '.join(known)}" if known else "a field of the mix-file reference"
     return f"unknown field {name!r}; expected {expected} (see docs/mix-file.md)"
+
+
+def nearest(name: str, names: Iterable[str]) -> str | None:
+    """The one of ``names`` closest to a misspelled ``name`` (difflib's ratio ≥ 0.6), else None."""
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return close[0] if close else None
 
 
 def known_fields(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -52,6 +52,13 @@ def test_good_mix_round_trips() -> None:
             "curriculum[1].mixture.c",
             "unknown source 'c'",
         ),
+        # a misspelled source in a mixture: the nearest declared one
+        (
+            ("a: 0.25\n      b: 0.75", "a: 0.25\n      bb: 0.75"),
+            14,
+            "curriculum[1].mixture.bb",
+            "unknown source 'bb'; did you mean 'b'? expected one of: a, b",
+        ),
         # weights that do not sum to 1
         (("mixture: {a: 0.5, b: 0.5}", "mixture: {a: 0.5, b: 0.6}"), 9, "curriculum[0].mixture", "sum to 1"),
         # negative steps
