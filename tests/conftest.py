@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from tests.ray_cluster import RAY_ENV, LocalRayCluster
 
@@ -30,7 +30,7 @@ SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared"
 # No per-example deadline and no "too slow" health check: a property's examples are checked for what they
 # compute, and a loaded machine (two workers beside a Ray cluster) makes their time noise, not a failure. Timing
 # lives in benchmarks/. (A test's own suppress_health_check list replaces this one: list too_slow there too.)
-settings.register_profile("weir", deadline=None)
+settings.register_profile("weir", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("weir")
 
 
