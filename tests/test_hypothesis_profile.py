@@ -7,5 +7,7 @@ from hypothesis import HealthCheck, settings
 
 
 def test_properties_have_no_deadline_and_no_timing_health_check() -> None:
-    for s in (settings.default, settings(max_examples=3)):  # a test's own settings inherit the profile
+    default = settings.default
+    assert default is not None
+    for s in (default, settings(max_examples=3)):  # a test's own settings inherit the profile
         assert s.deadline is None and HealthCheck.too_slow in s.suppress_health_check, s
