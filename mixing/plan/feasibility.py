@@ -49,6 +49,16 @@ def _epoch_cap(mix: Mix, source: str) -> int:
     return math.ceil(cap) if math.isfinite(cap) else 1 << 20
 
 
+def _limited(spans: tuple[PhaseSpan, ...]) -> list[tuple[int, list[PhaseSpan], str]]:
+    """Per ``max_doc_tokens`` of ``spans``, ascending: the limit, the phases that draw from the documents of at
+    most that many tokens (theirs or a smaller limit), and their names as a sentence shows them."""
+    out = []
+    for lim in sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None}):
+        phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
+        out.append((lim, phases, ", ".join(repr(sp.name) for sp in phases)))
+    return out
+
+
 def epochs_needed(
     mix: Mix,
     source: str,
@@ -87,14 +97,11 @@ def epochs_needed(
             f"max_epochs is {cap:g} "
             f"({int(cap * avail)} tokens at most){left}"
         )
-    limited = sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None})
-    for lim in limited:
-        phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
+    for lim, phases, names in _limited(spans):
         want = sum(need.get((sp.name, source), 0) for sp in phases)
         if want == 0:
             continue
         tokens = short.get((lim, source), (0, 0))[0]
-        names = ", ".join(repr(sp.name) for sp in phases)
         if tokens == 0:
             problems.append(
                 f"phase(s) {names} need {want} tokens of source {source!r} from documents of at most {lim} "
@@ -182,9 +189,7 @@ def short_document_warnings(
     documents cycling the few a source has, which the source's own epochs (over all its documents) do not show.
     Skipped where the limit leaves out none of the source's documents (the source's own warning covers it)."""
     out = []
-    for lim in sorted({sp.max_doc_tokens for sp in spans if sp.max_doc_tokens is not None}):
-        phases = [sp for sp in spans if sp.max_doc_tokens is not None and sp.max_doc_tokens <= lim]
-        names = ", ".join(repr(sp.name) for sp in phases)
+    for lim, phases, names in _limited(spans):
         for s in sorted(mix.sources):
             want = sum(need.get((sp.name, s), 0) for sp in phases)
             tokens, docs = short.get((lim, s), (0, 0))
