@@ -2,19 +2,16 @@
 
 ``weir build NEW --continue BASE --at N --feedback LOSSES --policy NAME`` reads LOSSES, the per-source loss log
 the training examples write (one row per step and source: ``step, source, loss_sum, tokens``; CSV with that
-header, or JSON lines), averages each source's loss per token over the last :data:`WINDOW` logged steps before
-N, and lets the named policy turn those losses into a factor per source. Every phase of NEW that starts at or
+header, or JSON lines), takes each source's losses over the last :data:`WINDOW` logged steps before N (their mean per
+token, and their curve against the source's tokens trained), and lets the named policy turn those losses into a
+factor per source. Every phase of NEW that starts at or
 after N gets its weights multiplied by the factors and renormalized (rounded to 1e-6, so that the same log
 and policy give the same mix, and so the same build_id); the phases before N are the base's. The inputs and
 the result are recorded in the continuation's manifest (:class:`contract.record.FeedbackNote`, in its
 lineage). An online mixer changes sampling while the run runs, so what a step saw depends on timing; here
 the reweighted future is a build like any other, checked, digested and replayable.
 
-Policies (:data:`POLICIES`):
-
-- ``loss_proportional``: factor = (loss_s ÷ mean loss)^1, clipped to [1/2, 2]: a source whose loss per token
-  is above the token-weighted mean of all sources is drawn more, one below it less, never more than twice
-  or less than half its weight. A source with no logged tokens in the window keeps factor 1.
+The policies (:data:`POLICIES`: ``loss_proportional``, ``scaling_law``) are :mod:`mixing.loss_policy`'s.
 """
 
 from __future__ import annotations
@@ -24,11 +21,11 @@ import hashlib
 import io
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 from contract.errors import WeirError
 from contract.record import FeedbackNote
+from mixing.loss_policy import POLICIES, Losses
 from mixing.mixfile.mix import Mix
 
 __all__ = ["POLICIES", "WINDOW", "FeedbackError", "apply_feedback", "read_losses"]
@@ -36,20 +33,9 @@ __all__ = ["POLICIES", "WINDOW", "FeedbackError", "apply_feedback", "read_losses
 WINDOW = 100  # logged steps before the switch that the losses are averaged over
 _COLUMNS = ("step", "source", "loss_sum", "tokens")
 
-Policy = Callable[[dict[str, float]], dict[str, float]]
-"""``policy(loss per token by source)`` → factor by source (every source given, > 0)."""
-
 
 class FeedbackError(WeirError, ValueError):
     """A loss log that cannot be read (names file and line), an unknown policy, or a mix it cannot reweight."""
-
-
-def _loss_proportional(loss: dict[str, float]) -> dict[str, float]:
-    mean = sum(loss.values()) / len(loss) if loss else 0.0
-    return {s: min(2.0, max(0.5, v / mean)) if mean > 0 else 1.0 for s, v in loss.items()}
-
-
-POLICIES: dict[str, Policy] = {"loss_proportional": _loss_proportional}
 
 
 def read_losses(path: Path) -> dict[tuple[int, str], tuple[float, int]]:
@@ -100,14 +86,8 @@ def apply_feedback(mix: Mix, losses: Path, policy: str) -> Mix:
     if not logged:
         raise FeedbackError(f"{losses}: no step before the switch {at} is logged; pass the log of the base's run")
     first = logged[max(0, len(logged) - WINDOW)]
-    sums: dict[str, list[float]] = {}
-    for (step, source), (loss, tokens) in log.items():
-        if first <= step < at and tokens:
-            acc = sums.setdefault(source, [0.0, 0.0])
-            acc[0] += loss
-            acc[1] += tokens
-    per_token = {s: round(v[0] / v[1], 6) for s, v in sorted(sums.items())}
-    factor = {s: round(f, 6) for s, f in POLICIES[policy](per_token).items()}
+    window = _window(log, first, at)
+    factor = {s: round(f, 6) for s, f in POLICIES[policy](window).items()}
     curriculum, weights, start = [], {}, 0
     for ph, n in zip(mix.curriculum, mix.phase_steps, strict=True):
         if start >= at:
@@ -122,13 +102,33 @@ def apply_feedback(mix: Mix, losses: Path, policy: str) -> Mix:
         policy=policy,
         losses_sha256=hashlib.sha256(losses.read_bytes()).hexdigest(),
         steps=(first, max(logged) + 1),
-        loss=per_token,
+        loss=window.per_token,
         factor=factor,
         weights=weights,
     )
     out = mix.model_copy(update={"curriculum": curriculum})
     object.__setattr__(out, "continues", mix.continues.model_copy(update={"feedback": note}))
     return out
+
+
+def _window(log: dict[tuple[int, str], tuple[float, int]], first: int, at: int) -> Losses:
+    """The log's steps ``[first, at)`` as a policy sees them (:class:`mixing.loss_policy.Losses`): each source's
+    loss per token over them (rounded to 1e-6), and its curve there, the tokens of a step counted from the
+    log's first step (a step the log lacks adds none)."""
+    sums: dict[str, list[float]] = {}
+    curves: dict[str, list[tuple[float, float]]] = {}
+    seen: dict[str, int] = {}
+    for (step, source), (loss, tokens) in sorted(log.items()):
+        if step >= at or not tokens:
+            continue
+        seen[source] = seen.get(source, 0) + tokens
+        if step >= first:
+            acc = sums.setdefault(source, [0.0, 0.0])
+            acc[0] += loss
+            acc[1] += tokens
+            curves.setdefault(source, []).append((float(seen[source]), loss / tokens))
+    per_token = {s: round(v[0] / v[1], 6) for s, v in sorted(sums.items())}
+    return Losses(per_token, {s: tuple(curves[s]) for s in per_token})
 
 
 def _reweighted(shares: dict[str, float], factor: dict[str, float]) -> dict[str, float]:

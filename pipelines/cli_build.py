@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from contract.errors import WeirError
 from mixing import MixError
+from mixing.loss_policy import POLICIES
 from pipelines.cli_common import (
     STRICT_EXIT,
     check_paths_or_exit,
@@ -64,7 +65,8 @@ def build(
         ),
     ] = None,
     policy: Annotated[
-        str, typer.Option("--policy", help="how --feedback turns losses into weights (loss_proportional)")
+        str,
+        typer.Option("--policy", help=f"how --feedback turns losses into weights: {', '.join(POLICIES)}"),
     ] = "loss_proportional",
     debug: Annotated[
         bool, typer.Option("--debug", help="when the build fails, print the traceback before the one line")

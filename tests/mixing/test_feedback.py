@@ -89,3 +89,32 @@ def test_what_cannot_be_reweighted_is_refused_in_one_line(tmp_path: Path) -> Non
     (tmp_path / "bad.yaml").write_text(bad)
     with pytest.raises(Exception, match="not from a mix file"):
         load_mix(tmp_path / "bad.yaml")
+
+
+def test_scaling_law_reads_each_curve_against_the_tokens_trained_since_the_log_began(tmp_path: Path) -> None:
+    """150 logged steps, the policy's window their last 100: each source's loss follows its own power law of its
+    tokens trained, counted from step 0 (b trained 5 times as many tokens a step before the window as in it), so
+    the factors are the laws' potentials α·β·n^(−α) at step 149 over their mean; counted from the window's start
+    they would be other laws."""
+    (tmp_path / "fb.yaml").write_text(MIX.replace("steps: 10,", "steps: 150,"))
+    laws = {"a": (1.0, 30.0, 0.4), "b": (1.2, 20.0, 0.3), "c": (0.8, 50.0, 0.45)}  # ε, β, α
+
+    def tokens(s: str, t: int) -> int:
+        return 1000 if s == "b" and t < 50 else 200 if s == "b" else 100
+
+    seen = {s: 0 for s in laws}
+    rows = []
+    for t in range(150):
+        for s, (e, b, al) in laws.items():
+            n = tokens(s, t)
+            seen[s] += n
+            rows.append(f"{t},{s},{(e + b * seen[s] ** -al) * n!r},{n}")
+    log = tmp_path / "l.csv"
+    log.write_text("step,source,loss_sum,tokens\n" + "\n".join(rows) + "\n")
+    out = apply_feedback(load_mix(tmp_path / "fb.yaml").continuing(str(tmp_path / "base"), 150), log, "scaling_law")
+    potential = {s: al * b * seen[s] ** -al for s, (e, b, al) in laws.items()}
+    mean = sum(potential.values()) / 3
+    note = out.continues.feedback  # type: ignore[union-attr]
+    assert note is not None and note.policy == "scaling_law" and note.steps == (50, 150)
+    assert note.factor == pytest.approx({s: p / mean for s, p in potential.items()}, rel=0.02)
+    assert min(note.factor.values()) > 0.5 and max(note.factor.values()) < 2.0  # within bounds, none clipped
