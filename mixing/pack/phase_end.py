@@ -179,6 +179,11 @@ def _tokens(units: np.ndarray, k: int) -> np.ndarray:
     return np.bincount(units[:, 1], weights=units[:, 0], minlength=k).astype(np.float64)
 
 
+def _pieces(units: np.ndarray, since: int) -> np.ndarray:
+    """bool [n]: the continuation pieces (``start`` > 0) of ``units`` planned at step ``since`` or later."""
+    return (units[:, 3] > 0) & (units[:, 4] >= since)
+
+
 def keep_whole(units: np.ndarray, targets: np.ndarray, *, since: int, slack: float, move: float) -> np.ndarray:
     """bool [n]: what :func:`set_aside` (``"dither"``) chooses, taken first among the *continuation pieces*
     (``start`` > 0: their document's first piece is another unit), so that a phase end drops no document whole
@@ -189,7 +194,7 @@ def keep_whole(units: np.ndarray, targets: np.ndarray, *, since: int, slack: flo
     length-blind)."""
     units = np.asarray(units, np.int64).reshape(-1, 6)
     t = np.asarray(targets, np.float64)
-    piece = (units[:, 3] > 0) & (units[:, 4] >= since)
+    piece = _pieces(units, since)
     avail = _tokens(units[piece], len(t))
     give = np.minimum(t - np.minimum(t, avail), move)  # what each source lacks in pieces, up to move
     take = np.minimum(avail - np.minimum(t, avail), move)  # what each source has in pieces beyond its target
@@ -240,7 +245,7 @@ def drop_mask(
     pad = PAD_TOL * phase_steps * capacity  # the padding the choice may add
     window = min(WINDOW, phase_steps) * capacity  # the tokens of the phase's last 10-step window
     worst = max(_share_error(placed_a, q_end), PHASE_TOL)
-    piece = (units[:, 3] > 0) & (units[:, 4] >= since)  # what keep_whole may set aside first
+    piece = _pieces(units, since)  # what keep_whole may set aside first
     moves = (np.inf, WINDOW_TOL * window / 2, 0.0) if piece.any() else ()  # how far the pieces' rule may move a source
     tries = [*(("pieces", pad, m) for m in moves), ("dither", pad, 0.0), ("dither", 0.0, 0.0), ("under", 0.0, 0.0)]
     for rule, slack, move in tries:
