@@ -165,6 +165,9 @@ def _build(
             raise typer.Exit(2) from None
         note = m.continues.feedback if m.continues is not None else None
         if note is not None:
+            first, end = note.steps
+            shown = ", ".join(f"{s} {f:.4f}" for s, f in note.factor.items())
+            out.print(f"feedback ({policy}): factors {shown} (steps {first}..{end - 1})", highlight=False, markup=False)
             for phase, weights in note.weights.items():
                 shown = ", ".join(f"{s} {w:.4f}" for s, w in weights.items())
                 out.print(f"feedback ({policy}): phase {phase!r} weights {shown}", highlight=False, markup=False)

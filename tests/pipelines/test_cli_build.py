@@ -4,6 +4,7 @@ every warning ``weir plan`` prints, in the same words."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -90,3 +91,26 @@ def test_build_continuation_flags_are_checked_in_one_line_before_building(tiny_m
         r = weir("build", str(tiny_mix_path), "--out", str(out), *flags)
         assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert not out.exists()
+
+
+def test_build_with_feedback_prints_the_factors_and_weights_and_records_them(
+    tiny_mix_path: Path, tmp_path: Path
+) -> None:
+    """A continuation at the second phase with --feedback --policy scaling_law: notes' loss still falls, qa's is
+    flat, so notes is drawn twice and qa half as much (the bounds), printed and recorded in the manifest."""
+    base = tmp_path / "base"
+    assert weir("build", str(tiny_mix_path), "--out", str(base)).returncode == 0
+    log = tmp_path / "losses.csv"
+    rows = [f"{t},notes,{(1.0 + 8.0 * (100 * (t + 1)) ** -0.5) * 100!r},100\n{t},qa,250.0,100" for t in range(3)]
+    log.write_text("step,source,loss_sum,tokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "next"
+    flags = ["--continue", str(base), "--at", "3", "--feedback", str(log), "--policy", "scaling_law"]
+    r = weir("build", str(tiny_mix_path), "--out", str(out), *flags)
+    assert r.returncode == 0, r.stderr
+    said = [line.strip() for line in r.stdout.splitlines()]
+    assert "feedback (scaling_law): factors notes 2.0000, qa 0.5000 (steps 0..2)" in said, r.stdout
+    assert "feedback (scaling_law): phase 'second' weights notes 0.5714, qa 0.4286" in said, r.stdout
+    manifest = json.loads((out / "shards" / "manifest.json").read_text())
+    note = manifest["lineage"][-1]["feedback"]
+    assert note["policy"] == "scaling_law" and note["factor"] == {"notes": 2.0, "qa": 0.5}
+    assert note["weights"] == {"second": {"notes": 0.571429, "qa": 0.428571}}
