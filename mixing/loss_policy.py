@@ -18,7 +18,8 @@ rounds them to 1e-6 before they reach the mix).
   the window's end (ADO's forecast −dL/dn, times the tokens a source's share brings). factor = potential ÷ the
   mean potential of the fitted sources, clipped to [½, 2]: a source still learning fast is drawn more, one
   whose loss has flattened (α ≤ 0: potential 0) half as much. A source whose curve cannot be fitted (fewer than
-  :data:`MIN_POINTS` distinct token counts) keeps factor 1, and so does every source when none can be.
+  :data:`MIN_POINTS` distinct token counts) keeps factor 1, and so does every source when no curve can be
+  fitted or none still falls.
 """
 
 from __future__ import annotations
