@@ -77,6 +77,15 @@ def print_summary(out: Console, r: BuildReport) -> list[str]:
             highlight=False,
             markup=False,
         )
+        fb = e.feedback
+        if fb is not None:  # its weights from the switch on came from a loss log
+            factors = ", ".join(f"{s} {f:.4f}" for s, f in fb.factor.items())
+            out.print(
+                f"  weights from step {e.at} by feedback ({fb.policy}, losses of steps {fb.steps[0]}.."
+                f"{fb.steps[1] - 1}, log sha256 {fb.losses_sha256[:12]}…): factors {factors}",
+                highlight=False,
+                markup=False,
+            )
     t = Table("source", "documents", "tokens packed", "tokens dropped", "share")
     for name, s in r.per_source.items():
         share = s.tokens_packed / r.tokens if r.tokens else 0.0

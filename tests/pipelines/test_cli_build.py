@@ -114,3 +114,10 @@ def test_build_with_feedback_prints_the_factors_and_weights_and_records_them(
     note = manifest["lineage"][-1]["feedback"]
     assert note["policy"] == "scaling_law" and note["factor"] == {"notes": 2.0, "qa": 0.5}
     assert note["weights"] == {"second": {"notes": 0.571429, "qa": 0.428571}}
+    shown = weir("inspect", str(out))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(
+        r"weights from step 3 by feedback \(scaling_law, losses of steps 0\.\.2, log sha256 [0-9a-f]{12}…\): "
+        r"factors notes 2\.0000, qa 0\.5000",
+        shown.stdout,
+    ), shown.stdout
