@@ -26,15 +26,15 @@ dry-runs the phase's remaining fills and sets aside as many tokens per source by
 planned first, kept only where the padding and the mixture stay as they were (within small bounds).
 
 The packer streams: ``stream_plan`` reads ``plan_units`` from DuckDB a block of steps at a time (about
-``chunk_units`` units, in Arrow batches; a helper thread reads the next block while the current one is
-packed: :mod:`mixing.pack.units`), the pool holds only a phase's carry (what earlier steps of the phase could not place) plus two
-steps of units, and each step's sequences are handed out as they are made (:class:`PackStream`). Its memory
-is therefore bounded by the block size and the largest steps, not the plan. ``pack_plan`` collects the
+``chunk_units`` units, in Arrow batches; a helper thread reads the next block while the current one is packed:
+:mod:`mixing.pack.units`), the pool holds only a phase's carry (what earlier steps of the phase could not place)
+plus two steps of units, and each step's sequences are handed out as they are made (:class:`PackStream`). Its
+memory is therefore bounded by the block size and the largest steps, not the plan. ``pack_plan`` collects the
 stream into one :class:`Packing` (32 bytes per segment) for callers that want it whole; the build
-(:mod:`mixing.pack.packed`) writes shards from the stream instead. The inner loop
-(:mod:`mixing.pack.pool`) is compiled with numba where it is installed (about 20× the pure-Python
-reference packer, ``tests/mixing/pack/reference.py``, on ``benchmarks/packing.py``; see docs/scale-packing.md) and gives
-the same packing, unit for unit, either way. Its results are :mod:`mixing.pack.result`'s types.
+(:mod:`mixing.pack.packed`) writes shards from the stream instead. The inner loop (:mod:`mixing.pack.pool`) is
+compiled with numba where it is installed (about 20× the pure-Python reference packer,
+``tests/mixing/pack/reference.py``, on ``benchmarks/packing.py``; see docs/scale-packing.md) and gives the same
+packing, unit for unit, either way. Its results are :mod:`mixing.pack.result`'s types.
 
 Deterministic for the same plan, whatever the engine and however the units are read (ties broken by
 length, due tokens, source, step, draw order, then bin index; the drops by the units' hashes).
