@@ -4,7 +4,8 @@
 the training examples write (one row per step and source: ``step, source, loss_sum, tokens``; CSV with that
 header, or JSON lines), takes each source's losses over the last :data:`WINDOW` logged steps before N (their mean per
 token, and their curve against the source's tokens trained), and lets the named policy turn those losses into a
-factor per source. Every phase of NEW that starts at or
+factor per source. Only the mix's sources count (a log naming none of them is refused); a source the window
+logs no tokens of keeps its weight (factor 1, and :func:`unlogged` names it). Every phase of NEW that starts at or
 after N gets its weights multiplied by the factors and renormalized (rounded to 1e-6, so that the same log
 and policy give the same mix, and so the same build_id); the phases before N are the base's. The inputs and
 the result are recorded in the continuation's manifest (:class:`contract.record.FeedbackNote`, in its
@@ -28,7 +29,7 @@ from contract.record import FeedbackNote
 from mixing.loss_policy import POLICIES, Losses
 from mixing.mixfile.mix import Mix
 
-__all__ = ["POLICIES", "WINDOW", "FeedbackError", "apply_feedback", "read_losses"]
+__all__ = ["POLICIES", "WINDOW", "FeedbackError", "apply_feedback", "read_losses", "unlogged"]
 
 WINDOW = 100  # logged steps before the switch that the losses are averaged over
 _COLUMNS = ("step", "source", "loss_sum", "tokens")
@@ -86,7 +87,13 @@ def apply_feedback(mix: Mix, losses: Path, policy: str) -> Mix:
     if not logged:
         raise FeedbackError(f"{losses}: no step before the switch {at} is logged; pass the log of the base's run")
     first = logged[max(0, len(logged) - WINDOW)]
-    window = _window(log, first, at)
+    window = _window({k: v for k, v in log.items() if k[1] in mix.sources}, first, at)
+    if not window.per_token:  # another run's log: every weight would stay as it is, unseen
+        named = sorted({source for step, source in log if first <= step < at})
+        raise FeedbackError(
+            f"{losses}: steps {first}..{at - 1} log no source of this mix (they log {', '.join(named) or 'no tokens'};"
+            f" the mix has {', '.join(sorted(mix.sources))}); pass the log of a run of the base"
+        )
     factor = {s: round(f, 6) for s, f in POLICIES[policy](window).items()}
     curriculum, weights, start = [], {}, 0
     for ph, n in zip(mix.curriculum, mix.phase_steps, strict=True):
@@ -109,6 +116,11 @@ def apply_feedback(mix: Mix, losses: Path, policy: str) -> Mix:
     out = mix.model_copy(update={"curriculum": curriculum})
     object.__setattr__(out, "continues", mix.continues.model_copy(update={"feedback": note}))
     return out
+
+
+def unlogged(note: FeedbackNote) -> list[str]:
+    """The sources with weight in a reweighted phase that the log's window has no losses of (their factor is 1)."""
+    return sorted({s for w in note.weights.values() for s, v in w.items() if v > 0} - set(note.factor))
 
 
 def _window(log: dict[tuple[int, str], tuple[float, int]], first: int, at: int) -> Losses:

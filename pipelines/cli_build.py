@@ -156,7 +156,7 @@ def _build(
             err.print(f"[bold red]invalid continuation[/]: {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
     if feedback is not None:
-        from mixing.feedback import FeedbackError, apply_feedback
+        from mixing.feedback import FeedbackError, apply_feedback, unlogged
 
         try:
             m = apply_feedback(m, feedback, policy)
@@ -167,7 +167,10 @@ def _build(
         if note is not None:
             first, end = note.steps
             shown = ", ".join(f"{s} {f:.4f}" for s, f in note.factor.items())
-            out.print(f"feedback ({policy}): factors {shown} (steps {first}..{end - 1})", highlight=False, markup=False)
+            missing = unlogged(note)
+            kept = f"; no losses of {', '.join(missing)} logged: weight kept" if missing else ""
+            line = f"feedback ({policy}): factors {shown} (steps {first}..{end - 1}){kept}"
+            out.print(line, highlight=False, markup=False)
             for phase, weights in note.weights.items():
                 shown = ", ".join(f"{s} {w:.4f}" for s, w in weights.items())
                 out.print(f"feedback ({policy}): phase {phase!r} weights {shown}", highlight=False, markup=False)

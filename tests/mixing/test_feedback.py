@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mixing import load_mix
-from mixing.feedback import FeedbackError, apply_feedback, read_losses
+from mixing.feedback import FeedbackError, apply_feedback, read_losses, unlogged
 
 MIX = """\
 name: fb
@@ -118,3 +118,17 @@ def test_scaling_law_reads_each_curve_against_the_tokens_trained_since_the_log_b
     assert note is not None and note.policy == "scaling_law" and note.steps == (50, 150)
     assert note.factor == pytest.approx({s: p / mean for s, p in potential.items()}, rel=0.02)
     assert min(note.factor.values()) > 0.5 and max(note.factor.values()) < 2.0  # within bounds, none clipped
+
+
+def test_only_the_mixs_sources_count_and_a_log_of_none_of_them_is_refused(tmp_path: Path) -> None:
+    """A source the mix does not have moves no factor; a source the log lacks keeps its weight and is named; a
+    log of another run (none of the mix's sources) is refused rather than leaving every weight unchanged."""
+    (tmp_path / "fb.yaml").write_text(MIX)
+    mix = load_mix(tmp_path / "fb.yaml").continuing(str(tmp_path / "base"), 10)
+    out = apply_feedback(mix, _log(tmp_path / "l.csv", {"a": 2.0, "b": 6.0, "web": 1000.0}), "loss_proportional")
+    note = out.continues.feedback  # type: ignore[union-attr]
+    assert note is not None and set(note.loss) == {"a", "b"}
+    assert note.factor == {"a": 0.5, "b": 1.5}  # the mean is a's and b's, 4.0: web's loss moved nothing
+    assert unlogged(note) == ["c"] and note.weights["later"]["c"] == pytest.approx(0.25 / (0.25 + 0.375 + 0.25))
+    with pytest.raises(FeedbackError, match=r"steps 0\.\.9 log no source of this mix \(they log web, wiki;"):
+        apply_feedback(mix, _log(tmp_path / "other.csv", {"web": 2.0, "wiki": 3.0}), "loss_proportional")
