@@ -98,7 +98,8 @@ def _potential(curve: Curve) -> float | None:
     if fit is None:
         return None
     _eps, beta, alpha = fit  # L̂ − ε = β·n^(−α)
-    return alpha * beta * curve[-1][0] ** (-alpha) if alpha > 0 else 0.0
+    potential = alpha * beta * curve[-1][0] ** (-alpha) if alpha > 0 else 0.0
+    return potential if math.isfinite(potential) else None  # β·n^(−α) past a float's range: no fit to trust
 
 
 def _scaling_law(losses: Losses) -> dict[str, float]:
