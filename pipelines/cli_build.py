@@ -153,7 +153,7 @@ def _build(
         try:
             m = m.continuing(base, at)
         except MixError as e:
-            err.print(f"[bold red]invalid continuation[/]: {e}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]invalid continuation[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
     if feedback is not None:
         from mixing.feedback import FeedbackError, apply_feedback, unlogged
@@ -161,7 +161,7 @@ def _build(
         try:
             m = apply_feedback(m, feedback, policy)
         except FeedbackError as e:
-            err.print(f"[bold red]invalid feedback[/]: {e}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]invalid feedback[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         note = m.continues.feedback if m.continues is not None else None
         if note is not None:
@@ -175,7 +175,8 @@ def _build(
                 shown = ", ".join(f"{s} {w:.4f}" for s, w in weights.items())
                 out.print(f"feedback ({policy}): phase {phase!r} weights {shown}", highlight=False, markup=False)
     check_paths_or_exit(m, list_sources=False)  # the build lists the sources first thing
-    out.print(f"building mix {m.name!r} into {redact_url(str(dest))}" + (f" on {engine}" if engine != "local" else ""))
+    on = f" on {engine}" if engine != "local" else ""
+    out.print(f"building mix {m.name!r} into {redact_url(str(dest))}{on}", highlight=False, markup=False)
     if STATUS_ENV in os.environ:  # the watched child under an address-space limit: start the pools while there is room
         warm_pools()
     try:
@@ -195,12 +196,12 @@ def _build(
                 engine=resource,
             )
     except BuildBusy as e:
-        err.print(f"[bold red]output busy[/]: {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]output busy[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
     layout = storage_resource(dest, per_mix=False, bound=False).layout(m) if remote else BuildLayout(Path(dest))
     report = with_stream(saved_report(layout) or inspect_build(layout), layout)  # the packed_shards asset's figures
     missed = print_summary(out, report)
-    out.print(f"recorded in the Dagster instance at {dagster_home()} (weir ui shows it)", highlight=False)
+    out.print(f"recorded in the Dagster instance at {dagster_home()} (weir ui shows it)", highlight=False, markup=False)
     exit_if_missed(missed, strict)
 
 

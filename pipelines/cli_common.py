@@ -53,7 +53,7 @@ def load_mix_or_exit(mix_path: Path) -> Mix:
     try:
         return load_mix(mix_path)
     except MixError as e:
-        err.print(f"[bold red]invalid mix file[/]: {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]invalid mix file[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 

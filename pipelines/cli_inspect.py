@@ -44,7 +44,7 @@ def inspect(
     try:
         report = with_stream(inspect_build(root), root)
     except WeirError as e:
-        err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]not a readable build[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     missed = missed_goals(report)
     shards = BuildLayout.of(root).shards_url
@@ -62,7 +62,7 @@ def inspect(
         )
     if report.corrupt_files:
         bad = "; ".join(f"{shards}/{name}: {why}" for name, why in report.file_problems.items())
-        err.print(f"[bold red]corrupt shard files[/]: {bad}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]corrupt shard files[/]: {escape(str(bad))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     exit_if_missed(missed, strict, quiet=as_json)
 
@@ -237,7 +237,7 @@ def diff(
         opened = [open_shards(x, storage_resource(x, per_mix=False, bound=False).storage_options()) for x in (a, b)]
         result = diff_builds(*opened)
     except WeirError as e:
-        err.print(f"[bold red]not a readable build[/]: {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]not a readable build[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
         print(json.dumps(result.as_json(), indent=2, sort_keys=True))

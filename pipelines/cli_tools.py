@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from pipelines import PROJECT_ROOT
 from pipelines.cli_common import err, out
@@ -39,7 +40,7 @@ def calibrate(
     try:
         c = measure(device, min_len, max_len, heads, head_dim)
     except ValueError as e:
-        err.print(f"[bold red]cannot calibrate[/]: {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]cannot calibrate[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     for m, n, t in zip(c.documents.tolist(), c.lengths.tolist(), c.seconds.tolist(), strict=True):
@@ -64,12 +65,12 @@ def export_megatron(
 
     root = build_dir / "shards" if (build_dir / "shards").is_dir() else build_dir
     if unit not in ("segment", "sequence"):
-        err.print(f"[bold red]--unit[/] must be segment or sequence, not {unit!r}")
+        err.print(f"[bold red]--unit[/] must be segment or sequence, not {escape(repr(unit))}")
         raise typer.Exit(2)
     try:
         r = _export(ShardSet(root), prefix, unit)  # type: ignore[arg-type]
     except ShardError as e:
-        err.print(f"[bold red]not a build[/]: {e}", highlight=False)
+        err.print(f"[bold red]not a build[/]: {escape(str(e))}", highlight=False)
         raise typer.Exit(1) from None
     out.print(r["summary"], highlight=False, soft_wrap=True)  # weir's words, and once how they map to Megatron's
 
@@ -83,7 +84,7 @@ def demo_data(
     from mixing.ingest.synthetic import write_demo_data
 
     counts = write_demo_data(out_dir)
-    out.print(f"demo data in {out_dir}: {counts}")
+    out.print(f"demo data in {out_dir}: {counts}", markup=False)
 
 
 def ui(
@@ -106,5 +107,5 @@ def ui(
         err.print("weir ui needs the ui extra (dagster-webserver is not installed): pip install 'weir[ui]'")
         raise typer.Exit(2)
     home = dagster_home(home)
-    out.print(f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops it")
+    out.print(f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops it", markup=False)
     raise typer.Exit(dagster_dev(port, home, out, err))

@@ -24,6 +24,10 @@ from tests.pipelines.cli_helpers import ROOT, weir
             ("mixture: {prose: 0.7, code: 0.2, qa: 0.1}", "mixture: {prose: 0.7, code: 0.2, qa: 0.2}"),
             "sum to 1",
         ),
+        (  # said as it is, not read as rich markup
+            ("mixture: {prose: 0.7, code: 0.2, qa: 0.1}", 'mixture: {prose: 0.7, code: 0.2, "[/]": 0.1}'),
+            "unknown source '[/]'",
+        ),
         (("steps: 8,", "steps: -8,"), "greater than 0"),
         (("sequence: {length: 2048, global_batch: 16}", ""), "sequence: field required"),
         (("name: demo", "name: [demo"), "YAML syntax error"),
@@ -83,7 +87,10 @@ def test_build_continuation_flags_are_checked_in_one_line_before_building(tiny_m
     log = tmp_path / "losses.csv"
     log.write_text("step,source,loss_sum,tokens\n0,notes,1.0,10\n")
     out = tmp_path / "out"
+    bad = tmp_path / "bad.csv"  # rich markup in a row is said as it is, not read as markup
+    bad.write_text("step,source,loss_sum,tokens\n0,[/],abc,10\n")
     for flags, said in (
+        (["--continue", str(tmp_path), "--at", "3", "--feedback", str(bad)], "'source': '[/]'"),
         (["--continue", str(tmp_path)], "--continue and --at go together"),
         (["--feedback", str(log)], "--feedback reweights a continuation"),
         (["--continue", str(tmp_path), "--at", "99"], "step 99 is not before the run's end"),
