@@ -71,25 +71,28 @@ def fit_power_law(curve: Curve) -> tuple[float, float, float] | None:
     if len({n for n, _ in points}) < MIN_POINTS or any(y <= 0 for _, y in points):
         return None
     floor = min(y for _, y in points)
+    xs = [math.log(n) for n, _ in points]  # the line's abscissae, the same for every ε
+    mx = sum(xs) / len(xs)
+    dx = [x - mx for x in xs]
+    sxx = sum(d * d for d in dx)
+
+    def line(eps: float) -> tuple[float, float, float, float]:
+        """(sum of squared errors, ε, β, α) of the least-squares line through (log n, log(L − ε)); the error is
+        infinite where the line's curve overflows a float (a log no power law fits)."""
+        ys = [math.log(y - eps) for _, y in points]
+        my = sum(ys) / len(ys)
+        slope = sum(d * v for d, v in zip(dx, ys, strict=True)) / sxx
+        try:
+            beta, alpha = math.exp(my - slope * mx), -slope
+            return sum((eps + beta * n ** (-alpha) - y) ** 2 for n, y in points), eps, beta, alpha
+        except OverflowError:
+            return math.inf, eps, 0.0, 0.0
+
     step = floor / GRID
-    best = min(_line(points, step * k) for k in range(GRID))
+    best = min(line(step * k) for k in range(GRID))
     finer = (best[1] + step * (2 * k - GRID) / GRID for k in range(1, GRID))  # the steps either side of the best
-    best = min([best, *(_line(points, eps) for eps in finer if 0 <= eps < floor)])
+    best = min([best, *(line(eps) for eps in finer if 0 <= eps < floor)])
     return (best[1], best[2], best[3]) if math.isfinite(best[0]) else None
-
-
-def _line(points: list[tuple[float, float]], eps: float) -> tuple[float, float, float, float]:
-    """(sum of squared errors, ε, β, α) of the least-squares line through (log n, log(L − ε)); ε < every L. The
-    error is infinite where the line's curve overflows a float (a log no power law fits)."""
-    xs = [math.log(n) for n, _ in points]
-    ys = [math.log(y - eps) for _, y in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (v - my) for x, v in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    try:
-        beta, alpha = math.exp(my - slope * mx), -slope
-        return sum((eps + beta * n ** (-alpha) - y) ** 2 for n, y in points), eps, beta, alpha
-    except OverflowError:
-        return math.inf, eps, 0.0, 0.0
 
 
 def _potential(curve: Curve) -> float | None:

@@ -27,6 +27,7 @@ from pipelines.cli_common import (
     exit_if_missed,
     load_mix_or_exit,
     out,
+    say_error,
     with_stream,
 )
 
@@ -153,7 +154,7 @@ def _build(
         try:
             m = m.continuing(base, at)
         except MixError as e:
-            err.print(f"[bold red]invalid continuation[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+            say_error("invalid continuation", e)
             raise typer.Exit(2) from None
     if feedback is not None:
         from mixing.feedback import FeedbackError, apply_feedback, unlogged
@@ -161,7 +162,7 @@ def _build(
         try:
             m = apply_feedback(m, feedback, policy)
         except FeedbackError as e:
-            err.print(f"[bold red]invalid feedback[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+            say_error("invalid feedback", e)
             raise typer.Exit(2) from None
         note = m.continues.feedback if m.continues is not None else None
         if note is not None:
@@ -196,7 +197,7 @@ def _build(
                 engine=resource,
             )
     except BuildBusy as e:
-        err.print(f"[bold red]output busy[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("output busy", e)
         raise typer.Exit(3) from None
     layout = storage_resource(dest, per_mix=False, bound=False).layout(m) if remote else BuildLayout(Path(dest))
     report = with_stream(saved_report(layout) or inspect_build(layout), layout)  # the packed_shards asset's figures

@@ -32,6 +32,7 @@ __all__ = [
     "load_mix_or_exit",
     "out",
     "print_notes",
+    "say_error",
     "with_stream",
 ]
 
@@ -48,12 +49,18 @@ err = _console(stderr=True)
 STRICT_EXIT = 4  # --strict: the build is whole but a goal (packing, truncation, mixture_error) was missed
 
 
+def say_error(label: str, what: object) -> None:
+    """One line on stderr, ``label: what``, ``label`` in bold red; ``what`` (an error's message, which may quote a
+    mix file's names, a log's rows or paths) printed as it is, never read as rich markup."""
+    err.print(f"[bold red]{label}[/]: {escape(str(what))}", highlight=False, soft_wrap=True)
+
+
 def load_mix_or_exit(mix_path: Path) -> Mix:
     """The mix file at ``mix_path``; an invalid one is printed as one error (file, line, field) and exits 2."""
     try:
         return load_mix(mix_path)
     except MixError as e:
-        err.print(f"[bold red]invalid mix file[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("invalid mix file", e)
         raise typer.Exit(2) from None
 
 

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from contract.errors import WeirError
-from pipelines.cli_common import STRICT_EXIT, build_root, err, exit_if_missed, out, with_stream
+from pipelines.cli_common import STRICT_EXIT, build_root, err, exit_if_missed, out, say_error, with_stream
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,7 +44,7 @@ def inspect(
     try:
         report = with_stream(inspect_build(root), root)
     except WeirError as e:
-        err.print(f"[bold red]not a readable build[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("not a readable build", e)
         raise typer.Exit(1) from None
     missed = missed_goals(report)
     shards = BuildLayout.of(root).shards_url
@@ -62,7 +62,7 @@ def inspect(
         )
     if report.corrupt_files:
         bad = "; ".join(f"{shards}/{name}: {why}" for name, why in report.file_problems.items())
-        err.print(f"[bold red]corrupt shard files[/]: {escape(str(bad))}", highlight=False, soft_wrap=True)
+        say_error("corrupt shard files", bad)
         raise typer.Exit(1)
     exit_if_missed(missed, strict, quiet=as_json)
 
@@ -100,7 +100,7 @@ def lookup(
         seqs, slots, where = _lookup_share(prov, step, rank, dp, cp, cp_rank, cp_split)
         pieces = prov.lookup(seqs, text=text, slots=slots)
     except WeirError as e:
-        err.print(f"[bold red]cannot look it up[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("cannot look it up", e)
         raise typer.Exit(1) from None
     except ValueError as e:  # the loader refuses the world or the split (World, LoaderConfig, the planner)
         err.print(
@@ -203,7 +203,7 @@ def epochs(
         prov = Provenance(build_root(build_dir))
         report = prov.epochs(*step_range(steps, prov.steps))
     except WeirError as e:
-        err.print(f"[bold red]cannot count it[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("cannot count it", e)
         raise typer.Exit(1) from None
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
@@ -237,7 +237,7 @@ def diff(
         opened = [open_shards(x, storage_resource(x, per_mix=False, bound=False).storage_options()) for x in (a, b)]
         result = diff_builds(*opened)
     except WeirError as e:
-        err.print(f"[bold red]not a readable build[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("not a readable build", e)
         raise typer.Exit(1) from None
     if as_json:
         print(json.dumps(result.as_json(), indent=2, sort_keys=True))

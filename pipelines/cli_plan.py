@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from contract.errors import WeirError
-from pipelines.cli_common import check_paths_or_exit, err, load_mix_or_exit, out, print_notes
+from pipelines.cli_common import check_paths_or_exit, err, load_mix_or_exit, out, print_notes, say_error
 
 if TYPE_CHECKING:
     from mixing import Mix
@@ -93,7 +92,7 @@ def plan_cmd(
     try:
         p = preview_plan(m, layout.duckdb)
     except WeirError as e:
-        err.print(f"[bold red]plan infeasible[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("plan infeasible", e)
         raise typer.Exit(1) from None
     if as_json:
         print(json.dumps(plan_report(m, p, layout.root), indent=2))
@@ -114,8 +113,8 @@ def _compute_stats(m: Mix, root: Path, options: dict[str, object] | None, consol
         with progress_display(console), warnings_to(say):
             return compute_stats(m, root, options, say)
     except BuildBusy as e:
-        err.print(f"[bold red]output busy[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("output busy", e)
         raise typer.Exit(3) from None
     except WeirError as e:
-        err.print(f"[bold red]stats failed[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("stats failed", e)
         raise typer.Exit(1) from None

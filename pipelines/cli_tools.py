@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from pipelines import PROJECT_ROOT
-from pipelines.cli_common import err, out
+from pipelines.cli_common import err, out, say_error
 
 __all__ = ["calibrate", "demo_data", "export_megatron", "ui"]
 
@@ -40,7 +40,7 @@ def calibrate(
     try:
         c = measure(device, min_len, max_len, heads, head_dim)
     except ValueError as e:
-        err.print(f"[bold red]cannot calibrate[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say_error("cannot calibrate", e)
         raise typer.Exit(1) from None
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     for m, n, t in zip(c.documents.tolist(), c.lengths.tolist(), c.seconds.tolist(), strict=True):
@@ -70,7 +70,7 @@ def export_megatron(
     try:
         r = _export(ShardSet(root), prefix, unit)  # type: ignore[arg-type]
     except ShardError as e:
-        err.print(f"[bold red]not a build[/]: {escape(str(e))}", highlight=False)
+        say_error("not a build", e)
         raise typer.Exit(1) from None
     out.print(r["summary"], highlight=False, soft_wrap=True)  # weir's words, and once how they map to Megatron's
 
