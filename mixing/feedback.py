@@ -43,7 +43,7 @@ def read_losses(path: Path) -> dict[tuple[int, str], tuple[float, int]]:
     """(step, source) → (loss_sum, tokens), summed over rows of the same step and source. Raises
     :class:`FeedbackError` naming the file and line of the first malformed row."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's export starts with a byte-order mark
     except (OSError, UnicodeDecodeError) as e:
         raise FeedbackError(f"{path}: cannot read the loss log ({e}); pass the file the trainer wrote") from None
     rows: list[tuple[int, dict[str, object]]] = []
@@ -56,9 +56,11 @@ def read_losses(path: Path) -> dict[tuple[int, str], tuple[float, int]]:
                     raise FeedbackError(f"{path}:{n}: not a JSON object; expected {', '.join(_COLUMNS)}") from None
     else:
         reader = csv.DictReader(io.StringIO(text))
-        if reader.fieldnames is None or not set(_COLUMNS) <= set(reader.fieldnames):
+        if reader.fieldnames is None:
+            raise FeedbackError(f"{path}: the loss log is empty; expected a header {', '.join(_COLUMNS)} and rows")
+        if not set(_COLUMNS) <= set(reader.fieldnames):
             raise FeedbackError(f"{path}:1: the header is {reader.fieldnames}; expected {', '.join(_COLUMNS)}")
-        rows = [(n + 2, dict(r)) for n, r in enumerate(reader)]
+        rows = [(reader.line_num, dict(r)) for r in reader]  # the row's last line: a quoted field may span lines
     out: dict[tuple[int, str], tuple[float, int]] = {}
     for n, row in rows:
         try:

@@ -51,6 +51,23 @@ def test_both_formats_read_alike_and_a_bad_row_is_named(tmp_path: Path) -> None:
         read_losses(jsonl)
 
 
+def test_a_spreadsheets_export_is_read_and_an_empty_log_is_named(tmp_path: Path) -> None:
+    """A byte-order mark and CRLF line ends (a spreadsheet's CSV) read as the plain file; a quoted field over two
+    lines moves the named line with it; an empty file is said to be empty, not to have a header of None."""
+    plain = _log(tmp_path / "plain.csv", {"a": 2.0, "b": 3.0}, range(2))
+    exported = tmp_path / "export.csv"
+    exported.write_bytes(b"\xef\xbb\xbf" + plain.read_text().replace("\n", "\r\n").encode())
+    assert read_losses(exported) == read_losses(plain)
+    quoted = tmp_path / "quoted.csv"
+    quoted.write_text('step,source,loss_sum,tokens\n0,"a\nb",1.0,10\n1,a,x,10\n')
+    with pytest.raises(FeedbackError, match=r"quoted\.csv:4:"):
+        read_losses(quoted)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(FeedbackError, match=r"empty\.csv: the loss log is empty"):
+        read_losses(empty)
+
+
 def test_the_future_is_reweighted_within_bounds_and_the_past_kept(tmp_path: Path) -> None:
     (tmp_path / "fb.yaml").write_text(MIX)
     base = tmp_path / "base"
