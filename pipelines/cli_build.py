@@ -158,6 +158,7 @@ def _build(
             raise typer.Exit(2) from None
     if feedback is not None:
         from mixing.feedback import FeedbackError, apply_feedback, unlogged
+        from pipelines.summary import per_source
 
         try:
             m = apply_feedback(m, feedback, policy)
@@ -167,14 +168,13 @@ def _build(
         note = m.continues.feedback if m.continues is not None else None
         if note is not None:
             first, end = note.steps
-            shown = ", ".join(f"{s} {f:.4f}" for s, f in note.factor.items())
             missing = unlogged(note)
             kept = f"; no losses of {', '.join(missing)} logged: weight kept" if missing else ""
-            line = f"feedback ({policy}): factors {shown} (steps {first}..{end - 1}){kept}"
+            line = f"feedback ({policy}): factors {per_source(note.factor)} (steps {first}..{end - 1}){kept}"
             out.print(line, highlight=False, markup=False)
             for phase, weights in note.weights.items():
-                shown = ", ".join(f"{s} {w:.4f}" for s, w in weights.items())
-                out.print(f"feedback ({policy}): phase {phase!r} weights {shown}", highlight=False, markup=False)
+                line = f"feedback ({policy}): phase {phase!r} weights {per_source(weights)}"
+                out.print(line, highlight=False, markup=False)
     check_paths_or_exit(m, list_sources=False)  # the build lists the sources first thing
     on = f" on {engine}" if engine != "local" else ""
     out.print(f"building mix {m.name!r} into {redact_url(str(dest))}{on}", highlight=False, markup=False)

@@ -9,7 +9,12 @@ from assets.checks import MIN_PACKING_EFFICIENCY
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, goal_text
 from mixing.report import BuildReport
 
-__all__ = ["missed_goals", "print_summary"]
+__all__ = ["missed_goals", "per_source", "print_summary"]
+
+
+def per_source(values: dict[str, float]) -> str:
+    """``a 0.1234, b 0.5678``: a number per source (a feedback's factors, a phase's weights), as printed."""
+    return ", ".join(f"{s} {v:.4f}" for s, v in values.items())
 
 
 def missed_goals(r: BuildReport) -> list[str]:
@@ -79,10 +84,9 @@ def print_summary(out: Console, r: BuildReport) -> list[str]:
         )
         fb = e.feedback
         if fb is not None:  # its weights from the switch on came from a loss log
-            factors = ", ".join(f"{s} {f:.4f}" for s, f in fb.factor.items())
             out.print(
                 f"  weights from step {e.at} by feedback ({fb.policy}, losses of steps {fb.steps[0]}.."
-                f"{fb.steps[1] - 1}, log sha256 {fb.losses_sha256[:12]}…): factors {factors}",
+                f"{fb.steps[1] - 1}, log sha256 {fb.losses_sha256[:12]}…): factors {per_source(fb.factor)}",
                 highlight=False,
                 markup=False,
             )
