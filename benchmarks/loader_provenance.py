@@ -37,14 +37,17 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 FULL = ("input_ids", "labels", "position_ids", "indices", "cu_seqlens", "cu_seqlens_padded")
 LEAN = ("input_ids", "cu_seqlens")
-FOUR = ("source_ids", "seg_source", "seg_doc", "seg_offset")
+SEGMENT = ("seg_source", "seg_doc", "seg_offset")  # each segment's provenance, aligned with cu_seqlens
+FOUR = ("source_ids", *SEGMENT)
 # (payload, its fields without provenance, with): what a trainer adds for a loss per source, and all there is
 PAIRS = (
     ("full item + seg_source", FULL, (*FULL, "seg_source")),
     ("full item + source_ids", FULL, (*FULL, "source_ids")),
+    ("full item + seg_* (per segment)", FULL, (*FULL, *SEGMENT)),
     ("full item + all four", FULL, (*FULL, *FOUR)),
     ("input_ids+cu_seqlens + seg_source", LEAN, (*LEAN, "seg_source")),
     ("input_ids+cu_seqlens + source_ids", LEAN, (*LEAN, "source_ids")),
+    ("input_ids+cu_seqlens + seg_*", LEAN, (*LEAN, *SEGMENT)),
 )
 
 
