@@ -226,11 +226,13 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 MOTO_SERVER = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+S3_SERVER = Path(__file__).with_name("s3_server.py")  # moto's server, its conditional writes atomic as on S3
 
 
 @contextmanager
 def moto_endpoint() -> Iterator[str]:
-    """A real local S3 endpoint: ``moto_server`` on a free 127.0.0.1 port, stopped by its own pid on exit.
+    """A real local S3 endpoint: moto's server (:mod:`tests.s3_server`: its conditional writes atomic, as S3's
+    are) on a free 127.0.0.1 port, stopped by its own pid on exit.
 
     Skips the calling test with a clear reason when ``moto_server`` is not installed. Yields the endpoint URL.
     """
@@ -240,7 +242,9 @@ def moto_endpoint() -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     proc = subprocess.Popen(
-        [MOTO_SERVER, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, str(S3_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 30
