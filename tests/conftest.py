@@ -3,6 +3,7 @@ endpoint, and a real two-node Ray cluster shared by the session."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -225,7 +226,7 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-MOTO_SERVER = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+HAS_MOTO_SERVER = all(importlib.util.find_spec(m) is not None for m in ("moto", "flask"))  # moto[server]
 S3_SERVER = Path(__file__).with_name("s3_server.py")  # moto's server, its conditional writes atomic as on S3
 
 
@@ -234,32 +235,34 @@ def moto_endpoint() -> Iterator[str]:
     """A real local S3 endpoint: moto's server (:mod:`tests.s3_server`: its conditional writes atomic, as S3's
     are) on a free 127.0.0.1 port, stopped by its own pid on exit.
 
-    Skips the calling test with a clear reason when ``moto_server`` is not installed. Yields the endpoint URL.
+    Skips the calling test with a clear reason when moto's server is not installed; a server that does not start
+    fails it with the server's last line. Yields the endpoint URL.
     """
-    if MOTO_SERVER is None:
+    if not HAS_MOTO_SERVER:
         pytest.skip("moto_server is not installed (pip install 'moto[server]', in the dev extras)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    proc = subprocess.Popen(
-        [sys.executable, str(S3_SERVER), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("moto_server did not start within 30 s")
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(S3_SERVER), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=log
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        log.seek(0)
+                        said = (log.read().decode(errors="replace").strip().splitlines() or ["(it said nothing)"])[-1]
+                        pytest.fail(f"{S3_SERVER.name} did not start within 30 s: {said}")
+                    time.sleep(0.1)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
 
 
 S3_BUCKET = "weir-store"
