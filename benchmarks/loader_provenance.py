@@ -4,9 +4,9 @@ side: what turning provenance on costs a trainer measured against the loader it 
 The issue's goal reads "the loader's throughput within 1 % of today's with provenance on", *today* being the
 loader of the commit the issue was measured on (``--before``, default ``0d4bc82``, before any provenance
 field existed). ``benchmarks/loader.py --provenance-only`` compares this checkout's items with and without
-provenance fields; this script adds that older loader beside them. Each tree reads in a process of its own
-(the older tree exported with ``git archive``, first on that process's ``sys.path``), over the same build,
-one process per tree kept for the whole run; the parent asks the readers in turn, round by round (the order
+provenance fields; this script adds that older loader beside them. Each reader (a tree and a payload) reads
+in a process of its own (the older tree exported with ``git archive``, first on that process's ``sys.path``),
+over the same build, kept for the whole run; the parent asks the readers in turn, round by round (the order
 reversed every other round), each sample passes over the build for ≥ ``--min-s`` s after a warm-up pass, and
 every round's ratios are kept. Printed per payload: the best tokens/s of the older loader (*before*, provenance
 off: it has none), of this checkout with provenance off and on, and the medians over rounds of on ÷ before and
@@ -14,6 +14,7 @@ on ÷ off, by wall and by CPU time (``time.process_time`` of the reading process
 machine disturb less). Single process (``num_workers=0``), cp 1, ``verify=False``, steps planned once (what is
 timed is building items), files in page cache; the load average before and after.
 
+    .venv/bin/weir build benchmarks/mixes/demo_8192.yaml --out build/bench/demo-8192   # once, after make demo
     .venv/bin/python benchmarks/loader_provenance.py [--build build/bench/demo-8192] [--before 0d4bc82] [--repeat 9]
 """
 
@@ -37,17 +38,15 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 FULL = ("input_ids", "labels", "position_ids", "indices", "cu_seqlens", "cu_seqlens_padded")
 LEAN = ("input_ids", "cu_seqlens")
-SEGMENT = ("seg_source", "seg_doc", "seg_offset")  # each segment's provenance, aligned with cu_seqlens
-FOUR = ("source_ids", *SEGMENT)
-# (payload, its fields without provenance, with): what a trainer adds for a loss per source, and all there is
+BOTH = ("source_ids", "segments")
+# (payload, its fields without provenance, with): the per-segment provenance (source, document, offset: one
+# tensor), the per-slot view of the sources, and both
 PAIRS = (
-    ("full item + seg_source", FULL, (*FULL, "seg_source")),
+    ("full item + segments", FULL, (*FULL, "segments")),
     ("full item + source_ids", FULL, (*FULL, "source_ids")),
-    ("full item + seg_* (per segment)", FULL, (*FULL, *SEGMENT)),
-    ("full item + all four", FULL, (*FULL, *FOUR)),
-    ("input_ids+cu_seqlens + seg_source", LEAN, (*LEAN, "seg_source")),
+    ("full item + both", FULL, (*FULL, *BOTH)),
+    ("input_ids+cu_seqlens + segments", LEAN, (*LEAN, "segments")),
     ("input_ids+cu_seqlens + source_ids", LEAN, (*LEAN, "source_ids")),
-    ("input_ids+cu_seqlens + seg_*", LEAN, (*LEAN, *SEGMENT)),
 )
 
 
@@ -132,16 +131,17 @@ def compare(build: Path, before: str, repeat: int, min_s: float) -> dict[str, di
     offs = sorted({off for _, off, _ in PAIRS})
     mine = offs + [on for _, _, on in PAIRS]
     with tempfile.TemporaryDirectory() as tmp:
-        old = Child(str(export(before, Path(tmp))), build, offs, min_s)
-        new = Child("", build, mine, min_s)
-        keys = [(old, k) for k in range(len(offs))] + [(new, k) for k in range(len(mine))]
-        rates: dict[tuple[int, int], list[tuple[float, float]]] = {(id(c), k): [] for c, k in keys}
+        tree = str(export(before, Path(tmp)))
+        # one process per reader: a process holding several readers' pooled arrays reads each more slowly
+        children = {("before", f): Child(tree, build, [f], min_s) for f in offs}
+        children.update({("now", f): Child("", build, [f], min_s) for f in mine})
+        rates: dict[tuple[str, tuple[str, ...]], list[tuple[float, float]]] = {key: [] for key in children}
         head = load()
         for r in range(repeat):
-            for child, k in keys[:: 1 if r % 2 == 0 else -1]:
-                rates[id(child), k].append(child.sample(k))
-        old.close()
-        new.close()
+            for key in list(children)[:: 1 if r % 2 == 0 else -1]:
+                rates[key].append(children[key].sample(0))
+        for child in children.values():
+            child.close()
     print(
         f"\nprovenance on against the loader before it ({before}), build {build} (cp=1, verify=False, steps"
         f" planned once; {repeat} interleaved rounds of >= {min_s} s samples per reader;"
@@ -153,9 +153,7 @@ def compare(build: Path, before: str, repeat: int, min_s: float) -> dict[str, di
     )
     out = {}
     for name, off, on in PAIRS:
-        b = rates[id(old), offs.index(off)]
-        f = rates[id(new), mine.index(off)]
-        o = rates[id(new), len(offs) + [p[2] for p in PAIRS].index(on)]
+        b, f, o = rates["before", off], rates["now", off], rates["now", on]
 
         row = {
             "before": max(x[0] for x in b),
@@ -188,7 +186,10 @@ def main() -> None:
         serve(args.serve, str(args.build), json.loads(args.payloads), args.min_s)
         return
     if not (args.build / "shards").is_dir() and not (args.build / "manifest.json").exists():
-        sys.exit(f"no build at {args.build}: make one first (benchmarks/loader.py --help says how)")
+        sys.exit(
+            f"no build at {args.build}: make one first, e.g. after make demo: .venv/bin/weir build"
+            " benchmarks/mixes/demo_8192.yaml --out build/bench/demo-8192"
+        )
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     print(f"commit {commit.stdout.strip()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     compare(args.build, args.before, args.repeat, args.min_s)

@@ -22,7 +22,7 @@ them all; never the factory, :mod:`mixing`)::
 from loaders.config import Balance, LoaderConfig, Payload, Reading
 from loaders.dataset import ExhaustedError, PackedDataset
 from loaders.facts import RunFacts
-from loaders.fields import FIELDS, IGNORE_INDEX, PROVENANCE_FIELDS, FieldsError
+from loaders.fields import FIELDS, IGNORE_INDEX, PROVENANCE_FIELDS, SEGMENT_COLUMNS, FieldsError
 from loaders.loader import PackedLoader, WorkerKilledError
 from loaders.state import LoaderState, StateError
 from loaders.steps import Step, StepLoader
@@ -32,6 +32,7 @@ __all__ = [
     "FIELDS",
     "IGNORE_INDEX",
     "PROVENANCE_FIELDS",
+    "SEGMENT_COLUMNS",
     "Balance",
     "ExhaustedError",
     "FieldsError",

@@ -73,9 +73,9 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
       Python ints, whatever the payload's ``fields``.
     - only when asked by name in the payload's ``fields`` (:data:`~loaders.fields.PROVENANCE_FIELDS`), where
       the tokens came from: ``source_ids`` int32 [n] (each slot's source index, -1 on padding), and per
-      segment of ``cu_seqlens`` ``seg_source`` int32 [k], ``seg_doc`` int64 [k], ``seg_offset`` int64 [k]
-      (source index, document id, offset of the segment's first token in its document; -1 for the trailing
-      padding); source names: ``facts.sources``; a loss per source: :mod:`loaders.provenance`.
+      segment of ``cu_seqlens`` ``segments`` int64 [k, 3] (source index, document id, offset of the segment's
+      first token in its document; a row of -1 for the trailing padding); source names: ``facts.sources``;
+      a loss per source: :mod:`loaders.provenance`.
 
     With ``micro_batches == "unequal"`` count a rank's items per step by their ``step`` and normalize the
     loss by tokens. Treat items as read-only: the tensors are views of arrays shared by a chunk of items

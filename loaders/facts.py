@@ -38,7 +38,7 @@ class RunFacts:
     id (``pad_is_eos``): then mask padding with ``labels == -100`` or ``num_tokens``, never by id;
     ``seed``: the mix file's seed, the loader's default; ``micro_batches``/``max_tokens``: the mix file's
     ``balance`` options; ``mix``: the mix's name; ``sources``: the source names in the order of the shards'
-    source indices (an item's ``source_ids`` / ``seg_source`` index them; empty when the build records none).
+    source indices (an item's ``source_ids`` and ``segments[:, 0]`` index them; empty when the build records none).
     """
 
     mix: str | None

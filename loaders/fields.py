@@ -11,13 +11,14 @@ before the split) can give them. ``position_ids`` can always be rebuilt (:func:`
 from ``indices`` with CP).
 
 Provenance (:data:`PROVENANCE_FIELDS`) is opt-in by name, never in the default (``fields=None`` is :data:`FIELDS`):
-where each token came from, for a loss per source (:mod:`loaders.provenance`). ``source_ids`` int32 [n] is
-per slot of the item (the rank's slots under CP): the source index of the token, -1 on trailing and CP
-padding. The ``seg_*`` fields are per segment, aligned with ``cu_seqlens`` (segment ``i`` spans
-``cu_seqlens[i]:cu_seqlens[i+1]``, of the full sequence also under CP), the trailing padding's segment -1:
-``seg_source`` int32 [k] (source index; the names are ``ds.facts.sources``), ``seg_doc`` int64 [k] (the
-document's id in its source) and ``seg_offset`` int64 [k] (the offset of the segment's first token in its
-document: non-zero for the later pieces of a split document).
+where each token came from, for a loss per source (:mod:`loaders.provenance`). ``segments`` int64 [k, 3] is
+per segment, aligned with ``cu_seqlens`` (row ``i`` describes ``cu_seqlens[i]:cu_seqlens[i+1]``, of the full
+sequence also under CP): columns :data:`SEGMENT_COLUMNS`, the source index (the names are
+``ds.facts.sources``), the document's id in its source and the offset of the segment's first token in its
+document (non-zero for the later pieces of a split document); the trailing padding's row is -1 throughout.
+One tensor for the three, so that the provenance costs an item one tensor more to make and a trainer one
+copy more to its device. ``source_ids`` int32 [n] is the per-slot view: the source index of each of the
+item's slots (the rank's slots under CP), -1 on trailing and CP padding.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ from collections.abc import Iterable
 
 from contract.errors import WeirError
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "PROVENANCE_FIELDS", "FieldsError", "check_fields"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "PROVENANCE_FIELDS", "SEGMENT_COLUMNS", "FieldsError", "check_fields"]
 
 IGNORE_INDEX = -100
 
 FIELDS = ("input_ids", "labels", "position_ids", "indices", "cu_seqlens", "cu_seqlens_padded")
-PROVENANCE_FIELDS = ("source_ids", "seg_source", "seg_doc", "seg_offset")  # opt-in only: see the module's docstring
+PROVENANCE_FIELDS = ("source_ids", "segments")  # opt-in only: see the module's docstring
+SEGMENT_COLUMNS = ("source", "doc_id", "offset")  # the columns of an item's ``segments``
+# the per-segment fields of earlier releases, one tensor each: now the columns of ``segments``
+_RENAMED = {"seg_source": 0, "seg_doc": 1, "seg_offset": 2}
 _KNOWN = FIELDS + PROVENANCE_FIELDS
 
 
@@ -49,6 +53,11 @@ def check_fields(fields: Iterable[str] | None, cp_size: int) -> tuple[str, ...]:
         raise FieldsError(f"fields must be a collection of field names, not the string {fields!r}")
     wanted = list(fields)
     unknown = [f for f in wanted if f not in _KNOWN]
+    if unknown and unknown[0] in _RENAMED:
+        raise FieldsError(
+            f"item field {unknown[0]!r} is now column {_RENAMED[unknown[0]]} of 'segments' (int64 [k, 3]: "
+            f"{', '.join(SEGMENT_COLUMNS)}); ask for 'segments' and read item['segments'][:, {_RENAMED[unknown[0]]}]"
+        )
     if unknown:
         raise FieldsError(f"unknown item field {unknown[0]!r}; expected some of {list(_KNOWN)}")
     if cp_size > 1 and "labels" not in wanted:

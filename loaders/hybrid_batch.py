@@ -13,8 +13,8 @@ hands it out, and the step's documents it is cut from.
 - per document, int [k] or [k + 1]: ``documents`` (the document's index in the step, the deal's index),
   ``degree``, ``first_rank``, ``cu_seqlens`` int32 [k + 1] (real lengths), ``cu_seqlens_padded`` int32 [k + 1]
   (each rounded up to a multiple of ``2·degree``, unpadded at degree 1), ``cu_slots`` int32 [k + 1] (where
-  each document's slots begin among this rank's: its padded length ÷ its degree), ``seg_source`` int32,
-  ``seg_doc`` int64, ``seg_offset`` int64 [k] (source index, document id, offset of the piece in its document);
+  each document's slots begin among this rank's: its padded length ÷ its degree), ``segments`` int64 [k, 3]
+  (source index, document id, offset of the piece in its document: :mod:`loaders.fields`);
   ``max_seqlen`` (int): the longest padded document, 0 for none;
 - ``blocks``: a tuple of :class:`HybridBlock`, one per degree present, largest first: the block's global
   ``ranks``, ``local_cp_size``, this rank's ``local_cp_rank``, its documents' and slots' ranges in the
@@ -46,8 +46,7 @@ class StepDocuments:
     ones), read whole. ``sequences`` int64 [g]: the step's global sequence indices; ``cu`` int64 [n + 1]:
     document ``j`` is ``input_ids[cu[j]:cu[j+1]]``; ``input_ids``, ``labels`` int64 [T] and ``source_ids``
     int32 [T] (``T = cu[-1]``, the step's real tokens; labels -100 at each document's last token);
-    ``seg_source`` int32, ``seg_doc`` int64, ``seg_offset`` int64 [n]: each document's source index, id and
-    offset of the piece in its document."""
+    ``segments`` int64 [n, 3]: each document's source index, id and offset of the piece in its document."""
 
     step: int
     sequences: np.ndarray
@@ -55,9 +54,7 @@ class StepDocuments:
     input_ids: torch.Tensor
     labels: torch.Tensor
     source_ids: torch.Tensor
-    seg_source: torch.Tensor
-    seg_doc: torch.Tensor
-    seg_offset: torch.Tensor
+    segments: torch.Tensor
 
     @property
     def lengths(self) -> np.ndarray:
@@ -158,9 +155,7 @@ def micro_batch(docs: StepDocuments, d: Deal, rank: int, m: int, held: np.ndarra
         "cu_seqlens_padded": torch.from_numpy(pcu.astype(np.int32)),
         "cu_slots": torch.tensor(cu_slots, dtype=torch.int32),
         "max_seqlen": int(np.diff(pcu).max()) if k else 0,
-        "seg_source": docs.seg_source[sel],
-        "seg_doc": docs.seg_doc[sel],
-        "seg_offset": docs.seg_offset[sel],
+        "segments": docs.segments[sel],
         "blocks": tuple(blocks),
         "step": docs.step,
         "micro_batch": m,

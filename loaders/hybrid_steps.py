@@ -80,7 +80,7 @@ __all__ = [
 HYBRID_STATE_VERSION = 1
 _STATE_KEYS = ("layout", "version", "build_id", "seed", "step")
 # what the step's documents are read with: tokens, labels made on the unsplit sequences, and where each came from
-_FIELDS = ("input_ids", "labels", "cu_seqlens", "source_ids", "seg_source", "seg_doc", "seg_offset")
+_FIELDS = ("input_ids", "labels", "cu_seqlens", "source_ids", "segments")
 _T = TypeVar("_T")
 
 
@@ -200,9 +200,7 @@ class HybridStepLoader:
             input_ids=whole["input_ids"],
             labels=whole["labels"],
             source_ids=whole["source_ids"],
-            seg_source=whole["seg_source"],
-            seg_doc=whole["seg_doc"],
-            seg_offset=whole["seg_offset"],
+            segments=whole["segments"],
         )
 
     def lengths(self, step: int) -> np.ndarray:

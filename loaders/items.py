@@ -76,7 +76,7 @@ class ItemBuilder:
 
         One numpy pass per array over all of them: each array field of item ``k`` is a view of one flat
         block shared by the chunk (int64; ``source_ids`` int32; the block lives as long as any of them; the
-        per-segment provenance fields are views of one small array per chunk); ``indices`` is one shared
+        ``segments`` views of one small array per chunk); ``indices`` is one shared
         tensor unless the split is per document: treat items as read-only.
         """
         S, n, want = self.S, len(seqs), self.fields
@@ -174,31 +174,28 @@ class ItemBuilder:
         pad: np.ndarray,
         seg: np.ndarray,
     ) -> np.ndarray | None:
-        """``cols``' per-segment provenance fields of the entries :meth:`_layout` laid out (``first``, ``at``,
-        ``pad``: each item's segments in order then its trailing padding's, -1; so aligned with the items'
-        ``cu_seqlens``); returns, when ``source_ids`` is asked, the source of every concatenated position
-        (int32 [N + 1], -1 on padding and on the extra slot N that a CP padding slot gathers), else None.
-        ``seg``: the entries' lengths (only ``source_ids`` reads them); ``used``: the rows' real tokens.
+        """``cols``' ``segments`` of the entries :meth:`_layout` laid out (``first``, ``at``, ``pad``: each item's
+        segments in order then its trailing padding's, a row of -1; so aligned with the items' ``cu_seqlens``);
+        returns, when ``source_ids`` is asked, the source of every concatenated position (int32 [N + 1], -1 on
+        padding and on the extra slot N that a CP padding slot gathers), else None. ``seg``: the entries'
+        lengths (only ``source_ids`` reads them); ``used``: the rows' real tokens.
 
-        O(segments) numpy work and one tensor per field per item, except ``source_ids``: one ``np.repeat``
-        over the positions, in a narrow type, and one copy into a pooled int32 array, viewed per item."""
+        ``segments``: one gather of whole rows and one tensor per item; ``source_ids``: one ``np.repeat`` over
+        the positions, in a narrow type, and one copy into a pooled int32 array, viewed per item."""
         want = self.fields
-        counts = (first[1:] - first[:-1]).tolist()
-        segments = table.segments
-        source: np.ndarray | None = None
-        for name, col in (("seg_source", 0), ("seg_doc", 1), ("seg_offset", 2)):
-            if name not in want and not (col == 0 and "source_ids" in want):
-                continue
-            # a fresh int64 copy, by a fancy index of the column (a 1-d index: cheaper than a 2-d one or an
-            # np.take of whole rows); a table with no segment at all: every entry is padding
-            arr = segments[:, col][at] if len(segments) else np.zeros(len(at), np.int64)
-            if col == 0:
-                arr = source = arr.astype(np.int32)
-            arr[pad] = -1
-            if name in want:
-                cols[name] = _pieces(arr, counts)
-        if source is None or "source_ids" not in want:
+        if "segments" in want:
+            # the three columns gathered one by one and stacked: a gather of three of the table's four columns
+            # row by row costs ~3× more, and a contiguous copy of them would hold 24 bytes per segment of the
+            # build in every process (the table is the build index's memory map)
+            cut = table.segments
+            rows = np.stack([cut[:, c][at] for c in range(3)], axis=1) if len(cut) else np.zeros((len(at), 3), np.int64)
+            rows[pad] = -1
+            cols["segments"] = _pieces(rows, (first[1:] - first[:-1]).tolist())
+        if "source_ids" not in want:
             return None
+        # a fresh int32 copy of the column; a table with no segment at all: every entry is padding
+        source = table.segments[:, 0][at].astype(np.int32) if len(table.segments) else np.zeros(len(at), np.int32)
+        source[pad] = -1
         # each segment's source over its slots, into a pooled array (a fresh one faults its pages in every
         # chunk): repeated in the narrowest type that holds the ids (a quarter of the bytes for < 128
         # sources), then widened by one casting copy
@@ -373,7 +370,7 @@ class ItemBuilder:
 
 
 def _pieces(arr: np.ndarray, sizes: list[int]) -> list[torch.Tensor]:
-    """``arr`` (1-d) as consecutive tensors of ``sizes`` (Σ = ``len(arr)``), all on ``arr``'s memory.
+    """``arr`` as consecutive tensors of ``sizes`` rows (Σ = ``len(arr)``), all on ``arr``'s memory.
 
     ``unsafe_split_with_sizes``: the split without autograd's view records, which cost about a third of a
     chunk's tensor making (the pieces share ``arr``'s storage all the same); "unsafe" only for in-place

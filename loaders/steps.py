@@ -37,8 +37,8 @@ Micro-batch layouts (``layout``; default ``"stacked"`` with the mix's ``micro_ba
 
 Either way ``cu_seqlens`` int32 [d + 1] are the segment bounds over the micro-batch's flattened slots
 (``b·S`` or ``T``; with ``"stacked"`` each row's trailing padding is a segment of its own, so that no
-document attends to padding), the items' ``seg_source``/``seg_doc``/``seg_offset`` (if carried) are
-aligned with those segments, and ``max_seqlen`` (int) is the longest segment: what flash-attention's
+document attends to padding), the items' ``segments`` rows (if carried) are aligned with those segments,
+and ``max_seqlen`` (int) is the longest segment: what flash-attention's
 ``flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)`` takes for
 ``q`` of shape [b·S or T, heads, dim]. Each micro-batch also has ``step``, ``sequences`` (global indices),
 ``num_tokens`` (real tokens) and ``num_targets`` (labels that are not -100: the cross-entropy's terms).

@@ -13,8 +13,9 @@ rank's slots of the micro-batch's documents, trailing padding left out as :func:
 CP padding holds ``pad_id``, -100, the split's position and -1), ``indices`` int64 [n] (each slot's position
 among the micro-batch's real tokens, -1 for CP padding), and, the same on every CP rank, ``cu_seqlens`` int32
 [d + 1] over the d documents' real lengths, ``cu_seqlens_padded`` int32 [d + 1] over their lengths padded to
-multiples of 2·cp (``n = cu_seqlens_padded[-1] / cp``), ``seg_source``/``seg_doc``/``seg_offset`` [d] (if
-carried), ``step``, ``sequences`` and ``num_tokens`` (the whole micro-batch's real tokens, all ranks together).
+multiples of 2·cp (``n = cu_seqlens_padded[-1] / cp``), ``segments`` int64 [d, 3] (if carried: each
+document's source index, id and offset, :mod:`loaders.fields`), ``step``, ``sequences`` and ``num_tokens``
+(the whole micro-batch's real tokens, all ranks together).
 Labels are the loader's, made on the unsplit documents: each real token's target is the next token of its
 document wherever the two land, so the loss summed over the CP ranks is the unsplit loss.
 """
@@ -37,14 +38,14 @@ if TYPE_CHECKING:
 __all__ = ["PER_SEGMENT", "PER_TOKEN", "by_step", "concat", "concat_zigzag", "thd_cut"]
 
 PER_TOKEN = ("input_ids", "labels", "position_ids", "source_ids")  # an item's fields with one entry per slot
-PER_SEGMENT = ("seg_source", "seg_doc", "seg_offset")  # an item's fields with one entry per cu_seqlens segment
+PER_SEGMENT = ("segments",)  # an item's fields with one row per cu_seqlens segment
 
 
 def concat(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One micro-batch of whole-sequence items (``cp_size == 1``) of one step: ``input_ids``, ``labels``,
     ``position_ids`` (those the items carry) int64 [Σ num_tokens] and ``source_ids`` int32 (if carried),
     each item's real tokens in order with its padding left out; ``cu_seqlens`` int32 [d + 1] over the d
-    documents of all of them, and ``seg_source``/``seg_doc``/``seg_offset`` [d] (if carried) aligned with it;
+    documents of all of them, and ``segments`` int64 [d, 3] (if carried) aligned with it;
     ``step``; ``sequences`` (their global indices) and ``num_tokens`` (Σ). Labels stay as the loader made
     them (-100 at each document's last token), so nothing crosses from one sequence into the next.
     """

@@ -71,9 +71,16 @@ def test_a_bare_string_is_refused_even_when_it_names_a_field(text: str, cp: int)
 def test_provenance_is_asked_by_name_and_never_a_default() -> None:
     assert not set(PROVENANCE_FIELDS) & set(FIELDS) and len(set(PROVENANCE_FIELDS)) == len(PROVENANCE_FIELDS)
     assert Payload().fields is None and check_fields(Payload().fields, 2) == FIELDS
-    assert Payload(fields=("seg_doc", "source_ids", "input_ids")).fields == ("seg_doc", "source_ids", "input_ids")
-    assert check_fields(("seg_doc", "labels", "source_ids"), 4) == ("labels", "source_ids", "seg_doc")
+    assert Payload(fields=("segments", "source_ids", "input_ids")).fields == ("segments", "source_ids", "input_ids")
+    assert check_fields(("segments", "labels", "source_ids"), 4) == ("labels", "source_ids", "segments")
     with pytest.raises(FieldsError, match="'source_id'"):
         Payload(fields=("input_ids", "source_id"))
     with pytest.raises(FieldsError, match="'labels'"):  # provenance does not lift the CP rule
         check_fields(PROVENANCE_FIELDS, 2)
+
+
+@pytest.mark.parametrize(("old", "column"), [("seg_source", 0), ("seg_doc", 1), ("seg_offset", 2)])
+def test_an_earlier_per_segment_field_names_its_column_of_segments(old: str, column: int) -> None:
+    with pytest.raises(FieldsError, match=rf"'{old}' is now column {column} of 'segments'") as err:
+        check_fields(("input_ids", old), 1)
+    assert f"item['segments'][:, {column}]" in str(err.value) and "\n" not in str(err.value)

@@ -35,9 +35,7 @@ def step_of(lengths: list[int]) -> StepDocuments:
         input_ids=ids,
         labels=labels,
         source_ids=source,
-        seg_source=torch.arange(n, dtype=torch.int32),
-        seg_doc=torch.arange(100, 100 + n, dtype=torch.int64),
-        seg_offset=torch.zeros(n, dtype=torch.int64),
+        segments=torch.stack([torch.arange(n), torch.arange(100, 100 + n), torch.zeros(n, dtype=torch.int64)], 1),
     )
 
 

@@ -68,7 +68,7 @@ def check_step(steps: list[HybridStep], loader: HybridStepLoader) -> None:
             assert np.array_equal(mb["labels"][0].numpy()[real], labels[pos])  # the unsplit document's labels
             padding = mb["input_ids"][0].numpy()[~real]
             assert (mb["labels"][0].numpy()[~real] == -100).all() and (padding == loader.pad_id).all()
-            assert np.array_equal(mb["seg_source"].numpy(), docs.seg_source.numpy()[held])
+            assert np.array_equal(mb["segments"].numpy(), docs.segments.numpy()[held])
             for b in mb["blocks"]:
                 a, z = b.documents
                 assert (d.degree[held[a:z]] == b.local_cp_size).all()
@@ -108,8 +108,7 @@ def test_every_step_is_the_builds_step_cut_by_thd_inside_blocks(dataset: PackedD
         want = segs[offs[first[t]] : offs[first[t + 1]]]
         docs = loaders[0].documents(t)
         assert np.array_equal(loaders[0].lengths(t), docs.lengths)
-        assert np.array_equal(docs.lengths, want[:, 3]) and np.array_equal(docs.seg_doc.numpy(), want[:, 1])
-        assert np.array_equal(docs.seg_offset.numpy(), want[:, 2])
+        assert np.array_equal(docs.lengths, want[:, 3]) and np.array_equal(docs.segments.numpy(), want[:, :3])
     assert degrees == {1, 2, 4}
 
 

@@ -94,12 +94,10 @@ def check_provenance(build: Path, cp: int, how: str, lean: bool = False) -> None
         for i, it in enumerate(ds.items(list(range(len(shards))))):
             segs = shards.sequence(i).segments
             used = int(segs[:, 3].sum())
-            tail = [-1] if used < S else []
-            assert it["seg_source"].dtype == it["source_ids"].dtype == torch.int32
-            assert it["seg_doc"].dtype == it["seg_offset"].dtype == torch.int64
-            assert len(it["seg_source"]) == len(it["seg_doc"]) == len(it["seg_offset"]) == len(it["cu_seqlens"]) - 1
-            for name, col in (("seg_source", 0), ("seg_doc", 1), ("seg_offset", 2)):
-                assert it[name].tolist() == segs[:, col].tolist() + tail, (name, cp, how, rank, i)
+            tail = [[-1, -1, -1]] if used < S else []
+            assert it["source_ids"].dtype == torch.int32 and it["segments"].dtype == torch.int64
+            assert it["segments"].shape == (len(it["cu_seqlens"]) - 1, 3) and it["segments"].is_contiguous()
+            assert it["segments"].tolist() == segs[:, :3].tolist() + tail, (cp, how, rank, i)
             at = np.repeat(np.append(segs[:, 0], -1), np.append(segs[:, 3], S - used))  # each position's source
             idx = it["indices"].numpy()
             assert it["source_ids"].tolist() == np.where(idx >= 0, at[idx.clip(0)], -1).tolist(), (cp, how, rank, i)
@@ -118,10 +116,10 @@ def test_provenance_is_the_shards_segments_on_random_segmentations(
                 check_provenance(build, cp, how)
         check_provenance(build, 1, "zigzag", lean=True)
         check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "cu_seqlens", *PROVENANCE_FIELDS))
-        check_feeds_agree(build, 3, "zigzag", chunks, fields=("labels", "source_ids", "seg_doc"))
+        check_feeds_agree(build, 3, "zigzag", chunks, fields=("labels", "source_ids", "segments"))
         # the lean path with and without the segments' lengths (which only source_ids reads)
-        check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "cu_seqlens", "seg_doc", "seg_offset"))
-        check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "source_ids", "seg_source"))
+        check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "cu_seqlens", "segments"))
+        check_feeds_agree(build, 1, "zigzag", chunks, fields=("input_ids", "source_ids"))
 
 
 def test_provenance_on_a_real_build_with_split_documents(tiny_build: Path) -> None:
@@ -197,7 +195,7 @@ def test_fields_are_checked_at_the_edge(tiny_build: Path) -> None:
 def test_whole_sequences_are_the_items_of_a_world_of_one(tiny_build: Path) -> None:
     """ItemBuilder.whole (what the THD cut and the hybrid layout read) gives, on any world, the items a
     one-rank dataset gives, and checks its fields like the dataset does."""
-    fields = ("input_ids", "labels", "cu_seqlens", "seg_source")
+    fields = ("input_ids", "labels", "cu_seqlens", "segments")
     one = PackedDataset(tiny_build, world=World(0, 1), payload=Payload(fields=fields))
     cp2 = PackedDataset(tiny_build, world=World(0, 1, 1, 2), payload=Payload(fields=fields))
     whole = ItemBuilder.whole(cp2.shards, seq_len=cp2.facts.seq_len, pad_id=cp2.facts.pad_id, fields=reversed(fields))

@@ -10,10 +10,10 @@
   ``reduce_per_source``;
 - the provenance fields of items without labels or positions (the loader's lean path, which reads
   ``cu_seqlens`` from the build's index) are those of items with them;
-- a trainer that asks for ``seg_source`` alone gets each slot's source on its own device as
-  ``repeat_interleave(seg_source, diff(cu_seqlens))``: the ``source_ids`` of every ``StepLoader`` micro-batch,
-  stacked and varlen;
-- ``source_ids`` and ``seg_source`` hold any source index (ids that need 8, 16 or 32 bits), with and
+- a trainer that asks for ``segments`` alone gets each slot's source on its own device as
+  ``repeat_interleave(segments[:, 0], diff(cu_seqlens))``: the ``source_ids`` of every ``StepLoader``
+  micro-batch, stacked and varlen;
+- ``source_ids`` and ``segments`` hold any source index (ids that need 8, 16 or 32 bits), with and
   without the lean path and the build index's ``cu_seqlens``.
 """
 
@@ -156,14 +156,16 @@ def test_items_without_labels_carry_the_same_provenance(request: pytest.FixtureR
 
 
 @pytest.mark.parametrize("layout", ["stacked", "varlen"])
-def test_seg_source_expands_to_source_ids_on_the_trainers_device(tiny_build: Path, layout: str) -> None:
-    fields = ("input_ids", "labels", "cu_seqlens", "source_ids", "seg_source")
+def test_segments_expand_to_source_ids_on_the_trainers_device(tiny_build: Path, layout: str) -> None:
+    fields = ("input_ids", "labels", "cu_seqlens", "source_ids", "segments")
     ds = PackedDataset(tiny_build, world=World(1, 2), payload=Payload(fields=fields))
     for step in StepLoader(ds, layout=layout):
         for mb in step.micro_batches:
             cu = mb["cu_seqlens"].long()
-            expanded = torch.repeat_interleave(mb["seg_source"], cu[1:] - cu[:-1])
-            assert expanded.dtype == torch.int32 and torch.equal(expanded, mb["source_ids"].reshape(-1))
+            expanded = torch.repeat_interleave(
+                mb["segments"][:, 0], cu[1:] - cu[:-1], output_size=mb["input_ids"].numel()
+            )
+            assert torch.equal(expanded, mb["source_ids"].reshape(-1).long())
 
 
 class OneTable:
@@ -195,9 +197,6 @@ def test_source_ids_of_any_source_index(sources: list[int], with_cu: bool, label
     a, b = builder.build([0, 1])
     s0, s1, s2 = sources
     assert a["source_ids"].tolist() == [s0] * 5 + [s1] * 7 + [-1] * 4 and b["source_ids"].tolist() == [s2] * 16
-    assert a["source_ids"].dtype == a["seg_source"].dtype == torch.int32
-    assert a["seg_source"].tolist() == [s0, s1, -1] and b["seg_source"].tolist() == [s2]
-    assert (
-        a["seg_doc"].tolist() == [1, 2, -1] and a["seg_offset"].tolist() == [0, 3, -1] and b["seg_doc"].tolist() == [9]
-    )
+    assert a["source_ids"].dtype == torch.int32 and a["segments"].dtype == torch.int64
+    assert a["segments"].tolist() == [[s0, 1, 0], [s1, 2, 3], [-1, -1, -1]] and b["segments"].tolist() == [[s2, 9, 0]]
     assert a["cu_seqlens"].tolist() == [0, 5, 12, 16] and b["cu_seqlens"].tolist() == [0, 16]

@@ -105,23 +105,24 @@ def test_a_step_is_the_ranks_items_of_the_step(
 
 
 def check_provenance(mb: dict[str, Any], items: list[dict[str, Any]], layout: str) -> None:
-    """A micro-batch's provenance: ``source_ids`` laid out as its tokens, the ``seg_*`` fields one per segment
+    """A micro-batch's provenance: ``source_ids`` laid out as its tokens, ``segments`` one row per segment
     of its ``cu_seqlens``, every segment's slots of that segment's source, all of it the items' own."""
     cu = mb["cu_seqlens"].tolist()
     src = mb["source_ids"]
     assert src.dtype == torch.int32 and src.shape == mb["input_ids"].shape
-    assert all(len(mb[k]) == len(cu) - 1 for k in ("seg_source", "seg_doc", "seg_offset"))
+    assert mb["segments"].shape == (len(cu) - 1, 3)
     flat = src.reshape(-1).tolist()
-    assert all(set(flat[a:b]) == {s} for a, b, s in zip(cu, cu[1:], mb["seg_source"].tolist(), strict=False))
+    assert all(set(flat[a:b]) == {s} for a, b, s in zip(cu, cu[1:], mb["segments"][:, 0].tolist(), strict=False))
     if layout == "stacked":  # whole rows: every segment of every item, the trailing padding's -1 included
         assert torch.equal(src, torch.stack([it["source_ids"] for it in items]))
         keep = [slice(None)] * len(items)
     else:  # real tokens only: each item's documents, its padding segment left out
         assert flat == [s for it in items for s in it["source_ids"][: it["num_tokens"]].tolist()]
         keep = [slice(0, int((it["cu_seqlens"][1:] <= it["num_tokens"]).sum())) for it in items]
-        assert -1 not in flat and -1 not in mb["seg_source"].tolist()
-    for k in ("seg_source", "seg_doc", "seg_offset"):
-        assert mb[k].tolist() == [v for it, part in zip(items, keep, strict=True) for v in it[k][part].tolist()]
+        assert -1 not in flat and -1 not in mb["segments"][:, 0].tolist()
+    assert mb["segments"].tolist() == [
+        row for it, part in zip(items, keep, strict=True) for row in it["segments"][part].tolist()
+    ]
 
 
 @pytest.mark.parametrize(("budget", "layout"), [(None, "stacked"), (None, "varlen"), (128, "varlen")])
@@ -139,7 +140,7 @@ def test_micro_batches_carry_the_provenance_asked_for(
             parts = [items[i : i + 2] for i in range(0, len(items), 2)]
             for mb, part in zip(step.micro_batches, parts, strict=True):
                 check_provenance(mb, part, layout)
-                padded += int((mb["seg_source"] == -1).sum())
+                padded += int((mb["segments"][:, 0] == -1).sum())
     assert (padded > 0) == (layout == "stacked")  # the tiny build has padded sequences
     plain = next(iter(StepLoader(PackedDataset(build, world=World(0, dp)), layout))).micro_batches[0]
     assert not set(plain) & set(PROVENANCE_FIELDS)  # none unless asked
@@ -229,7 +230,7 @@ def check_cut(parts: list[dict[str, Any]], whole: dict[str, Any], how: str, cp: 
         assert all(mb[k].shape == (1, n) for k in ("input_ids", "labels", "position_ids", "source_ids"))
         assert torch.equal(mb["cu_seqlens"], cu) and mb["cu_seqlens_padded"].tolist() == padded.tolist()
         assert n * cp == padded[-1] and mb["max_seqlen"] == int(np.diff(padded).max())
-        for k in ("seg_source", "seg_doc", "seg_offset", "sequences", "num_tokens", "num_targets", "step"):
+        for k in ("segments", "sequences", "num_tokens", "num_targets", "step"):
             assert (mb[k].tolist() if torch.is_tensor(mb[k]) else mb[k]) == (
                 whole[k].tolist() if torch.is_tensor(whole[k]) else whole[k]
             ), k

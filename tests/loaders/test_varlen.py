@@ -63,7 +63,7 @@ def test_state_after_every_micro_batch_is_a_step_boundary_that_resumes_the_rest(
 def test_by_step_concatenates_the_provenance_as_the_tokens(tiny_build: Path, tmp_path: Path) -> None:
     build = budget_build(tiny_build, tmp_path, 2 * 64)
     shards = ShardSet(build / "shards")
-    fields = ("input_ids", "cu_seqlens", "source_ids", "seg_source", "seg_doc", "seg_offset")
+    fields = ("input_ids", "cu_seqlens", "source_ids", "segments")
     for rank in range(3):
         ds = PackedDataset(build, world=World(rank, 3), balance=Balance(seed=5), payload=Payload(fields=fields))
         for batch in varlen.by_step(ds):
@@ -71,7 +71,6 @@ def test_by_step_concatenates_the_provenance_as_the_tokens(tiny_build: Path, tmp
             whole = [row for s in segs for row in s.tolist()]  # the documents in order, padding dropped
             cu = batch["cu_seqlens"].tolist()
             assert [b - a for a, b in itertools.pairwise(cu)] == [row[3] for row in whole]
-            for k, col in (("seg_source", 0), ("seg_doc", 1), ("seg_offset", 2)):
-                assert batch[k].tolist() == [row[col] for row in whole], k
+            assert batch["segments"].tolist() == [row[:3] for row in whole]
             want = [row[0] for row in whole for _ in range(row[3])]
             assert batch["source_ids"].dtype == torch.int32 and batch["source_ids"].tolist() == want

@@ -29,7 +29,7 @@ def test_lookup_of_a_rank_is_what_the_loader_hands_that_rank(formats: Formats, t
     from loaders import Payload, Reading, World
     from loaders.dataset import PackedDataset
 
-    fields = ("input_ids", "labels", "indices", "cu_seqlens", "seg_source", "seg_doc", "seg_offset")
+    fields = ("input_ids", "labels", "indices", "cu_seqlens", "segments")
     regrouped = False
     for rank, cp_rank in [(0, 1), (1, 0)]:
         world = World(dp_rank=rank, dp_size=2, cp_rank=cp_rank, cp_size=2)
@@ -57,10 +57,10 @@ def test_lookup_of_a_rank_is_what_the_loader_hands_that_rank(formats: Formats, t
             for it in items[step]:
                 cu = it["cu_seqlens"].numpy()  # type: ignore[attr-defined]
                 idx = it["indices"].numpy()  # type: ignore[attr-defined]
-                for j, doc in enumerate(it["seg_doc"].tolist()):  # type: ignore[attr-defined]
+                for j, (_source, doc, offset) in enumerate(it["segments"].tolist()):  # type: ignore[attr-defined]
                     if doc < 0:  # the trailing padding
                         continue
-                    mine = np.sort(idx[(idx >= cu[j]) & (idx < cu[j + 1])]) - cu[j] + int(it["seg_offset"][j])  # type: ignore[index]
+                    mine = np.sort(idx[(idx >= cu[j]) & (idx < cu[j + 1])]) - cu[j] + offset
                     want.append((it["sequence"], doc, mine.tolist()))
             held = [
                 (s["sequence"], s["doc_id"], [t for a, b in s["held"] for t in range(a, b)]) for s in got["segments"]
