@@ -128,12 +128,14 @@ def load() -> str:
 def compare(build: Path, before: str, repeat: int, min_s: float) -> dict[str, dict[str, float]]:
     """Samples every payload's readers (before: off; this checkout: off and on) ``repeat`` rounds; prints and
     returns per payload the best tokens/s and the medians of the rounds' ratios."""
-    offs = sorted({off for _, off, _ in PAIRS})
+    offs: list[tuple[str, ...]] = sorted({off for _, off, _ in PAIRS})
     mine = offs + [on for _, _, on in PAIRS]
     with tempfile.TemporaryDirectory() as tmp:
         tree = str(export(before, Path(tmp)))
         # one process per reader: a process holding several readers' pooled arrays reads each more slowly
-        children = {("before", f): Child(tree, build, [f], min_s) for f in offs}
+        children: dict[tuple[str, tuple[str, ...]], Child] = {
+            ("before", f): Child(tree, build, [f], min_s) for f in offs
+        }
         children.update({("now", f): Child("", build, [f], min_s) for f in mine})
         rates: dict[tuple[str, tuple[str, ...]], list[tuple[float, float]]] = {key: [] for key in children}
         head = load()
