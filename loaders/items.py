@@ -76,8 +76,8 @@ class ItemBuilder:
 
         One numpy pass per array over all of them: each array field of item ``k`` is a view of one flat
         block shared by the chunk (int64; ``source_ids`` int32; the block lives as long as any of them; the
-        ``segments`` views of one small array per chunk); ``indices`` is one shared
-        tensor unless the split is per document: treat items as read-only.
+        ``segments`` are views of one small [m, 3] array per chunk); ``indices`` is one shared tensor unless the
+        split is per document: treat items as read-only.
         """
         S, n, want = self.S, len(seqs), self.fields
         N = n * S
@@ -180,8 +180,9 @@ class ItemBuilder:
         padding and on the extra slot N that a CP padding slot gathers), else None. ``seg``: the entries'
         lengths (only ``source_ids`` reads them); ``used``: the rows' real tokens.
 
-        ``segments``: one gather of whole rows and one tensor per item; ``source_ids``: one ``np.repeat`` over
-        the positions, in a narrow type, and one copy into a pooled int32 array, viewed per item."""
+        ``segments``: three column gathers stacked into one [m, 3] array, one tensor per item; ``source_ids``: one
+        ``np.repeat`` over the positions, in a narrow type, and one copy into a pooled int32 array, viewed per
+        item."""
         want = self.fields
         if "segments" in want:
             # the three columns gathered one by one and stacked: a gather of three of the table's four columns
