@@ -7,8 +7,8 @@ losses from ``cross_entropy(reduction="none")`` over float32 logits of a ``--voc
 computes them. Timed with CUDA events (median of ``--repeat`` after warm-up), each against the cross-entropy:
 
 - ``loss_per_source``: the sums per source from the item's ``source_ids`` (:mod:`loaders.provenance`);
-- the expansion of the items' ``segments`` source column to every slot on the device (what docs/training.md
-  shows for a trainer that asks for ``segments`` only), with ``output_size`` given, and without it.
+- ``slot_sources``: the expansion of the items' ``segments`` source column to every slot on the device (what a
+  trainer that asks for ``segments`` only calls), and the same ``repeat_interleave`` without its ``output_size``.
 
 Under ``torch.cuda.set_sync_debug_mode("error")`` every one of them is run once: one that synchronizes with the
 host (a trainer's step then waits for the GPU to drain) raises there and is reported as such. Needs a CUDA GPU;
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from loaders.fields import IGNORE_INDEX
-from loaders.provenance import loss_per_source
+from loaders.provenance import loss_per_source, slot_sources
 
 
 def step_of(rows: int, seq_len: int, sources: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
@@ -110,8 +110,9 @@ def main() -> None:
     T = args.rows * args.seq_len
     labels = torch.from_numpy(host["labels"]).to(dev)
     source_ids = torch.from_numpy(host["source_ids"]).to(dev)
-    seg_source = torch.from_numpy(host["segments"][:, 0].copy()).to(dev)
+    segments = torch.from_numpy(host["segments"]).to(dev)
     lengths = torch.from_numpy(host["lengths"]).to(dev)
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(host["lengths"])]).astype(np.int32)).to(dev)
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     logits = torch.randn(T, args.vocab, device=dev, dtype=torch.float32, generator=gen)
     losses = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")  # a real position's loss
@@ -120,10 +121,10 @@ def main() -> None:
         return loss_per_source(losses, labels, source_ids, args.sources)
 
     def expand_sized() -> torch.Tensor:
-        return torch.repeat_interleave(seg_source, lengths, output_size=T)
+        return slot_sources(segments, cu, T)
 
     def expand() -> torch.Tensor:
-        return torch.repeat_interleave(seg_source, lengths)
+        return torch.repeat_interleave(segments[:, 0], lengths)
 
     # equal to float64 on the CPU, and the expansion equal to the items' source_ids
     loss_sum, tokens = per_source()
@@ -133,13 +134,13 @@ def main() -> None:
     want_tokens = np.bincount(host["source_ids"][keep], minlength=args.sources)
     rel = float(np.max(np.abs(loss_sum.cpu().numpy() - want_sum) / np.maximum(np.abs(want_sum), 1e-30)))
     exact_tokens = bool(np.array_equal(tokens.cpu().numpy(), want_tokens))
-    expands = bool(torch.equal(expand_sized().to(torch.int32), source_ids))
+    expands = bool(torch.equal(expand_sized(), source_ids.long()))
 
     ce_ms = cuda_ms(lambda: F.cross_entropy(logits, labels.clamp(min=0), reduction="none"), args.repeat)
     rows = {
         "loss_per_source": (cuda_ms(per_source, args.repeat), syncs(per_source)),
-        "expand segments, output_size": (cuda_ms(expand_sized, args.repeat), syncs(expand_sized)),
-        "expand segments, no output_size": (cuda_ms(expand, args.repeat), syncs(expand)),
+        "slot_sources (segments expanded)": (cuda_ms(expand_sized, args.repeat), syncs(expand_sized)),
+        "repeat_interleave, no output_size": (cuda_ms(expand, args.repeat), syncs(expand)),
     }
     out = {
         "device": torch.cuda.get_device_name(),

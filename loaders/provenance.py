@@ -10,6 +10,11 @@ source each of its slots came from; :func:`loss_per_source` sums a step's per-to
     reduce_per_source(loss_sum, tokens)                          # all-reduce SUM over every rank (DP × CP)
     mean = loss_sum / tokens.clamp(min=1)                        # per source; tokens == 0: no target there
 
+A trainer of whole sequences (``cp_size == 1``) may ask for the per-segment ``segments`` instead, one tensor per
+item rather than an int32 per slot, and expand it on its device with :func:`slot_sources`::
+
+    source_ids = slot_sources(mb["segments"], mb["cu_seqlens"], mb["input_ids"].numel())
+
 Shapes and dtypes: ``losses`` floating [...] (any shape: [B, S], [N], a CP rank's [n]), ``labels`` integer
 and ``source_ids`` integer (the item's int32) of the same shape on the same device. A position counts where
 its label is not :data:`~loaders.fields.IGNORE_INDEX` and its source is ≥ 0 (padding is -1, and its label is
@@ -27,7 +32,7 @@ import torch.distributed as dist
 
 from loaders.fields import IGNORE_INDEX
 
-__all__ = ["loss_per_source", "reduce_per_source"]
+__all__ = ["loss_per_source", "reduce_per_source", "slot_sources"]
 
 
 def loss_per_source(
@@ -50,6 +55,17 @@ def loss_per_source(
     loss_sum = torch.zeros(n_sources, dtype=torch.float64, device=device).scatter_add_(0, at, values)
     tokens = torch.zeros(n_sources, dtype=torch.int64, device=device).scatter_add_(0, at, keep.to(torch.int64))
     return loss_sum, tokens
+
+
+def slot_sources(segments: torch.Tensor, cu_seqlens: torch.Tensor, slots: int) -> torch.Tensor:
+    """int64 [slots]: the source index of each slot of a whole-sequence batch (``cp_size == 1``: a stacked or
+    varlen ``StepLoader`` micro-batch, a ``varlen.by_step`` batch, an item), -1 on padding, from its
+    ``segments`` int64 [k, 3] and ``cu_seqlens`` [k + 1] on their device; ``slots`` = ``cu_seqlens[-1]``, given
+    by the caller as the batch's ``input_ids.numel()`` (known on the host), so that the expansion never waits for
+    the device (``repeat_interleave`` without its output size synchronizes with the host). Equal to the batch's
+    ``source_ids`` widened to int64. Under CP a rank holds pieces of the segments: ask for ``source_ids``."""
+    cu = cu_seqlens.to(torch.int64)
+    return torch.repeat_interleave(segments[:, 0], cu[1:] - cu[:-1], output_size=slots)
 
 
 def reduce_per_source(

@@ -10,9 +10,8 @@
   ``reduce_per_source``;
 - the provenance fields of items without labels or positions (the loader's lean path, which reads
   ``cu_seqlens`` from the build's index) are those of items with them;
-- a trainer that asks for ``segments`` alone gets each slot's source on its own device as
-  ``repeat_interleave(segments[:, 0], diff(cu_seqlens))``: the ``source_ids`` of every ``StepLoader``
-  micro-batch, stacked and varlen;
+- a trainer that asks for ``segments`` alone gets each slot's source on its own device with ``slot_sources``:
+  the ``source_ids`` of every item and every ``StepLoader`` micro-batch, stacked and varlen;
 - ``source_ids`` and ``segments`` hold any source index (ids that need 8, 16 or 32 bits), with and
   without the lean path and the build index's ``cu_seqlens``.
 """
@@ -34,7 +33,7 @@ from loaders import IGNORE_INDEX, PROVENANCE_FIELDS, Balance, PackedDataset, Pay
 from loaders.feed import Feed, SegmentTable
 from loaders.fields import check_fields
 from loaders.items import ItemBuilder
-from loaders.provenance import loss_per_source
+from loaders.provenance import loss_per_source, slot_sources
 from loaders.stream import stream_compositions
 from tests.loaders.torchrun import run_torchrun
 
@@ -161,11 +160,12 @@ def test_segments_expand_to_source_ids_on_the_trainers_device(tiny_build: Path, 
     ds = PackedDataset(tiny_build, world=World(1, 2), payload=Payload(fields=fields))
     for step in StepLoader(ds, layout=layout):
         for mb in step.micro_batches:
-            cu = mb["cu_seqlens"].long()
-            expanded = torch.repeat_interleave(
-                mb["segments"][:, 0], cu[1:] - cu[:-1], output_size=mb["input_ids"].numel()
-            )
+            expanded = slot_sources(mb["segments"], mb["cu_seqlens"], mb["input_ids"].numel())
             assert torch.equal(expanded, mb["source_ids"].reshape(-1).long())
+    for it in PackedDataset(tiny_build, world=World(1, 2), payload=Payload(fields=fields)):  # and each item
+        assert torch.equal(
+            slot_sources(it["segments"], it["cu_seqlens"], len(it["input_ids"])), it["source_ids"].long()
+        )
 
 
 class OneTable:
