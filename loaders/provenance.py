@@ -63,7 +63,13 @@ def slot_sources(segments: torch.Tensor, cu_seqlens: torch.Tensor, slots: int) -
     ``segments`` int64 [k, 3] and ``cu_seqlens`` [k + 1] on their device; ``slots`` = ``cu_seqlens[-1]``, given
     by the caller as the batch's ``input_ids.numel()`` (known on the host), so that the expansion never waits for
     the device (``repeat_interleave`` without its output size synchronizes with the host). Equal to the batch's
-    ``source_ids`` widened to int64. Under CP a rank holds pieces of the segments: ask for ``source_ids``."""
+    ``source_ids`` widened to int64. Under CP a rank holds pieces of the segments: ask for ``source_ids``.
+    ``ValueError`` when the shapes do not fit (checked on the host)."""
+    if segments.dim() != 2 or segments.shape[1] != 3 or cu_seqlens.shape != (segments.shape[0] + 1,):
+        raise ValueError(
+            f"segments {tuple(segments.shape)} and cu_seqlens {tuple(cu_seqlens.shape)} must be [k, 3] and [k + 1]:"
+            " one batch's segments and its cu_seqlens"
+        )
     cu = cu_seqlens.to(torch.int64)
     return torch.repeat_interleave(segments[:, 0], cu[1:] - cu[:-1], output_size=slots)
 

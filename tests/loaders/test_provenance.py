@@ -168,6 +168,14 @@ def test_segments_expand_to_source_ids_on_the_trainers_device(tiny_build: Path, 
         )
 
 
+def test_slot_sources_refuses_what_is_not_one_batchs_segments_and_cu_seqlens() -> None:
+    segments = torch.tensor([[2, 7, 0], [-1, -1, -1]])
+    assert slot_sources(segments, torch.tensor([0, 3, 5], dtype=torch.int32), 5).tolist() == [2, 2, 2, -1, -1]
+    for segs, cu in ((segments[:, 0], torch.tensor([0, 3, 5])), (segments, torch.tensor([0, 5]))):
+        with pytest.raises(ValueError, match=r"must be \[k, 3\] and \[k \+ 1\]"):
+            slot_sources(segs, cu, 5)
+
+
 class OneTable:
     """A feed (what ``ItemBuilder`` reads) of two hand-made sequences of S = 16 whose source ids need 8, 16
     and 32 bits: tokens 0…15 in each row; the first row ends in padding."""
