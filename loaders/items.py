@@ -183,19 +183,21 @@ class ItemBuilder:
         ``segments``: three column gathers stacked into one [m, 3] array, one tensor per item; ``source_ids``: one
         ``np.repeat`` over the positions, in a narrow type, and one copy into a pooled int32 array, viewed per
         item."""
-        want = self.fields
+        want, cut = self.fields, table.segments
+        if not len(cut):  # a table with no segment at all: every entry is padding
+            cut = np.full((1, 4), -1, np.int64)
+        rows = None
         if "segments" in want:
             # the three columns gathered one by one and stacked: a gather of three of the table's four columns
             # row by row costs ~3× more, and a contiguous copy of them would hold 24 bytes per segment of the
             # build in every process (the table is the build index's memory map)
-            cut = table.segments
-            rows = np.stack([cut[:, c][at] for c in range(3)], axis=1) if len(cut) else np.zeros((len(at), 3), np.int64)
+            rows = np.stack([cut[:, c][at] for c in range(3)], axis=1)
             rows[pad] = -1
             cols["segments"] = _pieces(rows, (first[1:] - first[:-1]).tolist())
         if "source_ids" not in want:
             return None
-        # a fresh int32 copy of the column; a table with no segment at all: every entry is padding
-        source = table.segments[:, 0][at].astype(np.int32) if len(table.segments) else np.zeros(len(at), np.int32)
+        # a fresh int32 copy of the source column (the one ``segments`` gathered, if asked)
+        source = (rows[:, 0] if rows is not None else cut[:, 0][at]).astype(np.int32)
         source[pad] = -1
         # each segment's source over its slots, into a pooled array (a fresh one faults its pages in every
         # chunk): repeated in the narrowest type that holds the ids (a quarter of the bytes for < 128
