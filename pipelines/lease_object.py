@@ -62,9 +62,12 @@ def _bucket_key(store: Store) -> tuple[str, str]:
 def _call(fs: Any, method: str, **kwargs: Any) -> Any:
     """``fs.call_s3(method, **kwargs)`` cancelled after the lease's timeouts (``fs.lease_timeout_s``): a request
     held by a stalled connection (waiting for ``100 Continue``, which no read timeout covers) never holds up the
-    lease; a cancelled request raises :class:`TimeoutError`."""
+    lease; a cancelled request raises :class:`TimeoutError`. The client is made before the clock starts: making
+    it sends nothing, yet takes a second of CPU on a first use (loading botocore's models), which on a loaded
+    machine used the whole bound of a lease's first request."""
 
     async def bounded() -> Any:
+        await fs.set_session()
         return await asyncio.wait_for(fs._call_s3(method, **kwargs), fs.lease_timeout_s)
 
     return fsspec.asyn.sync(fs.loop, bounded)

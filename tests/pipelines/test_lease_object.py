@@ -4,6 +4,7 @@ with its age by the server's clock; a request held by a stalled connection is ca
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -55,3 +56,19 @@ def test_a_request_on_a_stalled_connection_is_cancelled_within_its_timeouts(stor
         proxy.resume()
     assert unreachable(e.value), repr(e.value)
     assert json.loads(store.read(LEASE_NAME)) == {"holder": "a"}, "the held request never reached the endpoint"
+
+
+def test_the_making_of_the_client_does_not_count_against_a_requests_bound(store: Store) -> None:
+    """A first use makes the client (botocore's models: a second of CPU, more on a loaded machine) and sends
+    nothing: a lease's first request must not spend its bound on it."""
+    fs = lease_fs(store, 8)
+    set_session = fs.set_session
+
+    async def slow_first_set_up(*args: object, **kwargs: object) -> object:
+        if fs._s3 is None:
+            await asyncio.sleep(fs.lease_timeout_s * 1.25)
+        return await set_session(*args, **kwargs)
+
+    fs.set_session = slow_first_set_up
+    put(store, fs, {"holder": "a"}, if_match=None)
+    assert json.loads(store.read(LEASE_NAME)) == {"holder": "a"}
