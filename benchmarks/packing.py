@@ -14,7 +14,8 @@ through the real pipeline stages (``mixing.stages``) into a temporary folder, to
   and without it (``fair_drops=False``: a phase end drops what the last fill left): tokens dropped, the dropped
   units' mean length percentile within their source (mid-rank among the source's planned units; 0.5 when the
   choice is blind to length), the documents planned in a phase that no step of that phase delivered, and the
-  longest any unit waited past its planned step;
+  longest any unit waited past its planned step; beside them, the units starting a document dropped when the
+  plan is not fitted to its packing (the plan as drawn; the plan stage defers those: docs/design.md);
 - packing throughput (documents/s, best of ``--repeat``) and peak memory (tracemalloc, bytes per unit) of
   weir's packer (``mixing.pack.packing.pack_plan``, compiled with numba where installed), with and without the
   choice, beside the reference packer (``pack_plan`` of ``tests/mixing/pack/reference.py``, pure Python, which
@@ -123,6 +124,26 @@ def _peak_bytes(fn) -> int:  # type: ignore[no-untyped-def]
         tracemalloc.stop()
 
 
+def _plan_units(db: Path, names: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The plan's units (``src`` by ``names``, doc_id, start, step, length, phase index) and each step's phase
+    index, as :func:`benchmarks.packing_measures.drop_figures` takes them."""
+    phases = "(SELECT phase, row_number() OVER (ORDER BY min(step)) - 1 AS i FROM plan_quotas GROUP BY 1)"
+    with duckdb.connect(str(db), read_only=True) as con:
+        plan = {
+            k: np.asarray(v, np.int64)
+            for k, v in con.sql(
+                "SELECT list_position($n, source) - 1 AS src, doc_id, start, step, length, p.i AS phase "
+                f"FROM plan_units JOIN {phases} p USING (phase)",
+                params={"n": names},
+            )
+            .fetchnumpy()
+            .items()
+        }
+        query = f"SELECT p.i FROM (SELECT DISTINCT step, phase FROM plan_quotas) q JOIN {phases} p USING (phase)"
+        phase_of_step = np.asarray(con.sql(query + " ORDER BY step").fetchnumpy()["i"], np.int64)
+    return plan, phase_of_step
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, default=8192)
@@ -205,26 +226,10 @@ def main() -> int:
                 "SELECT source, count(*), median(n_tokens), max(n_tokens) FROM documents GROUP BY 1 ORDER BY 1"
             ).fetchall()
             docs = con.sql("SELECT source, doc_id, n_tokens FROM documents").pl()
-            names = list(packing.sources)
-            phases = "(SELECT phase, row_number() OVER (ORDER BY min(step)) - 1 AS i FROM plan_quotas GROUP BY 1)"
-            plan = {
-                k: np.asarray(v, np.int64)
-                for k, v in con.sql(
-                    "SELECT list_position($n, source) - 1 AS src, doc_id, start, step, length, p.i AS phase "
-                    "FROM plan_units "
-                    f"JOIN {phases} p USING (phase)",
-                    params={"n": names},
-                )
-                .fetchnumpy()
-                .items()
-            }
-            phase_of_step = np.asarray(
-                con.sql(
-                    f"SELECT p.i FROM (SELECT DISTINCT step, phase FROM plan_quotas) q JOIN {phases} p USING (phase) "
-                    "ORDER BY step"
-                ).fetchnumpy()["i"],
-                np.int64,
-            )
+        names = list(packing.sources)
+        plan, phase_of_step = _plan_units(layout.duckdb, list(packing.sources))
+        make_plan(mix, layout.duckdb, duckdb_config())  # as drawn, before the plan stage fits it to its packing
+        unfitted = drop_figures(pack_plan(db, S, B, cost, chunk_units=args.chunk_units), *_plan_units(db, names))
         make_plan(mix, layout.duckdb, duckdb_config(), spread=False)  # the pieces of a document consecutive
         consecutive_share = document_share(pack_plan(db, S, B, cost, chunk_units=args.chunk_units))
     doc_len = {}
@@ -282,6 +287,8 @@ def main() -> int:
           "(planned in a phase, in none of its steps)")  # fmt: skip
     print(f"{'first pieces dropped':28s}{weir['first']:12,d}{by_length['first']:13,d}{0:18,d}   "
           "(whole documents, or a long one's beginning: an epoch's occurrence lost)")  # fmt: skip
+    print(f"{'  the plan not fitted':28s}{unfitted['first']:12,d}{'':13s}{'':18s}   (the plan as drawn, before "
+          f"the plan stage fits it to its packing; documents a phase never gave {unfitted['lost']:,})")  # fmt: skip
     print(f"{'longest wait (steps)':28s}{weir['wait']:12,d}{by_length['wait']:13,d}{'':18s}   "
           "(placed step − planned step, the most of any unit)")  # fmt: skip
     bm, bc = _cost_spread(b_cost)

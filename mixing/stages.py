@@ -36,6 +36,7 @@ from mixing.mixfile.mix import Mix
 from mixing.output.layout import BuildLayout
 from mixing.pack.packed import write_packed
 from mixing.pack.packing import stream_plan
+from mixing.pack.whole_drops import whole_drops
 from mixing.plan.audit import PlanAudit, audit_plan
 from mixing.plan.curriculum_plan import Past, Plan, make_plan, step_quotas
 from mixing.plan.database import duckdb_config
@@ -179,8 +180,11 @@ def plan(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) 
     (``mix.continues``) is checked against its base first (:class:`mixing.continuation.Base`, read with
     ``storage_options``) and planned from its switch step on."""
     begin(layout, "plan")
-    past = _past(mix, layout, storage_options) if mix.continues is not None else None
-    result = make_plan(mix, layout.duckdb, duckdb_config(), past)
+    past, order = None, None
+    if mix.continues is not None:
+        base = Base(mix.continues.base, mix.continues.at, storage_options)
+        past, order = _past(mix, layout, base), _source_order(mix, base)
+    result = make_plan(mix, layout.duckdb, duckdb_config(), past, probe=whole_drops(mix, order))
     for warning in result.warnings:
         PLAN_LOG.warning(warning)
     with atomic_path(layout.plan_dir / "quotas.parquet") as tmp:
@@ -193,10 +197,8 @@ def plan(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) 
     return result
 
 
-def _past(mix: Mix, layout: BuildLayout, storage_options: StorageOptions) -> Past:
-    """The continuation's past, after checking that ``mix`` leaves its base's steps before the switch alone."""
-    assert mix.continues is not None
-    base = Base(mix.continues.base, mix.continues.at, storage_options)
+def _past(mix: Mix, layout: BuildLayout, base: Base) -> Past:
+    """The continuation's past, after checking that ``mix`` leaves its ``base``'s steps before the switch alone."""
     docs = {s: documents_digest(pl.read_parquet(layout.source_dir(s) / "docs.parquet")) for s in mix.sources}
     tok = load_tokenizer(mix.tokenizer, layout.tokenizer_dir)
     base.check(mix, step_quotas(mix), docs, tok.fingerprint)
@@ -236,8 +238,7 @@ def pack(
     base, order = None, None
     if mix.continues is not None:
         base = Base(mix.continues.base, mix.continues.at, storage_options)
-        old = tuple(base.manifest.sources or ())
-        order = old + tuple(sorted(set(mix.sources) - set(old)))
+        order = _source_order(mix, base)
     stream = stream_plan(
         layout.duckdb, mix.sequence.length, mix.sequence.global_batch, cost=cost, config=db, sources=order
     )
@@ -260,6 +261,12 @@ def pack(
     assert got is not None, "write_packed wrote the manifest"
     publish(layout, "packed_shards", None, [], [{"name": name, "bytes": got[0], "sha256": got[1]}])
     return manifest
+
+
+def _source_order(mix: Mix, base: Base) -> tuple[str, ...]:
+    """A continuation's source indices: its base's sources in their order, then those new in ``mix``."""
+    old = tuple(base.manifest.sources or ())
+    return old + tuple(sorted(set(mix.sources) - set(old)))
 
 
 def fingerprints(mix: Mix, layout: BuildLayout) -> dict[str, str]:

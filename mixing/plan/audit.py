@@ -3,8 +3,9 @@
 - ``mixture_error`` of ``plan_units`` against ``plan_quotas`` within the docs/design.md goals;
 - every planned unit exists: its document is in ``documents`` and ``start + length ≤ n_tokens``;
 - no unit is drawn twice within an epoch of its source;
-- the token budget is met per phase and source: tokens drawn ≥ tokens planned − S (one unit of slack,
-  since the unit that straddles two phases counts for the earlier one).
+- the token budget is met per phase and source: tokens drawn ≥ tokens planned − held − S (what the phase
+  leaves to later ones: ``plan_quotas.held``; one unit of slack, since the unit that straddles two phases
+  counts for the earlier one).
 """
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ def audit_plan(db_path: Path, seq_len: int) -> PlanAudit:
         dup = con.sql("SELECT count(*) - count(DISTINCT (source, epoch, doc_id, piece)) FROM plan_units").fetchall()[0][
             0
         ]
+        cols = {r[0] for r in con.sql("DESCRIBE plan_quotas").fetchall()}
+        held = "held" if "held" in cols else "0"  # a plan made before phases held documents back
         budget = con.sql(
-            """
-            WITH q AS (SELECT phase, source, sum(quota)::BIGINT AS tokens_planned FROM plan_quotas GROUP BY 1, 2),
+            f"""
+            WITH q AS (SELECT phase, source, sum(quota - {held})::BIGINT AS tokens_planned FROM plan_quotas
+                       GROUP BY 1, 2),
                  u AS (SELECT phase, source, sum(length)::BIGINT AS tokens_drawn FROM plan_units GROUP BY 1, 2)
             SELECT q.phase, q.source, q.tokens_planned, coalesce(u.tokens_drawn, 0)::BIGINT AS tokens_drawn,
                    greatest(0, q.tokens_planned - $seq - coalesce(u.tokens_drawn, 0))::BIGINT AS short

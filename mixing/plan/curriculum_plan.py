@@ -20,9 +20,10 @@ Deterministic for the same documents, mix and seed.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import numpy as np
@@ -31,12 +32,28 @@ import pyarrow as pa
 
 from contract.errors import WeirError
 from mixing.mixfile.mix import Mix
-from mixing.plan.curriculum import PhaseSpan, length_segments, phase_demand, step_shares
+from mixing.plan.curriculum import Held, PhaseDemand, PhaseSpan, length_segments, phase_demand, step_shares
 from mixing.plan.draws import SegmentQuota, Trained, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, short_document_warnings, shortfalls
 from mixing.plan.order import SortedOrder
 
-__all__ = ["Past", "Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
+__all__ = ["FIT_ROUNDS", "Left", "Past", "Plan", "PlanError", "Probe", "make_plan", "preview_plan", "step_quotas"]
+
+
+class Left(NamedTuple):
+    """A unit a phase's packing leaves at its end: its ``source``, its ``ord`` in the source's draw, ``phase``
+    and that phase's last step ``last``, its ``length`` in tokens."""
+
+    source: str
+    ord: int
+    phase: str
+    last: int
+    length: int
+
+
+# (the build's DuckDB file) → the units the packing of the plan written there leaves that start a document
+Probe = Callable[[Path], list[Left]]
+FIT_ROUNDS = 8  # plans drawn at most, each deferring what the packing of the one before left
 
 
 class PlanError(WeirError, ValueError):
@@ -74,8 +91,10 @@ class Plan:
     warnings: tuple[str, ...] = ()
 
 
-def step_quotas(mix: Mix) -> pl.DataFrame:
-    """Per step and source: ``quota`` tokens from the ramped mixture × S × global_batch (int64).
+def step_quotas(mix: Mix, held: Held | None = None) -> pl.DataFrame:
+    """Per step and source: ``quota`` tokens from the ramped mixture × S × global_batch (int64), and ``held``
+    (int64, ≤ ``quota``): the tokens of that quota the draw leaves to the later phases (``held`` per phase and
+    source, see :func:`make_plan`: taken off each phase's last steps; 0 without it).
 
     Cumulative quotas are rounded, so Σ quota over any prefix of steps is within 0.5 token of ideal, and a
     phase's quotas of a source sum to exactly what :func:`~mixing.plan.curriculum.phase_demand` says the phase
@@ -83,28 +102,37 @@ def step_quotas(mix: Mix) -> pl.DataFrame:
     across phases).
     """
     sch = step_shares(mix)
-    demand = phase_demand(mix)
+    cum = _cumulative(mix, phase_demand(mix))
+    drawn = _cumulative(mix, phase_demand(mix, held)) if held else cum
+    zero = np.zeros((1, len(sch.sources)), np.int64)
+    quota = np.diff(cum, axis=0, prepend=zero)
+    n = len(sch.phase)
+    names = np.array([s.name for s in sch.spans])
+    return pl.DataFrame(
+        {
+            "step": np.repeat(np.arange(n, dtype=np.int64), len(sch.sources)),
+            "phase": np.repeat(names[sch.phase] if n else np.array([], str), len(sch.sources)),
+            "source": np.tile(np.array(sch.sources), n),
+            "quota": quota.reshape(-1),
+            "cum_quota": cum.reshape(-1),
+            "share": sch.shares.reshape(-1),
+            "held": (quota - np.diff(drawn, axis=0, prepend=zero)).reshape(-1),
+        }
+    )
+
+
+def _cumulative(mix: Mix, demand: PhaseDemand) -> np.ndarray:
+    """int64 [steps, sources]: each source's cumulative tokens through each step, ``demand``'s per phase."""
+    sch = step_shares(mix)
     cap = mix.sequence.length * mix.sequence.global_batch
-    k, n = len(sch.sources), len(sch.phase)
-    cum = np.empty((n, k), np.int64)
+    cum = np.empty((len(sch.phase), len(sch.sources)), np.int64)
     for p, sp in enumerate(sch.spans):
         rows = slice(sp.first_step, sp.end_step)
         local = np.floor(demand.rest[p] + np.cumsum(sch.shares[rows] * cap, axis=0) + 0.5).astype(np.int64)
         block = np.clip(demand.cum[p] + local, demand.cum[p], demand.cum[p + 1])  # within the phase's own tokens
         block[-1] = demand.cum[p + 1]
         cum[rows] = block
-    quota = np.diff(cum, axis=0, prepend=np.zeros((1, k), np.int64))
-    names = np.array([s.name for s in sch.spans])
-    return pl.DataFrame(
-        {
-            "step": np.repeat(np.arange(n, dtype=np.int64), k),
-            "phase": np.repeat(names[sch.phase] if n else np.array([], str), k),
-            "source": np.tile(np.array(sch.sources), n),
-            "quota": quota.reshape(-1),
-            "cum_quota": cum.reshape(-1),
-            "share": sch.shares.reshape(-1),
-        }
-    )
+    return cum
 
 
 def make_plan(
@@ -113,6 +141,7 @@ def make_plan(
     config: Mapping[str, str | int | bool] | None = None,
     past: Past | None = None,
     spread: bool = True,
+    probe: Probe | None = None,
 ) -> Plan:
     """Plan ``mix`` over the ``documents`` table of ``db_path`` and write the plan tables there.
 
@@ -126,9 +155,34 @@ def make_plan(
     ``memory_limit``, ``threads``, ``temp_directory``): the draw streams, and DuckDB spills past its limit.
     ``past``: a continuation's (see :class:`Past`). ``spread``: the pieces of a long document spread over the
     order (the plan's way, :mod:`mixing.plan.draws`); False keeps them consecutive, for comparison.
+
+    ``probe``: the packing's verdict on the plan written (:data:`Probe`): the units starting a document that the
+    packing leaves at a phase's end, documents the trainer would not get in that phase. The plan is then drawn
+    again with each such unit deferred past its phase (:func:`mixing.plan.draws.draw_source`: it opens the next
+    phase that draws its source) and the phase drawing that many tokens fewer of the source (``held`` in
+    ``plan_quotas``), so the phase draws exactly the units its packing placed and packs as it did; the later
+    phases are packed anew and probed in turn, until the packing leaves none or :data:`FIT_ROUNDS` plans were
+    drawn. A phase's packing gaps make the drop; the plan drawing short of them keeps it off whole documents.
+    The plan's ``warnings`` are those of the plan as first drawn, the words :func:`preview_plan` gives.
     """
-    with duckdb.connect(str(db_path), config=dict(config or {})) as con:
-        return _plan(con, mix, persist=True, past=past, spread=spread)
+    asked = phase_demand(mix).tokens()
+    final = {s: ph for (ph, s), tokens in asked.items() if tokens}  # each source's last phase (spans in order)
+    deferred: dict[str, dict[int, int]] = {}
+    held: dict[tuple[str, str], int] = {}
+    said: tuple[str, ...] | None = None  # the warnings of the plan as drawn: the words `weir plan` prints
+    for _ in range(FIT_ROUNDS):
+        with duckdb.connect(str(db_path), config=dict(config or {})) as con:
+            plan = _plan(con, mix, persist=True, past=past, spread=spread, held=held, deferred=deferred)
+        said = plan.warnings if said is None else said
+        plan = replace(plan, warnings=said)
+        left = probe(db_path) if probe is not None else []
+        if not left:
+            break
+        for unit in left:
+            if unit.phase != final[unit.source]:  # in a source's last phase, the draw's end is what waits
+                deferred.setdefault(unit.source, {})[unit.ord] = unit.last
+            held[unit.phase, unit.source] = held.get((unit.phase, unit.source), 0) + unit.length
+    return plan
 
 
 def preview_plan(
@@ -152,14 +206,20 @@ def preview_plan(
 
 
 def _plan(
-    con: duckdb.DuckDBPyConnection, mix: Mix, persist: bool, past: Past | None = None, spread: bool = True
+    con: duckdb.DuckDBPyConnection,
+    mix: Mix,
+    persist: bool,
+    past: Past | None = None,
+    spread: bool = True,
+    held: Held | None = None,
+    deferred: Mapping[str, Mapping[int, int]] | None = None,
 ) -> Plan:
     demand = phase_demand(mix)
     spans, names = demand.spans, list(demand.sources)
     need = demand.tokens()
     quotas = None
     if past is not None:  # what is asked from the switch on: the quotas of those steps
-        quotas = step_quotas(mix).filter(pl.col("step") >= past.at)
+        quotas = step_quotas(mix, held).filter(pl.col("step") >= past.at)
         by = quotas.group_by("phase", "source").agg(pl.col("quota").sum())
         need = {(sp.name, s): 0 for sp in spans for s in names} | {(r[0], r[1]): int(r[2]) for r in by.iter_rows()}
     have, short = available(con, spans)
@@ -172,10 +232,12 @@ def _plan(
     _refuse(problems)  # before any array per step or draw: an infeasible plan costs what its phases do, not its steps
 
     if quotas is None:
-        quotas = step_quotas(mix)
-    _draw(con, mix, quotas, spans, epochs, past, spread)
+        quotas = step_quotas(mix, held)
+    _draw(con, mix, quotas, spans, epochs, past, spread, deferred)
     got = {(spans[r[0]].name, names[r[1]]): int(r[2]) for r in con.sql(_TAKEN).fetchall()}
-    _refuse(shortfalls(mix, spans, need, got, have, epochs))
+    kept = quotas.group_by("phase", "source").agg(pl.col("held").sum())
+    drawn_need = dict(need) | {(r[0], r[1]): need[r[0], r[1]] - int(r[2]) for r in kept.iter_rows()}
+    _refuse(shortfalls(mix, spans, drawn_need, got, have, epochs))
     per_source, phases = _summaries(con, mix, spans, need, have)
     n_units = con.sql("SELECT count(*) FROM _taken").fetchall()[0][0]
     if persist:
@@ -200,12 +262,14 @@ def _plan(
 def _whole(before: pl.DataFrame, after: pl.DataFrame) -> pl.DataFrame:
     """The quotas of a whole continuation: its base's ``before`` its switch, then its own ``after``, every
     (step, source) of either present (0 where a source has none: a source new here, or one it no longer names)."""
+    if "held" not in before.columns:  # a base planned before phases held documents back
+        before = before.with_columns(pl.lit(0, pl.Int64).alias("held"))
     both = pl.concat([before.select(after.columns).cast(after.schema), after])  # type: ignore[arg-type]
     phase = both.select("step", "phase").unique("step")
     grid = phase.join(both.select("source").unique(), how="cross")
     out = grid.join(both.drop("phase"), on=["step", "source"], how="left")
     return (
-        out.with_columns(pl.col("quota", "cum_quota", "share").fill_null(0))
+        out.with_columns(pl.col("quota", "cum_quota", "share", "held").fill_null(0))
         .select(after.columns)
         .sort("step", "source")
     )
@@ -233,6 +297,7 @@ def _draw(
     epochs: dict[str, int],
     past: Past | None = None,
     spread: bool = True,
+    deferred: Mapping[str, Mapping[int, int]] | None = None,
 ) -> None:
     """Temp table ``_taken(step, ph, src, doc_id, piece, start, length, epoch, ord)``: the units each step
     draws, ``ph`` and ``src`` indices into ``spans`` and the sources by name.
@@ -243,7 +308,8 @@ def _draw(
     ``plan_units``.
     """
     names = sorted(mix.sources)
-    quota = quotas["quota"].to_numpy().reshape(-1, len(names))  # step_quotas: step-major, sources by name
+    # what each step draws (step_quotas: step-major, sources by name): its quota less what it leaves to later phases
+    quota = (quotas["quota"] - quotas["held"]).to_numpy().reshape(-1, len(names))
     if past is not None:  # the quotas start at the switch: the steps before it ask nothing
         quota = np.concatenate([np.zeros((past.at, len(names)), np.int64), quota])
     con.execute(
@@ -271,6 +337,7 @@ def _draw(
                 segments=segments,
                 trained=trained,
                 spread=spread,
+                deferred=(deferred or {}).get(s),
             )
             for u in draws:
                 pending.append(u)

@@ -165,7 +165,9 @@ def test_the_past_is_kept_and_every_piece_goes_on_once(base: Path, edit: str) ->
     late = {names[s] for s in c.segments[1][np.repeat(c.steps >= N, np.diff(c.segments[0])), 0].tolist()}
     assert late <= {s for s, w in _shares_after(mix).items() if w > 0}
     report = inspect_build(out)
-    assert report.mixture_error.window <= 0.05  # tiny steps: one document is ~0.02 of a 10-step window
+    # tiny steps: one document is ~0.02 of a 10-step window, and the base's phase-end documents deferred to the
+    # next phase's first steps (mixing.plan.draws) are two or three of them in a window the switch cuts
+    assert report.mixture_error.window <= 0.06
 
 
 def _shares_after(mix) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -182,7 +184,7 @@ def test_a_continuation_continues(base: Path) -> None:
     second = _continue(first, "chain", *EDITS["weights_and_ramp_at_N"], at=12)
     c1, c2 = ShardSet(first / "shards"), ShardSet(second / "shards")
     assert [e.at for e in c2.manifest.lineage] == [N, 12] == [e.at for e in inspect_build(second).lineage]
-    assert diff_builds(c1, c2).identical == 12
+    assert diff_builds(c1, c2).identical >= 12  # the past before 12 kept (the same mix on: maybe all of it)
     assert np.array_equal(_recorded(c2)[:N], _recorded(ShardSet(base / "shards"))[:N])
 
 

@@ -116,7 +116,8 @@ def check_figures(root: Path) -> BuildReport:
 
 def test_the_figures_of_the_tiny_build_agree_with_its_shards_manifest_and_documents(tiny: Path) -> None:
     r = check_figures(tiny)
-    assert (r.sequences, r.tokens, r.truncated_docs) == (32, 1738, 0.0)
+    # the tokens pinned: the plan fitted to its packing (its first phase's whole documents deferred to the next)
+    assert (r.sequences, r.tokens, r.truncated_docs) == (32, 1735, 0.0)
 
 
 def test_the_figures_the_demo_build_saved_are_what_inspect_recomputes(demo_build: Path) -> None:

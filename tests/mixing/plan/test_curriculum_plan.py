@@ -35,8 +35,9 @@ def test_step_quotas_carry_rounding_forward(case: tuple[Mix, dict[str, np.ndarra
     q = step_quotas(mix)
     spans = phase_spans(mix)
     names, steps = sorted(mix.sources), sum(sp.steps for sp in spans)
-    assert q.columns == ["step", "phase", "source", "quota", "cum_quota", "share"]
-    assert q.schema["quota"] == q.schema["cum_quota"] == q.schema["step"] == pl.Int64
+    assert q.columns == ["step", "phase", "source", "quota", "cum_quota", "share", "held"]
+    assert q.schema["quota"] == q.schema["cum_quota"] == q.schema["step"] == q.schema["held"] == pl.Int64
+    assert (q["held"] == 0).all(), "nothing held back unless asked"
     assert q["step"].to_list() == [t for t in range(steps) for _ in names], "step-major"
     assert q["source"].to_list() == names * steps, "sources by name within a step"
     phase_of = [sp.name for sp in spans for _ in range(sp.steps)]

@@ -183,3 +183,27 @@ def test_a_segment_that_runs_out_draws_every_unit_it_may_and_no_more() -> None:
         (e, d, p) for e in range(2) for d, n in ((0, 1), (1, 2), (2, 4)) for p in range(n)
     )
     assert int(u["step"].max()) == 4  # the last unit's midpoint (≥ 84) is past step 3's cumulative 80, within 100
+
+
+@settings(max_examples=120)
+@given(cases(), st.integers(0, 2**32 - 1))
+def test_a_deferred_unit_is_drawn_past_its_step_once_and_the_rest_as_without_it(case: Case, seed: int) -> None:
+    plain = concat(case.draw())
+    rng = np.random.default_rng(seed)
+    pick = rng.random(len(plain["ord"])) < 0.2
+    deferred = dict(zip(plain["ord"][pick].tolist(), plain["step"][pick].tolist(), strict=True))
+    chunks = list(
+        draw_source(
+            case.order, len(case.lengths), seq=case.seq, epochs=case.epochs, segments=case.segments(), deferred=deferred
+        )
+    )
+    u = {k: np.concatenate([c[k] for c in chunks]) if chunks else np.zeros(0, np.int64) for k in COLUMNS}
+    assert len(np.unique(u["ord"])) == len(u["ord"]), "no unit drawn twice"
+    assert (np.diff(u["step"]) >= 0).all(), "units come out in step order"
+    for o, t in zip(u["ord"].tolist(), u["step"].tolist(), strict=True):
+        assert o not in deferred or t > deferred[o], (o, t, deferred[o])
+    # in the first segment, the units ahead of the first deferred one are drawn as without it, on the same steps
+    first, steps0 = min(deferred, default=1 << 62), len(case.quotas[0])
+    early = (plain["ord"] < first) & (plain["step"] < steps0)
+    mine = (u["ord"] < first) & (u["step"] < steps0)
+    assert np.array_equal(plain["ord"][early], u["ord"][mine]) and np.array_equal(plain["step"][early], u["step"][mine])
