@@ -19,8 +19,8 @@ import pyarrow as pa
 from mixing.mixfile.mix import Mix
 from mixing.pack.packing import stream_plan
 from mixing.plan.curriculum import phase_spans
-from mixing.plan.curriculum_plan import Left, Probe
 from mixing.plan.database import duckdb_config
+from mixing.plan.fit import Left, Probe
 
 __all__ = ["whole_drops"]
 

@@ -20,10 +20,9 @@ Deterministic for the same documents, mix and seed.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
 
 import duckdb
 import numpy as np
@@ -35,25 +34,10 @@ from mixing.mixfile.mix import Mix
 from mixing.plan.curriculum import Held, PhaseDemand, PhaseSpan, length_segments, phase_demand, step_shares
 from mixing.plan.draws import SegmentQuota, Trained, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, short_document_warnings, shortfalls
+from mixing.plan.fit import Deferred, Probe, fit
 from mixing.plan.order import SortedOrder
 
-__all__ = ["FIT_ROUNDS", "Left", "Past", "Plan", "PlanError", "Probe", "make_plan", "preview_plan", "step_quotas"]
-
-
-class Left(NamedTuple):
-    """A unit a phase's packing leaves at its end: its ``source``, its ``ord`` in the source's draw, ``phase``
-    and that phase's last step ``last``, its ``length`` in tokens."""
-
-    source: str
-    ord: int
-    phase: str
-    last: int
-    length: int
-
-
-# (the build's DuckDB file) → the units the packing of the plan written there leaves that start a document
-Probe = Callable[[Path], list[Left]]
-FIT_ROUNDS = 8  # plans drawn at most, each deferring what the packing of the one before left
+__all__ = ["Past", "Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
 
 
 class PlanError(WeirError, ValueError):
@@ -161,28 +145,22 @@ def make_plan(
     again with each such unit deferred past its phase (:func:`mixing.plan.draws.draw_source`: it opens the next
     phase that draws its source) and the phase drawing that many tokens fewer of the source (``held`` in
     ``plan_quotas``), so the phase draws exactly the units its packing placed and packs as it did; the later
-    phases are packed anew and probed in turn, until the packing leaves none or :data:`FIT_ROUNDS` plans were
+    phases are packed anew and probed in turn, until the packing leaves none or
+    :data:`mixing.plan.fit.FIT_ROUNDS` plans were
     drawn. A phase's packing gaps make the drop; the plan drawing short of them keeps it off whole documents.
-    The plan's ``warnings`` are those of the plan as first drawn, the words :func:`preview_plan` gives.
+    The plan's ``warnings`` are those of the plan as first drawn, the words :func:`preview_plan` gives
+    (:func:`mixing.plan.fit.fit` draws the plans).
     """
-    asked = phase_demand(mix).tokens()
-    final = {s: ph for (ph, s), tokens in asked.items() if tokens}  # each source's last phase (spans in order)
-    deferred: dict[str, dict[int, int]] = {}
-    held: dict[tuple[str, str], int] = {}
-    said: tuple[str, ...] | None = None  # the warnings of the plan as drawn: the words `weir plan` prints
-    for _ in range(FIT_ROUNDS):
+
+    def draw(held: Held, deferred: Deferred) -> Plan:
         with duckdb.connect(str(db_path), config=dict(config or {})) as con:
-            plan = _plan(con, mix, persist=True, past=past, spread=spread, held=held, deferred=deferred)
-        said = plan.warnings if said is None else said
-        plan = replace(plan, warnings=said)
-        left = probe(db_path) if probe is not None else []
-        if not left:
-            break
-        for unit in left:
-            if unit.phase != final[unit.source]:  # in a source's last phase, the draw's end is what waits
-                deferred.setdefault(unit.source, {})[unit.ord] = unit.last
-            held[unit.phase, unit.source] = held.get((unit.phase, unit.source), 0) + unit.length
-    return plan
+            return _plan(con, mix, persist=True, past=past, spread=spread, held=held, deferred=deferred)
+
+    if probe is None:
+        return draw({}, {})
+    final = {s: ph for (ph, s), tokens in phase_demand(mix).tokens().items() if tokens}  # spans in order
+    first, fitted = fit(draw, probe, db_path, final)
+    return replace(fitted, warnings=first.warnings)
 
 
 def preview_plan(
@@ -212,7 +190,7 @@ def _plan(
     past: Past | None = None,
     spread: bool = True,
     held: Held | None = None,
-    deferred: Mapping[str, Mapping[int, int]] | None = None,
+    deferred: Deferred | None = None,
 ) -> Plan:
     demand = phase_demand(mix)
     spans, names = demand.spans, list(demand.sources)
@@ -297,7 +275,7 @@ def _draw(
     epochs: dict[str, int],
     past: Past | None = None,
     spread: bool = True,
-    deferred: Mapping[str, Mapping[int, int]] | None = None,
+    deferred: Deferred | None = None,
 ) -> None:
     """Temp table ``_taken(step, ph, src, doc_id, piece, start, length, epoch, ord)``: the units each step
     draws, ``ph`` and ``src`` indices into ``spans`` and the sources by name.

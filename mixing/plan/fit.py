@@ -1,0 +1,60 @@
+"""Fitting a plan to its packing: the plan drawn again until its packing drops no document whole.
+
+A phase's packing leaves gaps, so a plan that draws exactly a phase's tokens has more than its sequences hold
+and the phase end drops the surplus; where no piece of a long document can stand in, whole documents. The
+plan stage's ``probe`` (:func:`mixing.pack.whole_drops.whole_drops`) packs the plan as the build will and names
+the units starting a document that a phase end drops (:class:`Left`); :func:`fit` draws the plan again with
+each deferred past its phase and the phase drawing that many tokens fewer. Deterministic: the draw and the
+packing are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+__all__ = ["FIT_ROUNDS", "Deferred", "Left", "Probe", "fit"]
+
+
+class Left(NamedTuple):
+    """A unit a phase's packing leaves at its end: its ``source``, its ``ord`` in the source's draw, ``phase``
+    and that phase's last step ``last``, its ``length`` in tokens."""
+
+    source: str
+    ord: int
+    phase: str
+    last: int
+    length: int
+
+
+Probe = Callable[[Path], list[Left]]  # the build's DuckDB file → what the packing of the plan written there leaves
+Deferred = Mapping[str, Mapping[int, int]]  # source → ord → the step the unit must be drawn after
+FIT_ROUNDS = 8  # plans drawn at most, each deferring what the packing of the one before left
+
+P = TypeVar("P")
+
+
+def fit(
+    draw: Callable[[dict[tuple[str, str], int], Deferred], P], probe: Probe, db: Path, final: Mapping[str, str]
+) -> tuple[P, P]:
+    """The plan as first drawn and as fitted: ``draw(held, deferred)`` writes a plan into ``db`` (``held``:
+    (phase, source) → tokens the phase draws fewer of; ``deferred``: as :func:`mixing.plan.draws.draw_source`
+    takes it, per source) and returns it; after each, ``probe(db)`` names the units its packing leaves, each
+    then deferred past its phase and held, until it names none or :data:`FIT_ROUNDS` plans were drawn. In a
+    source's last phase (``final``: source → phase) a unit is held, not deferred: there is no later phase, and
+    what waits is the end of the source's draw. The phase then draws exactly what its packing placed and packs
+    as it did; the later phases are packed anew and probed in turn."""
+    held: dict[tuple[str, str], int] = {}
+    deferred: dict[str, dict[int, int]] = {}
+    first = plan = draw(held, deferred)
+    for _ in range(FIT_ROUNDS - 1):
+        left = probe(db)
+        if not left:
+            break
+        for unit in left:
+            if unit.phase != final[unit.source]:
+                deferred.setdefault(unit.source, {})[unit.ord] = unit.last
+            held[unit.phase, unit.source] = held.get((unit.phase, unit.source), 0) + unit.length
+        plan = draw(held, deferred)
+    return first, plan
