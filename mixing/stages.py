@@ -173,7 +173,9 @@ def length_stats(mix: Mix, layout: BuildLayout) -> LengthStats:
 
 
 def plan(mix: Mix, layout: BuildLayout, storage_options: StorageOptions = None) -> Plan:
-    """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/{quotas,phases,sources}.parquet``).
+    """Per-step quotas and document draws in ``weir.duckdb`` (and ``plan/{quotas,phases,sources}.parquet``),
+    fitted to their packing (:mod:`mixing.plan.fit`, probed by :func:`mixing.pack.whole_drops.whole_drops`: no
+    phase end drops a document whole).
 
     Each of the plan's warnings (:func:`mixing.plan.feasibility.plan_warnings`, the sentences ``weir plan``
     prints) is logged on :data:`PLAN_LOG`, so ``weir build`` prints the same words. A continuation

@@ -3,8 +3,7 @@
 A phase's packing leaves gaps (padding), so a plan that draws exactly a phase's tokens has more than its
 sequences hold, and the phase end drops the surplus (:mod:`mixing.pack.phase_end` chooses which, preferring
 pieces of long documents). Where no piece can stand in, it drops whole documents, occurrences the trainer never
-gets. :func:`mixing.plan.curriculum_plan.make_plan` defers those past their phase and draws the phase short of
-them.
+gets. :func:`mixing.plan.fit.fit` defers those past their phase and draws the phase short of them.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def draw_source(
     ``deferred``: ord → step: units that must not be drawn by that step or before (the whole documents a phase's
     packing dropped; the caller draws that phase short by their tokens): each moves in the order to just past the
     units drawn by that step, so it opens the next phase that draws the source in the segment, or, with none,
-    the next segment whose limit it fits.
+    the next segment whose limit it fits (with none either, it is not drawn).
     A segment that runs out
     of units before its last step simply takes fewer tokens (the caller compares them to its demand).
     Deterministic; the result does not depend on :data:`CHUNK_DOCS`.
