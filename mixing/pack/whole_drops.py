@@ -31,9 +31,10 @@ def whole_drops(mix: Mix, sources: Sequence[str] | None = None) -> Probe:
     pieces after a document's first are left out (the document reached the trainer). A unit planned twice in
     its phase (two epochs) is named by its later draw. Deterministic: the packing is."""
     spans = phase_spans(mix)
-    name = np.repeat(np.array([sp.name for sp in spans]), [sp.steps for sp in spans])
-    last = np.repeat(np.array([sp.first_step + sp.steps - 1 for sp in spans]), [sp.steps for sp in spans])
-    first = np.repeat(np.array([sp.first_step for sp in spans]), [sp.steps for sp in spans])
+    of = np.repeat(np.arange(len(spans)), [sp.steps for sp in spans])  # each step's phase
+    name = np.array([sp.name for sp in spans])[of]
+    first = np.array([sp.first_step for sp in spans], np.int64)[of]
+    last = first + np.array([sp.steps - 1 for sp in spans], np.int64)[of]
     cost = mix.balance.cost.model()
 
     def probe(db: Path) -> list[Left]:

@@ -151,7 +151,7 @@ def phase_demand(mix: Mix, held: Held | None = None) -> PhaseDemand:
     ``b`` of each of the phase's other steps.
 
     ``held``: tokens a phase asks fewer of a source than its mixture would (the whole documents its packing
-    could not place: :func:`mixing.plan.curriculum_plan.make_plan`), taken off the phase's own demand only: the
+    could not place: :func:`mixing.plan.fit.fit`), taken off the phase's own demand only: the
     later phases ask what they did, so the source's draw goes on from where the phase left it.
     """
     names = tuple(sorted(mix.sources))

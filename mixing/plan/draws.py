@@ -182,11 +182,14 @@ def draw_source(
         carry = None if carry is None else {k: v[carry["doc_len"] > limit] for k, v in carry.items()}
         drawn: list[np.ndarray] = []  # the deferred ords this segment drew
         for u in _order(order, seq, epochs, spread):  # from the start: earlier segments skip units
-            ok = (u["doc_len"] <= limit) & ~np.isin(u["ord"], carried)  # the carried come in at the start
+            ok = u["doc_len"] <= limit
+            if len(carried):  # the carried come in at the start
+                ok &= ~np.isin(u["ord"], carried)
             if trained is not None:
                 ok &= u["epoch"] >= trained(u["doc_id"], u["start"])
             for lim, past, left in taken:
-                ok &= ~((u["ord"] < past) & (u["doc_len"] <= lim) & ~np.isin(u["ord"], left))
+                earlier = (u["ord"] < past) & (u["doc_len"] <= lim)
+                ok &= ~(earlier & ~np.isin(u["ord"], left)) if len(left) else ~earlier
             if not ok.all():
                 u = {k: v[ok] for k, v in u.items()}
             if len(later):

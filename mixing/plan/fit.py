@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+from mixing.plan.curriculum import Held
+
 __all__ = ["FIT_ROUNDS", "Deferred", "Left", "Probe", "fit"]
 
 
@@ -35,9 +37,7 @@ FIT_ROUNDS = 8  # plans drawn at most, each deferring what the packing of the on
 P = TypeVar("P")
 
 
-def fit(
-    draw: Callable[[dict[tuple[str, str], int], Deferred], P], probe: Probe, db: Path, final: Mapping[str, str]
-) -> tuple[P, P]:
+def fit(draw: Callable[[Held, Deferred], P], probe: Probe, db: Path, final: Mapping[str, str]) -> tuple[P, P]:
     """The plan as first drawn and as fitted: ``draw(held, deferred)`` writes a plan into ``db`` (``held``:
     (phase, source) → tokens the phase draws fewer of; ``deferred``: as :func:`mixing.plan.draws.draw_source`
     takes it, per source) and returns it; after each, ``probe(db)`` names the units its packing leaves, each

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mixing.plan.curriculum import Held
 from mixing.plan.fit import FIT_ROUNDS, Deferred, Left, fit
 
 FINAL = {"a": "anneal", "b": "anneal"}
@@ -14,7 +15,7 @@ def test_what_a_phase_leaves_is_deferred_and_held_and_a_last_phase_only_held(tmp
     answers = [[Left("a", 7, "main", 9, 40), Left("b", 3, "anneal", 19, 25)], [Left("a", 11, "main", 9, 5)], []]
     drawn: list[tuple[dict[tuple[str, str], int], dict[str, dict[int, int]]]] = []
 
-    def draw(held: dict[tuple[str, str], int], deferred: Deferred) -> int:
+    def draw(held: Held, deferred: Deferred) -> int:
         drawn.append((dict(held), {s: dict(d) for s, d in deferred.items()}))
         return len(drawn)
 
@@ -28,7 +29,7 @@ def test_what_a_phase_leaves_is_deferred_and_held_and_a_last_phase_only_held(tmp
 def test_at_most_fit_rounds_plans_are_drawn(tmp_path: Path) -> None:
     count: list[int] = []
 
-    def draw(_held: dict[tuple[str, str], int], _deferred: Deferred) -> int:
+    def draw(_held: Held, _deferred: Deferred) -> int:
         count.append(1)
         return len(count)
 
