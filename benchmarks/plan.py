@@ -10,10 +10,14 @@ length-limited warmup, a main phase ramped in linearly and a cosine-ramped annea
 phases are sized in tokens so the plan draws about 90% of all tokens.
 
 Each stage runs in its own child process (``stats``: ``length_tables``; ``plan``: ``make_plan``; ``pack``:
-``mixing.pack.packing.pack_plan``, the packer's public entry point) and reports its wall time and its own peak
-resident memory (``ru_maxrss``), so one stage's memory never hides another's. Prints the load average beside
-the figures, each stage's CPU seconds (user + system, all threads: less sensitive to the load than wall
-time), and per size the stats + plan time ratio to the previous size over the size ratio (1.0: linear).
+``mixing.pack.packing.pack_plan``, the packer's public entry point; ``fit``: ``make_plan`` with the probe a
+build's plan stage passes, :func:`mixing.pack.whole_drops.whole_drops`, which packs each plan drawn and draws it
+again until the packing drops no document whole: its time beside ``plan``'s is what the fit costs; ``plans``:
+the plans drawn, ``left``: the units starting a document that the first plan's packing drops → the fitted's)
+and reports its wall time and its own peak resident memory (``ru_maxrss``), so one stage's memory never hides
+another's. Prints the load average beside the figures, each stage's CPU seconds (user + system, all threads:
+less sensitive to the load than wall time), and per size the stats + plan time ratio to the previous size over
+the size ratio (1.0: linear).
 """
 
 from __future__ import annotations
@@ -121,6 +125,24 @@ def stage(name: str, db: Path, n: int, tokens: int, config: dict[str, str | int]
         from mixing.pack.packing import pack_plan
 
         out["sequences"] = len(pack_plan(db, SEQ, BATCH).seq_step)
+    elif name == "fit":
+        from mixing.pack.whole_drops import whole_drops
+        from mixing.plan.curriculum_plan import make_plan
+        from mixing.plan.fit import Left
+
+        mix, found = bench_mix(tokens), []
+        probe = whole_drops(mix)
+
+        def counting(path: Path) -> list[Left]:
+            found.append(len(left := probe(path)))
+            return left
+
+        out["units"] = make_plan(mix, db, config=config, probe=counting).units
+        out["seconds"] = time.perf_counter() - t0
+        out["plans"] = len(found) + (found[-1] > 0)  # the last probe names none, or FIT_ROUNDS plans were drawn
+        out["left_first"] = found[0]
+        out["left_fitted"] = -1 if found[-1] else 0  # -1: the last plan drawn was not probed (rounds ran out)
+        return out
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -141,6 +163,7 @@ def main() -> None:
     ap.add_argument("--memory-limit", default="4GB", help="DuckDB memory_limit in the stats and plan stages")
     ap.add_argument("--threads", type=int, default=2, help="DuckDB threads in the stats and plan stages")
     ap.add_argument("--pack-up-to", type=int, default=1_000_000, help="time packing up to this many documents")
+    ap.add_argument("--fit-up-to", type=int, default=3_000_000, help="time the fitted plan up to this many documents")
     ap.add_argument("--stage", nargs=5, metavar=("NAME", "DB", "N", "TOKENS", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stage:
@@ -156,7 +179,8 @@ def main() -> None:
     print(f"DuckDB {config}; {os.cpu_count()} cores; seconds and peak RSS (GB) per stage, each its own process")
     print(
         f"{'documents':>12} {'units':>12} {'stats s':>8} {'cpu s':>7} {'GB':>5} {'plan s':>8} {'cpu s':>7} {'GB':>5} "
-        f"{'pack s':>8} {'cpu s':>7} {'GB':>5} {'time/size':>9}  load avg"
+        f"{'pack s':>8} {'cpu s':>7} {'GB':>5} {'fit s':>8} {'cpu s':>7} {'GB':>5} {'plans':>5} {'left':>9} "
+        f"{'time/size':>9}  load avg"
     )
     prev: tuple[int, float] | None = None
     for n in sizes:
@@ -167,6 +191,7 @@ def main() -> None:
             st = child("stats", db, n, tokens, config)
             pl_ = child("plan", db, n, tokens, config)
             pk = child("pack", db, n, tokens, config) if n <= args.pack_up_to else None
+            ft = child("fit", db, n, tokens, config) if n <= args.fit_up_to else None
             load += " → " + "/".join(f"{x:.1f}" for x in os.getloadavg())
         total = st["seconds"] + pl_["seconds"]
         growth = f"{(total / prev[1]) / (n / prev[0]):>9.2f}" if prev else f"{'':>9}"
@@ -174,9 +199,15 @@ def main() -> None:
         pack = (
             f"{pk['seconds']:>8.2f} {pk['cpu']:>7.1f} {pk['rss'] / 1e9:>5.2f}" if pk else f"{'-':>8} {'-':>7} {'-':>5}"
         )
+        fit = (
+            f"{ft['seconds']:>8.2f} {ft['cpu']:>7.1f} {ft['rss'] / 1e9:>5.2f} {int(ft['plans']):>5} "
+            f"{int(ft['left_first']):>4}→{'?' if ft['left_fitted'] < 0 else int(ft['left_fitted']):<4}"
+            if ft
+            else f"{'-':>8} {'-':>7} {'-':>5} {'-':>5} {'-':>9}"
+        )
         print(
             f"{n:>12,} {int(pl_['units']):>12,} {st['seconds']:>8.2f} {st['cpu']:>7.1f} {st['rss'] / 1e9:>5.2f} "
-            f"{pl_['seconds']:>8.2f} {pl_['cpu']:>7.1f} {pl_['rss'] / 1e9:>5.2f} {pack} {growth}  {load}",
+            f"{pl_['seconds']:>8.2f} {pl_['cpu']:>7.1f} {pl_['rss'] / 1e9:>5.2f} {pack} {fit} {growth}  {load}",
             flush=True,
         )
 
