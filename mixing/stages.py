@@ -38,8 +38,9 @@ from mixing.pack.packed import write_packed
 from mixing.pack.packing import stream_plan
 from mixing.pack.whole_drops import whole_drops
 from mixing.plan.audit import PlanAudit, audit_plan
-from mixing.plan.curriculum_plan import Past, Plan, make_plan, step_quotas
+from mixing.plan.curriculum_plan import Past, Plan, make_plan
 from mixing.plan.database import duckdb_config
+from mixing.plan.quotas import step_quotas
 from mixing.plan.stats import LengthStats, compute_length_stats
 from mixing.stage import Stage, StorageOptions, begin, publish
 from mixing.tokenizer_sample import tokenizer_sample

@@ -53,10 +53,10 @@ def whole_drops(mix: Mix, sources: Sequence[str] | None = None) -> Probe:
         with duckdb.connect(str(db), read_only=True, config=dict(config.items())) as con:
             con.register("dropped", dropped)
             found = con.sql(  # one pass over plan_units, whatever the number of drops
-                "SELECT d.source, max(u.ord), d.hi, d.length FROM dropped d JOIN plan_units u "
+                "SELECT d.source, max(u.ord), arg_max(u.step, u.ord), d.hi, d.length FROM dropped d JOIN plan_units u "
                 "ON u.source = d.source AND u.doc_id = d.doc_id AND u.start = d.start AND u.step BETWEEN d.lo AND d.hi "
                 "GROUP BY d.source, d.doc_id, d.start, d.hi, d.length ORDER BY 1, 2"
             ).fetchall()
-        return [Left(str(s), int(o), str(name[hi]), int(hi), int(n)) for s, o, hi, n in found]
+        return [Left(str(s), int(o), int(at), str(name[hi]), int(hi), int(n)) for s, o, at, hi, n in found]
 
     return probe

@@ -137,10 +137,10 @@ class PhaseDemand:
         }
 
 
-Held = Mapping[tuple[str, str], int]  # (phase, source) → tokens the phase draws fewer of (see phase_demand)
+Held = Mapping[tuple[int, str], int]  # (step, source) → tokens that step draws fewer of (mixing.plan.fit)
 
 
-def phase_demand(mix: Mix, held: Held | None = None) -> PhaseDemand:
+def phase_demand(mix: Mix) -> PhaseDemand:
     """What each phase asks of each source, from each phase's mixture, length and ramp alone, in exact arithmetic:
     O(phases × sources) time and memory, whatever the number of steps (the plan is judged feasible or not on it
     before any per-step array is made).
@@ -149,10 +149,6 @@ def phase_demand(mix: Mix, held: Held | None = None) -> PhaseDemand:
     steps' midpoints, sum to half its steps (the cosine's ``cos πx`` terms cancel in pairs), so over a ramp of
     ``r`` steps from share ``a`` to share ``b`` a source is asked ``r·(a + b)/2`` steps' worth of tokens, then
     ``b`` of each of the phase's other steps.
-
-    ``held``: tokens a phase asks fewer of a source than its mixture would (the whole documents its packing
-    could not place: :func:`mixing.plan.fit.fit`), taken off the phase's own demand only: the
-    later phases ask what they did, so the source's draw goes on from where the phase left it.
     """
     names = tuple(sorted(mix.sources))
     spans = phase_spans(mix)
@@ -171,10 +167,4 @@ def phase_demand(mix: Mix, held: Held | None = None) -> PhaseDemand:
         cum.append(rounded)
         rest.append([float(x - n) for x, n in zip(ideal, rounded, strict=True)])
         prev = target
-    cums = np.array(cum, np.int64)
-    for p, span in enumerate(spans):
-        for i, name in enumerate(names):
-            h = (held or {}).get((span.name, name), 0)
-            if h:  # the phase's demand less h (never below 0), every later boundary moved with it
-                cums[p + 1 :, i] -= min(h, int(cums[p + 1, i] - cums[p, i]))
-    return PhaseDemand(names, spans, cums, np.array(rest, np.float64))
+    return PhaseDemand(names, spans, np.array(cum, np.int64), np.array(rest, np.float64))

@@ -5,9 +5,10 @@ document or one such piece. Tables written to the build's DuckDB file, all at on
 plan is feasible (:mod:`mixing.plan.feasibility`; judged from what each phase asks of each source,
 :func:`~mixing.plan.curriculum.phase_demand`, before any per-step array is made or any document drawn):
 
-- ``plan_quotas(step, phase, source, quota, cum_quota, share)``: tokens of ``source`` planned for ``step``
+- ``plan_quotas(step, phase, source, quota, cum_quota, share, held)``: tokens of ``source`` planned for ``step``
   from the (ramped) mixture; ``cum_quota`` is the rounded cumulative ideal, so rounding error is carried
-  forward and never accumulates (Σ quota over any prefix of steps is within 0.5 token of ideal).
+  forward and never accumulates (Σ quota over any prefix of steps is within 0.5 token of ideal); ``held``: what
+  of it the step does not draw, the fit's (:mod:`mixing.plan.quotas`).
 - ``plan_units(step, phase, source, doc_id, piece, start, length, epoch, ord)``: the units each step draws.
   Each source's units come in a seeded order (a fresh order of its documents for every epoch, sorted by
   DuckDB: :mod:`mixing.plan.order`);
@@ -31,13 +32,14 @@ import pyarrow as pa
 
 from contract.errors import WeirError
 from mixing.mixfile.mix import Mix
-from mixing.plan.curriculum import Held, PhaseDemand, PhaseSpan, length_segments, phase_demand, step_shares
+from mixing.plan.curriculum import Held, PhaseSpan, length_segments, phase_demand
 from mixing.plan.draws import SegmentQuota, Trained, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, short_document_warnings, shortfalls
-from mixing.plan.fit import Deferred, Probe, fit
+from mixing.plan.fit import Deferred, Probe, fit, not_drawn_again
 from mixing.plan.order import SortedOrder
+from mixing.plan.quotas import step_quotas
 
-__all__ = ["Past", "Plan", "PlanError", "make_plan", "preview_plan", "step_quotas"]
+__all__ = ["Past", "Plan", "PlanError", "make_plan", "preview_plan"]
 
 
 class PlanError(WeirError, ValueError):
@@ -75,50 +77,6 @@ class Plan:
     warnings: tuple[str, ...] = ()
 
 
-def step_quotas(mix: Mix, held: Held | None = None) -> pl.DataFrame:
-    """Per step and source: ``quota`` tokens from the ramped mixture × S × global_batch (int64), and ``held``
-    (int64, ≤ ``quota``): the tokens of that quota the draw leaves to the later phases (``held`` per phase and
-    source, see :func:`make_plan`: taken off each phase's last steps; 0 without it).
-
-    Cumulative quotas are rounded, so Σ quota over any prefix of steps is within 0.5 token of ideal, and a
-    phase's quotas of a source sum to exactly what :func:`~mixing.plan.curriculum.phase_demand` says the phase
-    asks of it (each phase's cumulative quotas start from its boundary there: float rounding never carries
-    across phases).
-    """
-    sch = step_shares(mix)
-    cum = _cumulative(mix, phase_demand(mix))
-    drawn = _cumulative(mix, phase_demand(mix, held)) if held else cum
-    zero = np.zeros((1, len(sch.sources)), np.int64)
-    quota = np.diff(cum, axis=0, prepend=zero)
-    n = len(sch.phase)
-    names = np.array([s.name for s in sch.spans])
-    return pl.DataFrame(
-        {
-            "step": np.repeat(np.arange(n, dtype=np.int64), len(sch.sources)),
-            "phase": np.repeat(names[sch.phase] if n else np.array([], str), len(sch.sources)),
-            "source": np.tile(np.array(sch.sources), n),
-            "quota": quota.reshape(-1),
-            "cum_quota": cum.reshape(-1),
-            "share": sch.shares.reshape(-1),
-            "held": (quota - np.diff(drawn, axis=0, prepend=zero)).reshape(-1),
-        }
-    )
-
-
-def _cumulative(mix: Mix, demand: PhaseDemand) -> np.ndarray:
-    """int64 [steps, sources]: each source's cumulative tokens through each step, ``demand``'s per phase."""
-    sch = step_shares(mix)
-    cap = mix.sequence.length * mix.sequence.global_batch
-    cum = np.empty((len(sch.phase), len(sch.sources)), np.int64)
-    for p, sp in enumerate(sch.spans):
-        rows = slice(sp.first_step, sp.end_step)
-        local = np.floor(demand.rest[p] + np.cumsum(sch.shares[rows] * cap, axis=0) + 0.5).astype(np.int64)
-        block = np.clip(demand.cum[p] + local, demand.cum[p], demand.cum[p + 1])  # within the phase's own tokens
-        block[-1] = demand.cum[p + 1]
-        cum[rows] = block
-    return cum
-
-
 def make_plan(
     mix: Mix,
     db_path: Path,
@@ -143,13 +101,14 @@ def make_plan(
     ``probe``: the packing's verdict on the plan written (:data:`Probe`): the units starting a document that the
     packing leaves at a phase's end, documents the trainer would not get in that phase. The plan is then drawn
     again with each such unit deferred past its phase (:func:`mixing.plan.draws.draw_source`: it opens the next
-    phase that draws its source) and the phase drawing that many tokens fewer of the source (``held`` in
-    ``plan_quotas``), so the phase draws exactly the units its packing placed and packs as it did; the later
+    phase that draws its source) and the step that drew it drawing that many tokens fewer of the source (``held``
+    in ``plan_quotas``), so the phase's other units keep their steps and it packs almost as it did; the later
     phases are packed anew and probed in turn, until the packing leaves none or
-    :data:`mixing.plan.fit.FIT_ROUNDS` plans were
-    drawn. A phase's packing gaps make the drop; the plan drawing short of them keeps it off whole documents.
+    :data:`mixing.plan.fit.FIT_ROUNDS` plans were drawn. A phase's packing gaps make the drop; the plan drawing
+    short of them keeps it off whole documents.
     The plan's ``warnings`` are those of the plan as first drawn, the words :func:`preview_plan` gives
-    (:func:`mixing.plan.fit.fit` draws the plans).
+    (:func:`mixing.plan.fit.fit` draws the plans), then one per source with deferred units that no later phase
+    draws within their length (they are not planned again).
     """
 
     def draw(held: Held, deferred: Deferred) -> Plan:
@@ -159,8 +118,8 @@ def make_plan(
     if probe is None:
         return draw({}, {})
     final = {s: ph for (ph, s), tokens in phase_demand(mix).tokens().items() if tokens}  # spans in order
-    first, fitted = fit(draw, probe, db_path, final)
-    return replace(fitted, warnings=first.warnings)
+    first, fitted, deferred = fit(draw, probe, db_path, final)
+    return replace(fitted, warnings=first.warnings + not_drawn_again(db_path, deferred, config))
 
 
 def preview_plan(

@@ -4,7 +4,7 @@ A phase's packing leaves gaps, so a plan that draws exactly a phase's tokens has
 and the phase end drops the surplus; where no piece of a long document can stand in, whole documents. The
 plan stage's ``probe`` (:func:`mixing.pack.whole_drops.whole_drops`) packs the plan as the build will and names
 the units starting a document that a phase end drops (:class:`Left`); :func:`fit` draws the plan again with
-each deferred past its phase and the phase drawing that many tokens fewer. Deterministic: the draw and the
+each deferred past its phase and the step that drew it drawing that many tokens fewer. Deterministic: the draw and the
 packing are.
 """
 
@@ -14,17 +14,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+import duckdb
+import pyarrow as pa
+
 from mixing.plan.curriculum import Held
 
-__all__ = ["FIT_ROUNDS", "Deferred", "Left", "Probe", "fit"]
+__all__ = ["FIT_ROUNDS", "Deferred", "Left", "Probe", "fit", "not_drawn_again"]
 
 
 class Left(NamedTuple):
-    """A unit a phase's packing leaves at its end: its ``source``, its ``ord`` in the source's draw, ``phase``
-    and that phase's last step ``last``, its ``length`` in tokens."""
+    """A unit a phase's packing leaves at its end: its ``source``, its ``ord`` in the source's draw, the ``step``
+    that drew it, ``phase`` and that phase's last step ``last``, its ``length`` in tokens."""
 
     source: str
     ord: int
+    step: int
     phase: str
     last: int
     length: int
@@ -37,15 +41,16 @@ FIT_ROUNDS = 8  # plans drawn at most, each deferring what the packing of the on
 P = TypeVar("P")
 
 
-def fit(draw: Callable[[Held, Deferred], P], probe: Probe, db: Path, final: Mapping[str, str]) -> tuple[P, P]:
-    """The plan as first drawn and as fitted: ``draw(held, deferred)`` writes a plan into ``db`` (``held``:
-    (phase, source) → tokens the phase draws fewer of; ``deferred``: as :func:`mixing.plan.draws.draw_source`
-    takes it, per source) and returns it; after each, ``probe(db)`` names the units its packing leaves, each
-    then deferred past its phase and held, until it names none or :data:`FIT_ROUNDS` plans were drawn. In a
-    source's last phase (``final``: source → phase) a unit is held, not deferred: there is no later phase, and
-    what waits is the end of the source's draw. The phase then draws exactly what its packing placed and packs
-    as it did; the later phases are packed anew and probed in turn."""
-    held: dict[tuple[str, str], int] = {}
+def fit(draw: Callable[[Held, Deferred], P], probe: Probe, db: Path, final: Mapping[str, str]) -> tuple[P, P, Deferred]:
+    """The plan as first drawn, as fitted, and the units it deferred (per source, as ``draw`` took them):
+    ``draw(held, deferred)`` writes a plan into ``db`` (``held``: (step, source) → tokens that step draws fewer of;
+    ``deferred``: as :func:`mixing.plan.draws.draw_source` takes it, per source) and returns it; after each,
+    ``probe(db)`` names the units its packing leaves, each then deferred past its phase and held at the step that
+    drew it, until it names none or :data:`FIT_ROUNDS` plans were drawn. In a source's last phase (``final``:
+    source → phase) a unit is held, not deferred: there is no later phase, and what waits is the end of the
+    source's draw. The phase's other units keep their steps, so it packs almost as it did; the later phases are
+    packed anew and probed in turn."""
+    held: dict[tuple[int, str], int] = {}
     deferred: dict[str, dict[int, int]] = {}
     first = plan = draw(held, deferred)
     for _ in range(FIT_ROUNDS - 1):
@@ -55,6 +60,27 @@ def fit(draw: Callable[[Held, Deferred], P], probe: Probe, db: Path, final: Mapp
         for unit in left:
             if unit.phase != final[unit.source]:
                 deferred.setdefault(unit.source, {})[unit.ord] = unit.last
-            held[unit.phase, unit.source] = held.get((unit.phase, unit.source), 0) + unit.length
+            held[unit.step, unit.source] = held.get((unit.step, unit.source), 0) + unit.length
         plan = draw(held, deferred)
-    return first, plan
+    return first, plan, deferred
+
+
+def not_drawn_again(
+    db_path: Path, deferred: Deferred, config: Mapping[str, str | int | bool] | None
+) -> tuple[str, ...]:
+    """One sentence per source with units the fit deferred past their phase that the plan does not draw again:
+    no later phase draws the source within their length (a later ``max_doc_tokens`` shorter than they are)."""
+    pairs = [(s, o) for s, ords in deferred.items() for o in ords]
+    if not pairs:
+        return ()
+    with duckdb.connect(str(db_path), read_only=True, config=dict(config or {})) as con:
+        con.register("deferred_in", pa.table({"source": [s for s, _ in pairs], "ord": [o for _, o in pairs]}))
+        lost = con.sql(
+            "SELECT d.source, count(*) FROM deferred_in d ANTI JOIN plan_units u ON u.source = d.source "
+            "AND u.ord = d.ord GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    return tuple(
+        f"source {s!r}: {n} document(s) a phase end leaves are not planned again "
+        "(no later phase draws the source within their length)"
+        for s, n in lost
+    )

@@ -25,7 +25,8 @@ from loaders.state import StateError
 from mixing import load_mix
 from mixing.continuation import Base, documents_digest
 from mixing.feedback import apply_feedback
-from mixing.plan.curriculum_plan import Past, PlanError, preview_plan, step_quotas
+from mixing.plan.curriculum_plan import Past, PlanError, preview_plan
+from mixing.plan.quotas import step_quotas
 from mixing.report import inspect_build
 from pipelines.diff import diff_builds
 from pipelines.transaction import build_output

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mixing import MixError
 from mixing.mixfile.mix import parse_mix
 from mixing.plan.curriculum import phase_spans, ramp, step_shares
-from mixing.plan.curriculum_plan import step_quotas
+from mixing.plan.quotas import step_quotas
 
 HEAD = """\
 name: c

@@ -1,11 +1,10 @@
-"""``phase_demand``, ``step_quotas`` and the :class:`Plan` that ``make_plan`` writes and ``preview_plan`` computes:
-what each phase asks of each source is the ideal at its boundaries, computed without per-step arrays; quotas are
-int64, step-major with sources by name, their prefix sums within 0.5 token of the ideal, each phase's summing to
-what it asks; the summaries agree with the tables written (``plan_quotas``, ``plan_units``, ``plan_sources``,
+"""``phase_demand`` and the :class:`Plan` that ``make_plan`` writes and ``preview_plan`` computes: what each phase
+asks of each source is the ideal at its boundaries, computed without per-step arrays, and what each phase's
+quotas sum to; the summaries agree with the tables written (``plan_quotas``, ``plan_units``, ``plan_sources``,
 ``plan_phases``) and with the documents; a preview is the same plan; a new plan replaces every table of the old one.
 
 The draw itself (mixture error, one draw per epoch, length limits, chunking, memory): test_plan.py; infeasible
-plans: test_feasibility.py; the audit: test_audit.py.
+plans: test_feasibility.py; the audit: test_audit.py; the quotas themselves: test_quotas.py.
 """
 
 from __future__ import annotations
@@ -24,33 +23,10 @@ from hypothesis import strategies as st
 from contract.errors import WeirError
 from mixing.mixfile.mix import Mix, parse_mix
 from mixing.plan.curriculum import phase_demand, phase_spans, step_shares
-from mixing.plan.curriculum_plan import Plan, PlanError, make_plan, preview_plan, step_quotas
+from mixing.plan.curriculum_plan import Plan, PlanError, make_plan, preview_plan
+from mixing.plan.fit import Left
+from mixing.plan.quotas import step_quotas
 from tests.mixing.plan.test_plan import planned_mixes, tables, write_documents
-
-
-@settings(max_examples=60)
-@given(planned_mixes())
-def test_step_quotas_carry_rounding_forward(case: tuple[Mix, dict[str, np.ndarray]]) -> None:
-    mix, _ = case
-    q = step_quotas(mix)
-    spans = phase_spans(mix)
-    names, steps = sorted(mix.sources), sum(sp.steps for sp in spans)
-    assert q.columns == ["step", "phase", "source", "quota", "cum_quota", "share", "held"]
-    assert q.schema["quota"] == q.schema["cum_quota"] == q.schema["step"] == q.schema["held"] == pl.Int64
-    assert (q["held"] == 0).all(), "nothing held back unless asked"
-    assert q["step"].to_list() == [t for t in range(steps) for _ in names], "step-major"
-    assert q["source"].to_list() == names * steps, "sources by name within a step"
-    phase_of = [sp.name for sp in spans for _ in range(sp.steps)]
-    assert q["phase"].to_list() == [p for p in phase_of for _ in names]
-
-    cap = mix.sequence.length * mix.sequence.global_batch
-    quota = q["quota"].to_numpy().reshape(steps, len(names))
-    share = q["share"].to_numpy().reshape(steps, len(names))
-    assert (quota >= 0).all()
-    assert np.allclose(share.sum(axis=1), 1.0), "each step's shares make the whole batch"
-    assert np.array_equal(np.cumsum(quota, axis=0), q["cum_quota"].to_numpy().reshape(steps, len(names)))
-    ideal = np.cumsum(share * cap, axis=0)
-    assert np.abs(np.cumsum(quota, axis=0) - ideal).max(initial=0) <= 0.5 + 1e-6 * cap * max(steps, 1)
 
 
 @settings(max_examples=60)
@@ -204,3 +180,34 @@ def test_a_preview_without_documents_is_one_plan_error_saying_what_to_build(tmp_
     assert isinstance(e.value, WeirError) and isinstance(e.value, ValueError)
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and str(db) in msg and "weir build" in msg, msg
+
+
+def test_a_fitted_plan_names_the_deferred_units_no_later_phase_draws_again(tmp_path: Path) -> None:
+    """A unit the packing leaves at a phase's end that is longer than every later phase's ``max_doc_tokens`` is
+    not planned again: the plan says so for its source (and nothing for the others)."""
+    mix = parse_mix(
+        "name: m\nseed: 3\nsequence: {length: 64, global_batch: 4}\nsources:\n  a: {uri: x}\n  b: {uri: y}\n"
+        "curriculum:\n  - {phase: one, steps: 6, mixture: {a: 0.5, b: 0.5}}\n"
+        "  - {phase: two, steps: 4, mixture: {a: 0.5, b: 0.5}, max_doc_tokens: 20}\n"
+    )
+    rng = np.random.default_rng(4)
+    write_documents(tmp_path / "w.duckdb", {"a": rng.integers(1, 60, 400), "b": rng.integers(1, 60, 400)})
+    db = tmp_path / "w.duckdb"
+    make_plan(mix, db)
+    with duckdb.connect(str(db), read_only=True) as con:
+        long, short = (
+            con.sql(
+                f"SELECT ord, step, length FROM plan_units WHERE source = 'a' AND phase = 'one' AND {c} LIMIT 1"
+            ).fetchall()[0]
+            for c in ("length > 20", "length <= 20")
+        )
+    answers = [[Left("a", long[0], long[1], "one", 5, long[2]), Left("a", short[0], short[1], "one", 5, short[2])]]
+    plan = make_plan(mix, db, probe=lambda _db: answers.pop(0) if answers else [])
+    with duckdb.connect(str(db), read_only=True) as con:
+        again = con.sql("SELECT ord, phase FROM plan_units WHERE source = 'a'").fetchall()
+    assert (short[0], "two") in again and long[0] not in {o for o, _ in again}
+    lost = [w for w in plan.warnings if "not planned again" in w]
+    assert lost == [
+        "source 'a': 1 document(s) a phase end leaves are not planned again (no later phase draws the "
+        "source within their length)"
+    ]

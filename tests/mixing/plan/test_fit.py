@@ -12,18 +12,23 @@ FINAL = {"a": "anneal", "b": "anneal"}
 
 
 def test_what_a_phase_leaves_is_deferred_and_held_and_a_last_phase_only_held(tmp_path: Path) -> None:
-    answers = [[Left("a", 7, "main", 9, 40), Left("b", 3, "anneal", 19, 25)], [Left("a", 11, "main", 9, 5)], []]
-    drawn: list[tuple[dict[tuple[str, str], int], dict[str, dict[int, int]]]] = []
+    answers = [
+        [Left("a", 7, 4, "main", 9, 40), Left("b", 3, 15, "anneal", 19, 25)],
+        [Left("a", 11, 4, "main", 9, 5)],
+        [],
+    ]
+    drawn: list[tuple[dict[tuple[int, str], int], dict[str, dict[int, int]]]] = []
 
     def draw(held: Held, deferred: Deferred) -> int:
         drawn.append((dict(held), {s: dict(d) for s, d in deferred.items()}))
         return len(drawn)
 
-    first, last = fit(draw, lambda _db: answers.pop(0), tmp_path / "weir.duckdb", FINAL)
-    assert (first, last) == (1, 3) and answers == []
+    first, last, deferred = fit(draw, lambda _db: answers.pop(0), tmp_path / "weir.duckdb", FINAL)
+    assert (first, last) == (1, 3) and answers == [] and deferred == {"a": {7: 9, 11: 9}}
     assert drawn[0] == ({}, {})
-    assert drawn[1] == ({("main", "a"): 40, ("anneal", "b"): 25}, {"a": {7: 9}})  # b's last phase: held only
-    assert drawn[2] == ({("main", "a"): 45, ("anneal", "b"): 25}, {"a": {7: 9, 11: 9}})
+    # held at the step that drew each unit; deferred past its phase's last step, but in b's last phase
+    assert drawn[1] == ({(4, "a"): 40, (15, "b"): 25}, {"a": {7: 9}})
+    assert drawn[2] == ({(4, "a"): 45, (15, "b"): 25}, {"a": {7: 9, 11: 9}})
 
 
 def test_at_most_fit_rounds_plans_are_drawn(tmp_path: Path) -> None:
@@ -33,9 +38,9 @@ def test_at_most_fit_rounds_plans_are_drawn(tmp_path: Path) -> None:
         count.append(1)
         return len(count)
 
-    first, last = fit(
+    first, last, _ = fit(
         draw,
-        lambda _db: [Left("a", len(count), "main", 9, 1)],
+        lambda _db: [Left("a", len(count), 4, "main", 9, 1)],
         tmp_path / "weir.duckdb",
         FINAL,
     )
