@@ -15,7 +15,6 @@ from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, MixtureReport, goal_tex
 
 __all__ = [
     "BLOCKING_CHECKS",
-    "MIN_PACKING_EFFICIENCY",
     "check_specs",
     "continuation",
     "float_value",
@@ -24,7 +23,6 @@ __all__ = [
     "stream_check",
 ]
 
-MIN_PACKING_EFFICIENCY = 0.995  # docs/design.md goal
 BLOCKING_CHECKS = frozenset(
     {"planned_documents_exist", "token_budget_per_phase", "manifest_checksums", "prefix_unchanged"}
 )

@@ -13,7 +13,6 @@ import polars as pl
 from dagster import AssetExecutionContext
 
 from assets.checks import (
-    MIN_PACKING_EFFICIENCY,
     check_specs,
     continuation,
     float_value,
@@ -27,7 +26,7 @@ from assets.storage import WeirStorage
 from mixing import Mix, stages
 from mixing.ingest.records import chat_markers_warning
 from mixing.ingest.tokenizer import TextTokenizer, load_tokenizer
-from mixing.report import inspect_build, write_report
+from mixing.report import MIN_PACKING_EFFICIENCY, inspect_build, write_report
 
 __all__ = ["mix_assets"]
 

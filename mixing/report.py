@@ -28,6 +28,7 @@ from mixing.output.layout import BuildLayout
 from mixing.plan.mixture import MixtureError, MixtureReport, shards_mixture_error
 
 __all__ = [
+    "MIN_PACKING_EFFICIENCY",
     "REPORT",
     "BuildError",
     "BuildReport",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 REPORT = "report.json"  # beside shards/: inspect_build's figures, computed once when the shards were written
+MIN_PACKING_EFFICIENCY = 0.995  # the goal of BuildReport.packing_efficiency (docs/design.md)
 
 
 class BuildError(WeirError, RuntimeError):

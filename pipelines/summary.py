@@ -5,9 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from assets.checks import MIN_PACKING_EFFICIENCY
 from mixing.plan.mixture import GOAL_PHASE, GOAL_WINDOW, goal_text
-from mixing.report import BuildReport
+from mixing.report import MIN_PACKING_EFFICIENCY, BuildReport
 
 __all__ = ["missed_goals", "per_source", "print_summary"]
 

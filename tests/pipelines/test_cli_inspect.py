@@ -4,6 +4,8 @@ naming a corrupted shard."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ from tokenizers import Tokenizer
 
 from contract.shards import ShardSet
 from mixing import load_mix
-from tests.pipelines.cli_helpers import weir
+from tests.pipelines.cli_helpers import ROOT, weir
 
 
 def independent_documents(mix_path: Path, build: Path) -> dict[str, list[list[int]]]:
@@ -83,3 +85,19 @@ def test_inspect_names_a_corrupted_shard(demo_build: Path, tmp_path: Path) -> No
     r = weir("inspect", str(copy))
     assert r.returncode == 1
     assert victim.name in r.stderr
+
+
+def test_inspect_loads_no_dagster(demo_build: Path) -> None:
+    """``weir inspect`` reads a build's files only: the UI's framework (and its plotting) is not imported, so a
+    read-only command starts in a second, not three."""
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['weir', 'inspect', {str(demo_build)!r}]\n"
+        "try:\n    runpy.run_module('pipelines.cli', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('LOADED', ' '.join(sorted(m for m in sys.modules if '.' not in m)))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    loaded = set(r.stdout.rsplit("LOADED", 1)[1].split())
+    assert "mixing" in loaded and not loaded & {"dagster", "matplotlib", "ray", "torch"}, sorted(loaded)

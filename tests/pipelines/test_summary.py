@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from assets.checks import MIN_PACKING_EFFICIENCY
 from contract.record import Regroup
 from mixing.output.layout import BuildLayout
-from mixing.report import BuildReport, StreamMixtureReport, inspect_build
+from mixing.report import MIN_PACKING_EFFICIENCY, BuildReport, StreamMixtureReport, inspect_build
 from pipelines.summary import missed_goals, print_summary
 
 
