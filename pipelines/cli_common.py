@@ -33,6 +33,7 @@ __all__ = [
     "out",
     "print_notes",
     "say_error",
+    "storage_options",
     "with_stream",
 ]
 
@@ -86,15 +87,22 @@ def print_notes(notes: list[str]) -> None:
 
 
 def _s3_options(m: Mix) -> dict[str, object] | None:
-    """fsspec options from the ``AWS_*`` variables when a source is remote (dagster imported only then), else None."""
+    """fsspec options from the ``AWS_*`` variables when a source is remote, else None."""
     try:
-        uris = [m.source_uri(name) for name in m.sources]
+        for name in m.sources:
+            m.source_uri(name)
     except MixError:  # a variable not set: check_paths names it
         return None
-    if all("://" not in u or u.startswith("file://") for u in uris):
-        return None
     if not any(k.startswith("AWS_") and v for k, v in os.environ.items()):
-        return None  # nothing to list with (and no dagster to import for it)
+        return None  # nothing to list with
+    return storage_options(m)
+
+
+def storage_options(m: Mix) -> dict[str, object] | None:
+    """:func:`pipelines.resources.mix_storage_options` for a mix reading remote files (Dagster imported only
+    then), else None."""
+    if all("://" not in u or u.startswith("file://") for u in (m.source_uri(n) for n in m.sources)):
+        return None
     from pipelines.resources import mix_storage_options
 
     return mix_storage_options(m)

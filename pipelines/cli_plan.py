@@ -15,7 +15,15 @@ import typer
 from rich.console import Console
 
 from contract.errors import WeirError
-from pipelines.cli_common import check_paths_or_exit, err, load_mix_or_exit, out, print_notes, say_error
+from pipelines.cli_common import (
+    check_paths_or_exit,
+    err,
+    load_mix_or_exit,
+    out,
+    print_notes,
+    say_error,
+    storage_options,
+)
 
 if TYPE_CHECKING:
     from mixing import Mix
@@ -62,12 +70,11 @@ def plan_cmd(
     from mixing.plan.curriculum_plan import preview_plan
     from pipelines.freshness import stats_folders
     from pipelines.plan_summary import plan_report, print_plan
-    from pipelines.resources import mix_storage_options
 
     m = load_mix_or_exit(mix)
     check_paths_or_exit(m, list_sources=False)  # the freshness check lists the sources next
     root = (build_dir or Path("build") / m.name).resolve()
-    options = mix_storage_options(m)
+    options = storage_options(m)
     found = stats_folders(m, root, options)
     fits = [f for f, why in found.items() if not why]
     if not fits and not compute:

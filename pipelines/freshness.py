@@ -36,7 +36,6 @@ from mixing.output.layout import BuildLayout
 from mixing.stages import stages_until
 from pipelines.display import step_line
 from pipelines.kept_work import reuse_previous, work_cache
-from pipelines.output_lock import output_lock
 
 __all__ = ["compute_stats", "differences", "has_documents", "stats_folders"]
 
@@ -65,6 +64,8 @@ def compute_stats(mix: Mix, root: Path, storage_options: dict[str, Any] | None, 
     never changed. Holds ``root``'s build lock meanwhile: raises :class:`pipelines.transaction.BuildBusy`
     when a build is writing there, and what the stages raise.
     """
+    from pipelines.output_lock import output_lock  # Dagster (its run records) only when tokenizing
+
     finished = BuildLayout(root).manifest.exists()
     target = work_cache(root) if finished else root
     say(f"computing the length statistics of mix {mix.name!r} in {target}")

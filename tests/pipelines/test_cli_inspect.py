@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tokenizers import Tokenizer
 
 from contract.shards import ShardSet
@@ -87,12 +88,21 @@ def test_inspect_names_a_corrupted_shard(demo_build: Path, tmp_path: Path) -> No
     assert victim.name in r.stderr
 
 
-def test_inspect_loads_no_dagster(demo_build: Path) -> None:
-    """``weir inspect`` reads a build's files only: the UI's framework (and its plotting) is not imported, so a
-    read-only command starts in a second, not three."""
+@pytest.mark.parametrize("command", ["inspect", "lookup", "epochs", "plan", "validate"])
+def test_read_only_commands_load_no_dagster(demo_build: Path, command: str) -> None:
+    """``weir inspect``, ``lookup``, ``epochs``, ``plan`` and ``validate`` read a build's files or a mix: the UI's
+    framework (and its plotting) is not imported, so they start in about a second, not three."""
+    mix = str(demo_build.parent / "demo.yaml")
+    args = {
+        "inspect": [str(demo_build)],
+        "lookup": [str(demo_build), "--step", "1"],
+        "epochs": [str(demo_build)],
+        "plan": [mix, "--build", str(demo_build)],
+        "validate": [mix],
+    }[command]
     code = (
         "import sys, runpy\n"
-        f"sys.argv = ['weir', 'inspect', {str(demo_build)!r}]\n"
+        f"sys.argv = ['weir', {command!r}, *{args!r}]\n"
         "try:\n    runpy.run_module('pipelines.cli', run_name='__main__')\n"
         "except SystemExit as e:\n    assert not e.code, e.code\n"
         "print('LOADED', ' '.join(sorted(m for m in sys.modules if '.' not in m)))"
