@@ -139,9 +139,8 @@ def stage(name: str, db: Path, n: int, tokens: int, config: dict[str, str | int]
 
         out["units"] = make_plan(mix, db, config=config, probe=counting).units
         out["seconds"] = time.perf_counter() - t0
-        out["plans"] = len(found) + (found[-1] > 0)  # the last probe names none, or FIT_ROUNDS plans were drawn
-        out["left_first"] = found[0]
-        out["left_fitted"] = -1 if found[-1] else 0  # -1: the last plan drawn was not probed (rounds ran out)
+        out["plans"] = len(found)  # each plan drawn is probed once
+        out["left_first"], out["left_fitted"] = found[0], found[-1]
         return out
     out["seconds"] = time.perf_counter() - t0
     return out
@@ -201,7 +200,7 @@ def main() -> None:
         )
         fit = (
             f"{ft['seconds']:>8.2f} {ft['cpu']:>7.1f} {ft['rss'] / 1e9:>5.2f} {int(ft['plans']):>5} "
-            f"{int(ft['left_first']):>4}→{'?' if ft['left_fitted'] < 0 else int(ft['left_fitted']):<4}"
+            f"{int(ft['left_first']):>4}→{int(ft['left_fitted']):<4}"
             if ft
             else f"{'-':>8} {'-':>7} {'-':>5} {'-':>5} {'-':>9}"
         )

@@ -35,7 +35,7 @@ from mixing.mixfile.mix import Mix
 from mixing.plan.curriculum import Held, PhaseSpan, length_segments, phase_demand
 from mixing.plan.draws import SegmentQuota, Trained, draw_source
 from mixing.plan.feasibility import available, epochs_needed, plan_warnings, short_document_warnings, shortfalls
-from mixing.plan.fit import Deferred, Probe, fit, not_drawn_again
+from mixing.plan.fit import Deferred, Probe, fit, not_drawn_again, still_left
 from mixing.plan.order import SortedOrder
 from mixing.plan.quotas import step_quotas
 
@@ -108,7 +108,8 @@ def make_plan(
     short of them keeps it off whole documents.
     The plan's ``warnings`` are those of the plan as first drawn, the words :func:`preview_plan` gives
     (:func:`mixing.plan.fit.fit` draws the plans), then one per source with deferred units that no later phase
-    draws within their length (they are not planned again).
+    draws within their length (they are not planned again), and one when the fit ran out of plans with documents
+    still dropped whole.
     """
 
     def draw(held: Held, deferred: Deferred) -> Plan:
@@ -118,8 +119,8 @@ def make_plan(
     if probe is None:
         return draw({}, {})
     final = {s: ph for (ph, s), tokens in phase_demand(mix).tokens().items() if tokens}  # spans in order
-    first, fitted, deferred = fit(draw, probe, db_path, final)
-    return replace(fitted, warnings=first.warnings + not_drawn_again(db_path, deferred, config))
+    first, fitted, deferred, left = fit(draw, probe, db_path, final)
+    return replace(fitted, warnings=first.warnings + not_drawn_again(db_path, deferred, config) + still_left(left))
 
 
 def preview_plan(

@@ -10,6 +10,7 @@ packing are.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple, TypeVar
@@ -19,7 +20,7 @@ import pyarrow as pa
 
 from mixing.plan.curriculum import Held
 
-__all__ = ["FIT_ROUNDS", "Deferred", "Left", "Probe", "fit", "not_drawn_again"]
+__all__ = ["FIT_ROUNDS", "Deferred", "Left", "Probe", "fit", "not_drawn_again", "still_left"]
 
 
 class Left(NamedTuple):
@@ -41,28 +42,42 @@ FIT_ROUNDS = 8  # plans drawn at most, each deferring what the packing of the on
 P = TypeVar("P")
 
 
-def fit(draw: Callable[[Held, Deferred], P], probe: Probe, db: Path, final: Mapping[str, str]) -> tuple[P, P, Deferred]:
-    """The plan as first drawn, as fitted, and the units it deferred (per source, as ``draw`` took them):
-    ``draw(held, deferred)`` writes a plan into ``db`` (``held``: (step, source) → tokens that step draws fewer of;
-    ``deferred``: as :func:`mixing.plan.draws.draw_source` takes it, per source) and returns it; after each,
-    ``probe(db)`` names the units its packing leaves, each then deferred past its phase and held at the step that
-    drew it, until it names none or :data:`FIT_ROUNDS` plans were drawn. In a source's last phase (``final``:
-    source → phase) a unit is held, not deferred: there is no later phase, and what waits is the end of the
-    source's draw. The phase's other units keep their steps, so it packs almost as it did; the later phases are
-    packed anew and probed in turn."""
+def fit(
+    draw: Callable[[Held, Deferred], P], probe: Probe, db: Path, final: Mapping[str, str]
+) -> tuple[P, P, Deferred, list[Left]]:
+    """The plan as first drawn, as fitted, the units it deferred (per source, as ``draw`` took them) and what the
+    fitted plan's packing still leaves (empty unless :data:`FIT_ROUNDS` plans were drawn and the last was not
+    settled): ``draw(held, deferred)`` writes a plan into ``db`` (``held``: (step, source) → tokens that step draws
+    fewer of; ``deferred``: as :func:`mixing.plan.draws.draw_source` takes it, per source) and returns it; after
+    each, ``probe(db)`` names the units its packing leaves, each then deferred past its phase and held at the step
+    that drew it, until it names none or :data:`FIT_ROUNDS` plans were drawn. In a source's last phase
+    (``final``: source → phase) a unit is held, not deferred: there is no later phase, and what waits is the end
+    of the source's draw. The phase's other units keep their steps, so it packs almost as it did; the later
+    phases are packed anew and probed in turn."""
     held: dict[tuple[int, str], int] = {}
     deferred: dict[str, dict[int, int]] = {}
     first = plan = draw(held, deferred)
     for _ in range(FIT_ROUNDS - 1):
         left = probe(db)
         if not left:
-            break
+            return first, plan, deferred, []
         for unit in left:
             if unit.phase != final[unit.source]:
                 deferred.setdefault(unit.source, {})[unit.ord] = unit.last
             held[unit.step, unit.source] = held.get((unit.step, unit.source), 0) + unit.length
         plan = draw(held, deferred)
-    return first, plan, deferred
+    return first, plan, deferred, probe(db)  # the rounds ran out: what the last plan's packing still leaves
+
+
+def still_left(left: list[Left]) -> tuple[str, ...]:
+    """The sentence saying what a plan the fit did not settle still drops whole at phase ends, if anything."""
+    if not left:
+        return ()
+    sources = ", ".join(f"{s!r} {n}" for s, n in sorted(Counter(u.source for u in left).items()))
+    return (
+        f"the plan's fit stopped after {FIT_ROUNDS} plans with {len(left)} document(s) still dropped whole at "
+        f"phase ends ({sum(u.length for u in left)} tokens; {sources})",
+    )
 
 
 def not_drawn_again(
