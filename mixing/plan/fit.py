@@ -4,8 +4,8 @@ A phase's packing leaves gaps, so a plan that draws exactly a phase's tokens has
 and the phase end drops the surplus; where no piece of a long document can stand in, whole documents. The
 plan stage's ``probe`` (:func:`mixing.pack.whole_drops.whole_drops`) packs the plan as the build will and names
 the units starting a document that a phase end drops (:class:`Left`); :func:`fit` draws the plan again with
-each deferred past its phase and the step that drew it drawing that many tokens fewer. Deterministic: the draw and the
-packing are.
+each deferred past its phase and the step that drew it drawing that many tokens fewer. Deterministic: the draw
+and the packing are.
 """
 
 from __future__ import annotations

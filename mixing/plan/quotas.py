@@ -17,7 +17,7 @@ __all__ = ["step_quotas"]
 def step_quotas(mix: Mix, held: Held | None = None) -> pl.DataFrame:
     """Per step and source: ``quota`` tokens from the ramped mixture × S × global_batch (int64), and ``held``
     (int64, ≤ ``quota``): the tokens of that quota the draw leaves out (``held`` per step and source, see
-    :func:`make_plan`; 0 without it).
+    :func:`mixing.plan.curriculum_plan.make_plan`; 0 without it).
 
     Cumulative quotas are rounded, so Σ quota over any prefix of steps is within 0.5 token of ideal, and a
     phase's quotas of a source sum to exactly what :func:`~mixing.plan.curriculum.phase_demand` says the phase
