@@ -215,6 +215,9 @@ def mix_assets(mix: Mix) -> Sequence[dg.AssetsDefinition]:
             metadata={
                 "steps": int_value(mix.total_steps),
                 "units": int_value(p.units),
+                "fit_plans": int_value(p.plans),
+                "documents_deferred": int_value(p.deferred),
+                "tokens_held": int_value(p.quotas["held"].sum()),
                 "mixture": dg.MetadataValue.md(mixture_area_md(p.quotas)),
                 "phases": dg.MetadataValue.md(_markdown(p.phases)),
                 "per_source": dg.MetadataValue.md(_markdown(p.per_source)),

@@ -68,6 +68,8 @@ class Plan:
     tokens_available, docs_available, epochs (tokens drawn ÷ available, float), epochs_started,
     max_epochs. ``phases``: phase, first_step, steps, transition, max_doc_tokens, tokens_planned and one
     ``tokens_<source>`` column per source. ``units``: rows of ``plan_units``. ``warnings``: sentences.
+    ``plans``: how many plans were drawn to fit it to its packing (1: not fitted, or its first packing dropped no
+    document whole); ``deferred``: the units the fit deferred past their phase.
     """
 
     quotas: pl.DataFrame
@@ -75,6 +77,8 @@ class Plan:
     phases: pl.DataFrame
     units: int
     warnings: tuple[str, ...] = ()
+    plans: int = 1
+    deferred: int = 0
 
 
 def make_plan(
@@ -112,7 +116,11 @@ def make_plan(
     still dropped whole.
     """
 
+    plans = 0
+
     def draw(held: Held, deferred: Deferred) -> Plan:
+        nonlocal plans
+        plans += 1
         with duckdb.connect(str(db_path), config=dict(config or {})) as con:
             return _plan(con, mix, persist=True, past=past, spread=spread, held=held, deferred=deferred)
 
@@ -120,7 +128,8 @@ def make_plan(
         return draw({}, {})
     final = {s: ph for (ph, s), tokens in phase_demand(mix).tokens().items() if tokens}  # spans in order
     first, fitted, deferred, left = fit(draw, probe, db_path, final)
-    return replace(fitted, warnings=first.warnings + not_drawn_again(db_path, deferred, config) + still_left(left))
+    warnings = first.warnings + not_drawn_again(db_path, deferred, config) + still_left(left)
+    return replace(fitted, warnings=warnings, plans=plans, deferred=sum(map(len, deferred.values())))
 
 
 def preview_plan(

@@ -162,7 +162,15 @@ def test_the_build_figures_are_numeric_metadata(ui: UI, built: dg.DagsterRun) ->
     figures = {
         "documents": {"docs_seen": int, "docs_kept": int, "docs_quarantined": int, "tokens": int, "mb_per_s": float},
         "length_stats": {"documents": int, "tokens": int, "share_over_seq": float},
-        "plan": {"steps": int, "units": int, "mixture_error_window": float, "mixture_error_phase": float},
+        "plan": {
+            "steps": int,
+            "units": int,
+            "fit_plans": int,
+            "documents_deferred": int,
+            "tokens_held": int,
+            "mixture_error_window": float,
+            "mixture_error_phase": float,
+        },
         "packed_shards": {
             "sequences": int,
             "tokens": int,

@@ -30,8 +30,9 @@ def test_a_fitted_plan_drops_no_document_whole_before_its_sources_last_phase(dem
     before = [u for u in probe(db) if u.phase != final[u.source]]
     assert len(before) > 5, "the demo's short phases drop whole documents unless the plan is fitted"
 
-    make_plan(mix, db, duckdb_config(), probe=probe)
+    fitted = make_plan(mix, db, duckdb_config(), probe=probe)
     assert [u for u in probe(db) if u.phase != final[u.source]] == []
+    assert fitted.plans > 1 and fitted.deferred >= len(before), "the plans it took and the units it deferred"
     audit = audit_plan(db, mix.sequence.length)
     assert audit.duplicate_units == 0 and audit.missing_units == 0 and audit.budget_met
     with duckdb.connect(str(db), read_only=True) as con:
