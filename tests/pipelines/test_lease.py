@@ -43,7 +43,7 @@ def test_a_held_lease_refuses_another_driver_naming_the_holder_and_renews_past_i
     assert not store.exists(LEASE_NAME), "released: removed"
     with root_lease(store, wait=False, say=said.append, ttl=TTL):
         pass
-    assert said == []
+    assert _unridden(said) == [], said
 
 
 def test_a_waiting_driver_starts_when_the_holder_releases(store: Store) -> None:
@@ -66,7 +66,15 @@ def test_a_waiting_driver_starts_when_the_holder_releases(store: Store) -> None:
     with root_lease(store, wait=True, say=say, ttl=TTL):
         assert released.is_set() and f"pid {os.getpid()}" in _holder(store)
     t.join()
-    assert len(said) == 1 and said[0].startswith("waiting for the build of"), said
+    assert len(_unridden(said)) == 1 and said[0].startswith("waiting for the build of"), said
+
+
+def _unridden(said: list[str]) -> list[str]:
+    """``said`` less a renewal that timed out on a loaded machine (a 2 s ttl: sub-second timeouts against the
+    local S3 server) and was ridden out: said as such, then "renewed again" (tests/faults cover outages)."""
+    ridden = [s for s in said if "endpoint unreachable, renewing the lease again" in s or s.endswith("renewed again")]
+    assert len(ridden) % 2 == 0, f"an outage not ridden out: {said}"
+    return [s for s in said if s not in ridden]
 
 
 def test_a_killed_drivers_lease_is_refused_until_its_ttl_then_taken_over(store: Store, s3: S3) -> None:
