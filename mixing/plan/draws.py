@@ -207,7 +207,8 @@ def draw_source(
                 out = {k: v[:n] for k, v in u.items() if k != "doc_len"}
                 out["step"] = seg.steps[at[:n]]
                 end = max(end, int(out["ord"].max()) + 1)
-                drawn.append(out["ord"][np.isin(out["ord"], later)])
+                if len(later):  # the membership test only when something is deferred (every plan's hot loop)
+                    drawn.append(out["ord"][np.isin(out["ord"], later)])
                 yield out
             if n < len(u["length"]):
                 break
