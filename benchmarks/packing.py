@@ -227,7 +227,7 @@ def main() -> int:
             ).fetchall()
             docs = con.sql("SELECT source, doc_id, n_tokens FROM documents").pl()
         names = list(packing.sources)
-        plan, phase_of_step = _plan_units(layout.duckdb, list(packing.sources))
+        plan, phase_of_step = _plan_units(layout.duckdb, names)
         make_plan(mix, layout.duckdb, duckdb_config())  # as drawn, before the plan stage fits it to its packing
         unfitted = drop_figures(pack_plan(db, S, B, cost, chunk_units=args.chunk_units), *_plan_units(db, names))
         make_plan(mix, layout.duckdb, duckdb_config(), spread=False)  # the pieces of a document consecutive
