@@ -30,4 +30,6 @@ app.command()(cli_tools.ui)
 
 
 if __name__ == "__main__":
-    app()
+    from pipelines.entry import run_and_exit
+
+    run_and_exit(app)
