@@ -119,20 +119,27 @@ def build_mix(
     engine = engine or engine_resource(kind="local")
     resources = {"storage": storage_resource(out, per_mix=False), "engine": engine}
     instance = instance or dg.DagsterInstance.ephemeral()
-    job = build_job(mix, say=say, ahead=True)
-    with warnings_to(say), _forgetting(engine.engine()):
-        job.execute_in_process(
+    # one throwaway instance for every stage's run: making one costs ~0.2 s (its tables created in SQLite)
+    with dg.DagsterInstance.ephemeral() as throwaway, warnings_to(say), _forgetting(engine.engine()):
+        build_job(mix, say=say, ahead=True, throwaway=throwaway).execute_in_process(
             resources=resources, instance=instance, run_config=_QUIET, tags={BUILD_TAG: "cli", **(tags or {})}
         )
 
 
-def build_job(mix: Mix, say: Callable[[str], None] | None = None, ahead: bool = False) -> dg.JobDefinition:
+def build_job(
+    mix: Mix,
+    say: Callable[[str], None] | None = None,
+    ahead: bool = False,
+    throwaway: dg.DagsterInstance | None = None,
+) -> dg.JobDefinition:
     """The job ``build_<mix>``: one op per stage and partition (``documents__qa``, ``plan``), each after the ops
     of the stages it reads (so ``multiprocess`` runs the sources' ops side by side; in one process they run in
     the stage table's order, partitions sorted). Partitioned by source, so that a run can ask for one source:
     see the module's docstring. ``say`` gets each op's :func:`step_line` (default: the run's log); ``ahead``
     (for one process only: what is started ahead is collected in the process that started it) starts a
-    stage's work for every source on a cluster engine before its first partition's op runs."""
+    stage's work for every source on a cluster engine before its first partition's op runs. ``throwaway``
+    (for one process only, the caller disposes of it): the instance every op materializes its asset in (default:
+    one of its own per op)."""
     assets = mix_assets(mix)
     table = {s.name: s for s in stages.STAGES}
     names = _op_names(mix)
@@ -146,7 +153,8 @@ def build_job(mix: Mix, say: Callable[[str], None] | None = None, ahead: bool = 
                     for dep in stage.deps
                     for p in ([partition] if table[dep].per_source and stage.per_source else table[dep].partitions(mix))
                 ]
-                op = _stage_op(mix, stage, partition, assets, names[(stage.name, partition)], say, ahead and i == 0)
+                name = names[(stage.name, partition)]
+                op = _stage_op(mix, stage, partition, assets, name, say, ahead and i == 0, throwaway)
                 done[(stage.name, partition)] = op(after=after) if after else op()
 
     return dg.job(
@@ -185,6 +193,7 @@ def _stage_op(
     name: str,
     say: Callable[[str], None] | None,
     ahead: bool,
+    throwaway: dg.DagsterInstance | None,
 ) -> dg.OpDefinition:
     """The op that materializes the stage's asset for ``partition`` and reports it in the build's run."""
     key = dg.AssetKey([mix.name, stage.name])
@@ -216,7 +225,8 @@ def _stage_op(
         tell(step_line(stage.name, partition))
         # The asset runs as Dagster runs it (its own context, checks and blocking) in a throwaway instance;
         # what it recorded there is then reported here, in the build's run, under the asset's key.
-        inner = dg.DagsterInstance.ephemeral()
+        inner = throwaway or dg.DagsterInstance.ephemeral()
+        before = {run.run_id for run in inner.get_runs()}
         error: Exception | None = None
         try:
             dg.materialize(
@@ -226,8 +236,9 @@ def _stage_op(
             error = e
         # read it all, then close it here: its SQLite connections, left to the garbage collector, would be closed on
         # whatever thread runs then (the lease's, an upload's) and print SQLAlchemy's tracebacks
-        events = list(recorded(inner, context))
-        inner.dispose()
+        events = list(recorded(inner, context, skip=before))
+        if throwaway is None:
+            inner.dispose()
         failed = []
         for event in events:
             yield event

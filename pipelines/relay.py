@@ -11,7 +11,7 @@ build's instance (:func:`provenance`), so that Dagster does not show every stage
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import dagster as dg
 from dagster import OpExecutionContext
@@ -45,13 +45,16 @@ def provenance(tags: dict[str, str], context: OpExecutionContext) -> dict[str, s
 
 
 def recorded(
-    inner: dg.DagsterInstance, context: OpExecutionContext
+    inner: dg.DagsterInstance, context: OpExecutionContext, skip: Collection[str] = ()
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
-    """What the runs in ``inner`` recorded: their materializations and check evaluations, to report in
-    ``context``'s run, and their log lines, passed to ``context``'s log. A check's target materialization, which
-    points into ``inner``, is left out (a check and its materialization in one run go together anyway); the
-    materializations' provenance is rewritten for the build's instance (:func:`provenance`)."""
+    """What the runs in ``inner`` recorded (but those whose ids are in ``skip``, recorded before): their
+    materializations and check evaluations, to report in ``context``'s run, and their log lines, passed to
+    ``context``'s log. A check's target materialization, which points into ``inner``, is left out (a check and its
+    materialization in one run go together anyway); the materializations' provenance is rewritten for the build's
+    instance (:func:`provenance`)."""
     for run in inner.get_runs():
+        if run.run_id in skip:
+            continue
         for entry in inner.all_logs(run.run_id):
             event = entry.dagster_event
             if event is None:

@@ -1,7 +1,8 @@
 """``pipelines/relay.py``: what a stage's throwaway run recorded, relayed into the build's run. Materializations
 and check evaluations come field for field, log lines of ``INFO`` and above go to the op's log; the code version
 names the build's run, and an input's pointer names its latest materialization in the build's instance (or goes,
-with its data version, where there is none), so that a whole build leaves no stage unsynced."""
+with its data version, where there is none), so that a whole build leaves no stage unsynced; the runs recorded
+before a stage's (in the one throwaway instance of a build) are not relayed again."""
 
 # No `from __future__ import annotations` here: Dagster reads the asset's context annotation as a class.
 import logging
@@ -64,6 +65,17 @@ def test_what_the_throwaway_run_recorded_is_relayed_with_the_build_instance_prov
         "it does not fit",
     )
     assert (logging.INFO, "said at info") in logs and not any(m == "said at debug" for _l, m in logs)
+
+
+def test_the_runs_recorded_before_are_skipped() -> None:
+    # one throwaway instance serves every stage of a build: each stage relays its own run only
+    inner, outer = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
+    dg.materialize([up], instance=inner)
+    before = {run.run_id for run in inner.get_runs()}
+    dg.materialize([up, down], selection=[down], instance=inner, raise_on_error=False)
+    keys = [e.asset_key for e in recorded(inner, op_context(outer, []), skip=before)]
+    assert keys == [dg.AssetKey("down"), dg.AssetKey("down")], keys  # its materialization and its check
+    assert len(list(recorded(inner, op_context(outer, [])))) == 3
 
 
 def test_an_input_the_build_instance_never_materialized_loses_its_pointer_and_version() -> None:
