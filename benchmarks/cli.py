@@ -92,7 +92,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7, help="rounds (default %(default)s)")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    print(f"this checkout ({commit.stdout.strip()}, with its uncommitted changes) against {args.before}; {load()}")
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    changes = " with uncommitted changes" if dirty else ""
+    print(f"this checkout ({commit.stdout.strip()}{changes}) against {args.before}; {load()}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         mix = write_mix(tmp / "data")
