@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -97,6 +99,20 @@ def test_definitions_are_loadable_as_the_ui_loads_them() -> None:
     job = defs.resolve_job_def("build_demo")
     assert job.partitions_def is not None and set(job.partitions_def.get_partition_keys()) == {"code", "prose", "qa"}
     assert job.executor_def.name == "multiprocess"
+
+
+def test_loading_the_definitions_draws_nothing() -> None:
+    """Every process of the UI loads them (its code server, each step's process): matplotlib, ~0.6 s of imports,
+    is loaded by the two stages that draw, not by loading the definitions and resolving every job."""
+    code = (
+        "import sys\n"
+        "from pipelines.definitions import defs\n"
+        "defs.get_repository_def().get_all_jobs()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
 
 
 def test_every_stage_after_the_index_is_automated() -> None:
