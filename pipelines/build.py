@@ -234,8 +234,9 @@ def _stage_op(
             )
         except Exception as e:  # the stage's own error, raised as it is once what it recorded is reported
             error = e
-        # read it all, then close it here: its SQLite connections, left to the garbage collector, would be closed on
-        # whatever thread runs then (the lease's, an upload's) and print SQLAlchemy's tracebacks
+        # read it all, then close it here if it is this op's own (the build's is closed as the build ends): its
+        # SQLite connections, left to the garbage collector, would be closed on whatever thread runs then (the
+        # lease's, an upload's) and print SQLAlchemy's tracebacks
         events = list(recorded(inner, context, skip=before))
         if throwaway is None:
             inner.dispose()

@@ -43,12 +43,13 @@ def run_and_exit(command: Callable[[], object]) -> None:
 
     What Python does at exit that weir needs still happens, in Python's order: other threads that are not
     daemons are waited for, the ``atexit`` handlers run (logging's flush, Ray's shutdown, temporary folders'
-    removal), stdout and stderr are flushed (a flush that fails exits 120, as Python's does). What is skipped is
-    the interpreter's teardown, which frees every object of every loaded module one by one: about a second after
-    a build (Dagster's, numba's, polars' objects), which every ``weir`` command paid after its last line.
-    Nothing of weir's is left to it: every file and database is closed by its ``with``. An exception other than
-    ``SystemExit`` is raised as it is (Python prints it and exits 1, tearing down as usual), and so is the status
-    under a profiler or a tracer (``python -m cProfile``, coverage, a debugger).
+    removal), stdout and stderr are flushed (a flush that fails turns success into 120, as Python's does). What is
+    skipped is the interpreter's teardown, which frees every object of every loaded module one by one: about a
+    second after a build (Dagster's, numba's, polars' objects), which every ``weir`` command paid after its last
+    line. Nothing of weir's is left to it: every file and database is closed by its ``with``. An exception other
+    than ``SystemExit`` is raised as it is (Python prints it and exits 1, tearing down as usual); under a profiler
+    or a tracer (``python -m cProfile``, coverage, a debugger), which write what they saw as Python ends, the
+    command ends as Python ends it.
     """
     try:
         command()
@@ -61,7 +62,7 @@ def run_and_exit(command: Callable[[], object]) -> None:
         print(status, file=sys.stderr)
         status = 1
     if sys.getprofile() is not None or sys.gettrace() is not None:
-        sys.exit(status)  # a profiler or a debugger writes what it saw as Python ends: end as Python ends
+        sys.exit(status)
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
