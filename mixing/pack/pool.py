@@ -13,14 +13,18 @@ A third engine, ``"interpreted"``, runs the compiled engine's kernels in the Pyt
 slow as ``"python"``): the tests check the kernels with it where numba is not installed.
 
 The compiled kernels are cached by numba (``__pycache__``, or its user-wide cache where that is read-only):
-the first call in a process loads them (about a second), or compiles them once (a few seconds).
+the first call in a process loads them (about a second), or compiles them once (a few seconds). numba itself
+is imported by the first compiled pool, not with this module: ~0.3 s that every process loading the
+definitions paid (the UI's code server, each step's process), most of which pack nothing.
 
 Both hold only the units handed to them (a phase's carry plus two steps), never the whole plan.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import threading
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,11 +32,8 @@ import numpy as np
 from contract.cost import CostModel, cost_formula
 from mixing.pack.python_pool import PythonPool
 
-njit: Any
-try:  # a dependency, but packing still works without it: the pure-Python engine packs the same sequences, ~15× slower
-    from numba import njit
-except ImportError:  # pragma: no cover - depends on the environment
-    njit = None
+# a dependency, but packing still works without it: the pure-Python engine packs the same sequences, ~15× slower
+_HAS_NUMBA = importlib.util.find_spec("numba") is not None
 
 __all__ = ["ENGINES", "CompiledPool", "Pool", "PythonPool", "default_engine", "make_pool"]
 
@@ -70,12 +71,12 @@ class Pool(Protocol):
 
 def default_engine() -> str:
     """``"compiled"`` where numba is installed, else ``"python"``."""
-    return "compiled" if njit is not None else "python"
+    return "compiled" if _HAS_NUMBA else "python"
 
 
 def make_pool(engine: str, n_src: int, seq_len: int, cost: CostModel) -> Pool:
     if engine == "compiled":
-        if njit is None:
+        if not _HAS_NUMBA:
             raise ValueError("the compiled packing engine needs numba, which is not installed")
         return CompiledPool(n_src, seq_len, cost)
     if engine == "python":
@@ -89,8 +90,8 @@ class CompiledPool:
     """The pool as arrays for the numba kernels below (see the module docstring)."""
 
     def __init__(self, n_src: int, seq_len: int, cost: CostModel, *, interpreted: bool = False) -> None:
-        self.add_kernel: Any = _add_kernel if interpreted else _add
-        self.fill_kernel: Any = _fill_kernel if interpreted else _fill
+        kernels: tuple[Any, Any] = (_add_kernel, _fill_kernel) if interpreted else _compiled()
+        self.add_kernel, self.fill_kernel = kernels
         self.k, self.seq_len = n_src, seq_len
         self.att, self.lin = float(cost.attention), float(cost.linear)
         self.n = seq_len + 1  # Fenwick positions 1..S+1 hold lengths 0..S
@@ -322,15 +323,23 @@ def _fill_kernel(
     return m
 
 
-# the one cost formula (contract.cost), compiled below with the kernels; numba's cache of the kernels does
-# not notice a change to that file: clear mixing/pack/__pycache__ after changing the formula
+# the one cost formula (contract.cost), compiled with the kernels; numba's cache of the kernels does not notice
+# a change to that file: clear mixing/pack/__pycache__ after changing the formula
 _cost = cost_formula
+_kernels: tuple[Any, Any] | None = None
+_compiling = threading.Lock()
 
-if njit is not None:
-    _cost = njit(cache=True, nogil=True)(_cost)
-    _fen_add = njit(cache=True, nogil=True)(_fen_add)
-    _longest_below = njit(cache=True, nogil=True)(_longest_below)
-    _add = njit(cache=True, nogil=True)(_add_kernel)
-    _fill = njit(cache=True, nogil=True)(_fill_kernel)
-else:  # pragma: no cover - never called: CompiledPool needs numba
-    _add, _fill = _add_kernel, _fill_kernel
+
+def _compiled() -> tuple[Any, Any]:
+    """The add and fill kernels as numba dispatchers, made on the first call in a process (numba imported then).
+    The helpers they call are made dispatchers first: numba reads a kernel's globals when it compiles it."""
+    global _cost, _fen_add, _longest_below, _kernels
+    with _compiling:
+        if _kernels is None:
+            from numba import njit
+
+            _cost = njit(cache=True, nogil=True)(_cost)
+            _fen_add = njit(cache=True, nogil=True)(_fen_add)
+            _longest_below = njit(cache=True, nogil=True)(_longest_below)
+            _kernels = njit(cache=True, nogil=True)(_add_kernel), njit(cache=True, nogil=True)(_fill_kernel)
+        return _kernels

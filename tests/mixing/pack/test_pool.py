@@ -8,8 +8,11 @@ per source; ``drain`` empties the pool in (source, step, ord, length) order; ``m
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 from contract.cost import CostModel
 from mixing.pack.pool import ENGINES, Pool, default_engine, make_pool
 
+ROOT = Path(__file__).resolve().parents[3]
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
 ALL = ["python", "interpreted", *(["compiled"] if HAS_NUMBA else [])]
 COST = CostModel(1.0, 4.0)
@@ -139,3 +143,29 @@ def test_make_pool_names_its_engines_and_refuses_others() -> None:
         assert len(make_pool(engine, 2, 16, COST)) == 0
     with pytest.raises(ValueError, match=r"^unknown packing engine 'numpy'; one of \('compiled', 'python'\)"):
         make_pool("numpy", 2, 16, COST)
+
+
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed: no compiled engine")
+def test_numba_is_imported_by_the_first_compiled_pool_and_its_kernels_made_once() -> None:
+    # in a fresh interpreter: pools made by 8 threads at once share one pair of kernels, and they pack
+    code = """\
+import sys, threading
+import numpy as np
+from contract.cost import CostModel
+from mixing.pack.pool import make_pool
+assert "numba" not in sys.modules
+pools, barrier = [], threading.Barrier(8)
+def made():
+    barrier.wait()
+    pools.append(make_pool("compiled", 2, 16, CostModel(1.0, 4.0)))
+threads = [threading.Thread(target=made) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert "numba" in sys.modules and len(pools) == 8
+assert len({(id(p.add_kernel), id(p.fill_kernel)) for p in pools}) == 1
+pools[0].add(np.array([[5, 0, 0, 0, 0, 0], [9, 1, 1, 0, 0, 0]], np.int64))
+print(pools[0].fill(np.array([5.0, 9.0]), np.zeros((8, 4), np.int64), np.zeros(2, np.int64))[0])
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "2", r.stdout
