@@ -60,9 +60,11 @@ def source_sensor(mix: Mix, job: dg.JobDefinition, interval_s: int = 60) -> dg.S
     rebuild); later ticks request a run, partition = source, for each source whose digest changed.
     """
 
+    # the job by name: given the job itself, Dagster 1.13 rebuilds the sensor when it binds the job's resources,
+    # passing on its (empty) owners, and warns on every load of the code location that that parameter is in beta
     @dg.sensor(
         name=f"sources_{mix.name}",
-        job=job,
+        job_name=job.name,
         minimum_interval_seconds=interval_s,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=f"Rebuild mix {mix.name!r} when files under a source's URI are added, changed or removed.",

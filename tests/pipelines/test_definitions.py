@@ -101,19 +101,19 @@ def test_definitions_are_loadable_as_the_ui_loads_them() -> None:
     assert job.executor_def.name == "multiprocess"
 
 
-def test_loading_the_definitions_neither_draws_nor_packs() -> None:
+def test_loading_the_definitions_is_silent_and_neither_draws_nor_packs() -> None:
     """Every process of the UI loads them (its code server, each step's process): matplotlib (~0.6 s of imports)
     and numba (~0.3 s) are loaded by the stages that draw and pack, not by loading the definitions and resolving
-    every job."""
+    every job; and that says nothing (``weir ui`` printed a Dagster beta warning on every start)."""
     code = (
         "import sys\n"
         "from pipelines.definitions import defs\n"
         "defs.get_repository_def().get_all_jobs()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'numba')))"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[]", r.stdout
+    assert r.stdout.strip() == "[]" and r.stderr == "", (r.stdout, r.stderr)
 
 
 def test_every_stage_after_the_index_is_automated() -> None:
