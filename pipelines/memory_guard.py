@@ -10,8 +10,8 @@ So under a limit ``weir build`` runs the build in a child process (:func:`superv
 - the child's environment bounds those reservations unless the caller set them (:func:`child_env`):
   ``MALLOC_ARENA_MAX=2``, ``ARROW_DEFAULT_MEMORY_POOL=system`` and ``WEIR_DUCKDB_MEMORY_LIMIT`` a quarter of the
   limit (at most DuckDB's default of the build, 2GB): the demo build then reserves 1.2 GB at most;
-- the child starts polars' and Arrow's thread pools before the first stage (:func:`warm_pools`), while there is
-  room, so that no later call has a thread to start;
+- the child loads the libraries its stages load on first use and starts polars' and Arrow's thread pools before
+  the first stage (:func:`warm_pools`), while there is room, so that no later call has a thread to start;
 - the child writes the stage it is in to the file ``$WEIR_BUILD_STATUS`` (:func:`note_stage`); when it dies on a
   signal (an abort on a failed native allocation, the kernel's OOM killer) the watcher prints the line naming
   that stage and its setting (:func:`pipelines.failures.memory_line`);
@@ -89,9 +89,14 @@ def note_stage(stage: str) -> None:
 
 
 def warm_pools() -> None:
-    """Start the thread pools polars and Arrow start on first use (writer, reader, its I/O runtime), now."""
+    """Load the libraries the build's stages load on first use (numba for packing, matplotlib for the plots),
+    then start the thread pools polars and Arrow start on first use (writer, reader, its I/O runtime), now."""
     import io
 
+    # first, as when they loaded with the assets: a limit too small for them then fails here, where the failure is
+    # one line; with them loaded later, Arrow's reader below waited forever for a thread it could not start
+    import matplotlib.figure  # noqa: F401
+    import numba  # noqa: F401
     import polars as pl
     import pyarrow.parquet as pq
 
