@@ -15,8 +15,8 @@ So under a limit ``weir build`` runs the build in a child process (:func:`superv
 - the child writes the stage it is in to the file ``$WEIR_BUILD_STATUS`` (:func:`note_stage`); when it dies on a
   signal (an abort on a failed native allocation, the kernel's OOM killer) the watcher prints the line naming
   that stage and its setting (:func:`pipelines.failures.memory_line`);
-- when the child uses no CPU for ``stall_s`` seconds in a stage (``WEIR_STALL_S``, default 300; never while it
-  waits for another build), the watcher kills it and says so in one line.
+- when the child uses no CPU for ``stall_s`` seconds in a stage or while it starts its pools (``WEIR_STALL_S``,
+  default 300; never while it waits for another build), the watcher kills it and says so in one line.
 
 The child reports its own failures (:mod:`pipelines.failures`). Its stderr passes through the watcher less a
 native crash's report (a Rust panic, ``memory allocation of N bytes failed``), which ``--debug`` shows.
@@ -42,6 +42,7 @@ from pipelines.failures import address_limit, human, memory_line
 
 __all__ = [
     "STALL_ENV",
+    "STARTING",
     "STATUS_ENV",
     "WAITING",
     "child_env",
@@ -55,6 +56,9 @@ __all__ = [
 STATUS_ENV = "WEIR_BUILD_STATUS"  # set in the child: the file it writes its stage to
 STALL_ENV = "WEIR_STALL_S"
 WAITING = "waiting"  # the status while the build waits for another build (no CPU is expected)
+# the status while the child loads its libraries and starts its pools (watched: the start is unwatched otherwise,
+# for the waits before the first stage, the lease's and the instance's lock, where no CPU is expected either)
+STARTING = "starting"
 _NATIVE_START = re.compile(r"panicked at|^Fatal Python error|^terminate called")
 _NATIVE_LINE = re.compile(
     r"memory allocation of|<jemalloc>:|^skipping backtrace|^\s+\d+: |^\s+at |^\s+what\(\):|"
@@ -90,7 +94,15 @@ def note_stage(stage: str) -> None:
 
 def warm_pools() -> None:
     """Load the libraries the build's stages load on first use (numba for packing, matplotlib for the plots),
-    then start the thread pools polars and Arrow start on first use (writer, reader, its I/O runtime), now."""
+    then start the thread pools polars and Arrow start on first use (writer, reader, its I/O runtime), now; the
+    status meanwhile :data:`STARTING`, so that a stall in it is stopped and said (a reader waiting forever for a
+    thread it could not start)."""
+    note_stage(STARTING)
+    _warm()
+    note_stage("")
+
+
+def _warm() -> None:
     import io
 
     # first, as when they loaded with the assets: a limit too small for them then fails here, where the failure is

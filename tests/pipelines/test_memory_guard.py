@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from pipelines import memory_guard
 from pipelines.failures import address_limit
-from pipelines.memory_guard import STATUS_ENV, WAITING, child_env, is_native_noise, supervise
+from pipelines.memory_guard import STARTING, STATUS_ENV, WAITING, child_env, is_native_noise, supervise
 from tests.conftest import ROOT
 
 GB = 1 << 30
@@ -87,6 +88,25 @@ def test_a_stalled_child_is_stopped_and_said(tmp_path: Path) -> None:
     assert code == 1 and len(said) == 1
     assert "in stage plan" in said[0] and "no CPU for" in said[0] and "WEIR_STALL_S" in said[0]
     assert f"its work in {stage}" in said[0]
+
+
+def test_a_child_stalled_while_it_starts_its_pools_is_stopped_and_said() -> None:
+    # under 700 MB, with fewer libraries loaded before, Arrow's reader in warm_pools waited forever for a thread
+    code, said = run("time.sleep(120)", stage=STARTING, stall_s=1.5)
+    assert code == 1 and len(said) == 1, said
+    assert said[0].startswith("build failed: out of memory while starting building /data/out"), said[0]
+    assert "no CPU for" in said[0] and "0.9 GB of address space before any stage" in said[0]
+    # before and after it the start is not watched: the lease's and the instance lock's waits use no CPU
+    assert run("time.sleep(3)", stage="", stall_s=1) == (0, [])
+
+
+def test_warm_pools_is_watched_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    status = tmp_path / "status"
+    monkeypatch.setenv(STATUS_ENV, str(status))
+    seen: list[str] = []
+    monkeypatch.setattr(memory_guard, "_warm", lambda: seen.append(status.read_text()))
+    memory_guard.warm_pools()
+    assert seen == [STARTING] and status.read_text() == ""
 
 
 def test_a_child_waiting_for_another_build_or_on_a_cluster_is_not_a_stall() -> None:
