@@ -1,6 +1,6 @@
 """What a ``weir`` command costs its user beyond its work: the wall and CPU time of ``weir build`` of a small mix
-(whose work is a fraction of a second), ``weir inspect`` and ``weir validate``, for this checkout and another
-commit side by side.
+(whose work is a fraction of a second), ``weir inspect``, ``weir validate`` and loading the Dagster definitions
+(what every process of ``weir ui`` does first), for this checkout and another commit side by side.
 
 Each tree (``--before``, exported with ``git archive``, and this checkout) runs the real command in a process of
 its own, as ``python -m pipelines.cli`` from the tree's root (so that its packages are the ones imported), with a
@@ -62,12 +62,18 @@ def export(rev: str, into: Path) -> Path:
     return into
 
 
+# what every process of `weir ui` does first (its code server, each step's process): load the definitions
+DEFINITIONS = "import pipelines.definitions as d, os; d.defs.get_repository_def().get_all_jobs(); os._exit(0)"
+
+
 def timed(tree: Path, home: Path, *args: str) -> tuple[float, float]:
-    """Wall and CPU seconds of ``weir ARGS`` run from ``tree``; a command that fails stops the benchmark."""
+    """Wall and CPU seconds of ``weir ARGS`` run from ``tree`` (``definitions``: :data:`DEFINITIONS`); a command
+    that fails stops the benchmark."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
+    argv = ["-c", DEFINITIONS] if args == ("definitions",) else ["-m", "pipelines.cli", *args]
     r = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, *argv],
         cwd=tree,
         env={**os.environ, "DAGSTER_HOME": str(home)},
         capture_output=True,
@@ -76,9 +82,8 @@ def timed(tree: Path, home: Path, *args: str) -> tuple[float, float]:
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode:
-        sys.exit(
-            f"weir {' '.join(args)} in {tree} exited {r.returncode}: {(r.stderr.strip() or r.stdout).splitlines()[-1]}"
-        )
+        said = " ".join((r.stderr.strip() or r.stdout.strip()).splitlines()[-1:])
+        sys.exit(f"{' '.join(args)} in {tree} exited {r.returncode}: {said}")
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -101,7 +106,7 @@ def main() -> None:
         trees = {"before": export(args.before, tmp / "before"), "this": ROOT}
         for name in trees:
             (tmp / f"home-{name}").mkdir()
-        commands = ("build", "inspect", "validate")
+        commands = ("build", "inspect", "validate", "definitions")
         times: dict[tuple[str, str], list[tuple[float, float]]] = {(c, t): [] for c in commands for t in trees}
         for r in range(args.repeat):
             for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
@@ -109,13 +114,15 @@ def main() -> None:
                 times[("build", name)].append(timed(tree, home, "build", str(mix), "--out", str(out)))
                 times[("inspect", name)].append(timed(tree, home, "inspect", str(out)))
                 times[("validate", name)].append(timed(tree, home, "validate", str(mix)))
+                times[("definitions", name)].append(timed(tree, home, "definitions"))
     print(f"{'command':<13} {'before s':>9} {'this s':>8} {'this ÷ before':>14}   {'CPU before':>10} {'CPU this':>9} ÷")
     for c in commands:
         old, new = times[(c, "before")], times[(c, "this")]
         wall = [statistics.median(x[0] for x in xs) for xs in (old, new)]
         cpu = [statistics.median(x[1] for x in xs) for xs in (old, new)]
         ratio = [statistics.median(b[i] / a[i] for a, b in zip(old, new, strict=True)) for i in (0, 1)]
-        print(f"weir {c:<8} {wall[0]:>9.2f} {wall[1]:>8.2f} {ratio[0]:>14.3f}", end="   ")
+        label = c if c == "definitions" else f"weir {c}"
+        print(f"{label:<13} {wall[0]:>9.2f} {wall[1]:>8.2f} {ratio[0]:>14.3f}", end="   ")
         print(f"{cpu[0]:>10.2f} {cpu[1]:>9.2f} {ratio[1]:.3f}")
     print(f"{args.repeat} rounds; {load()}")
 

@@ -66,7 +66,8 @@ def test_a_waiting_driver_starts_when_the_holder_releases(store: Store) -> None:
     with root_lease(store, wait=True, say=say, ttl=TTL):
         assert released.is_set() and f"pid {os.getpid()}" in _holder(store)
     t.join()
-    assert len(_unridden(said)) == 1 and said[0].startswith("waiting for the build of"), said
+    rest = _unridden(said)
+    assert len(rest) == 1 and rest[0].startswith("waiting for the build of"), said
 
 
 def _unridden(said: list[str]) -> list[str]:
