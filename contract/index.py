@@ -14,6 +14,9 @@ Files in an index folder (n sequences, m segments; ``name.npy`` each):
 - ``cu_seqlens`` int32 and ``cu_offsets`` int64 [n+1]: each sequence's document boundaries with its trailing
   padding (if any) as one more segment, back to back: sequence ``i``'s are
   ``cu_seqlens[cu_offsets[i]:cu_offsets[i+1]]`` (what a loader item's ``cu_seqlens`` holds);
+- ``item_segments`` int64 [c−n, 3] (c: rows of ``cu_seqlens``): aligned with those boundaries, each sequence's
+  segments' (source index, doc_id, start) and, where it has trailing padding, a row of -1: sequence ``i``'s
+  are ``item_segments[cu_offsets[i] - i : cu_offsets[i+1] - i - 1]`` (what a loader item's ``segments`` holds);
 - ``index.json``, written last: ``index_version``, ``manifest_sha256`` (the sha256 of the manifest's bytes the
   index was made from), ``meta_verified`` and per file its ``bytes`` and ``sha256``.
 
@@ -36,10 +39,10 @@ from contract.store import sha256_file
 if TYPE_CHECKING:
     from contract.shards import ShardSet
 
-__all__ = ["ARRAYS", "INDEX", "INDEX_VERSION", "item_cu_seqlens", "map_index", "write_index"]
+__all__ = ["ARRAYS", "INDEX", "INDEX_VERSION", "item_cu_seqlens", "item_segments", "map_index", "write_index"]
 
 INDEX = "index.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: item_segments
 # name → (dtype, shape after the first axis)
 ARRAYS: dict[str, tuple[type, tuple[int, ...]]] = {
     "step": (np.int64, ()),
@@ -50,6 +53,7 @@ ARRAYS: dict[str, tuple[type, tuple[int, ...]]] = {
     "seg_cost": (np.float64, ()),
     "cu_seqlens": (np.int32, ()),
     "cu_offsets": (np.int64, ()),
+    "item_segments": (np.int64, (3,)),
 }
 _HEADER = 128  # bytes of each file's .npy header, fixed so that it can be written once the length is known
 
@@ -70,6 +74,20 @@ def item_cu_seqlens(
     flat[head[padded] + count[padded] - 1] = seq_len - used[padded]
     run = np.cumsum(flat)
     return (run - np.repeat(run[head], count)).astype(np.int32), count
+
+
+def item_segments(seg_offsets: np.ndarray, segments: np.ndarray, used: np.ndarray, seq_len: int) -> np.ndarray:
+    """Each sequence's segments' first three columns, then a row of -1 where it has trailing padding, back to
+    back (int64 [Σ segments + padded sequences, 3]): aligned with :func:`item_cu_seqlens`' boundaries;
+    ``seg_offsets`` [n+1] into ``segments`` [m, 4], ``used`` real tokens [n]."""
+    n_real = np.diff(seg_offsets)
+    count = n_real + (used < seq_len)
+    head = np.cumsum(count) - count
+    out = np.full((int(count.sum()), 3), -1, dtype=np.int64)
+    item = np.repeat(np.arange(len(n_real)), n_real)
+    inner = np.arange(len(item)) - np.repeat(seg_offsets[:-1] - seg_offsets[0], n_real)
+    out[head[item] + inner] = segments[seg_offsets[0] : seg_offsets[-1], :3]
+    return out
 
 
 class _Appender:
@@ -118,6 +136,7 @@ def write_index(shards: ShardSet, folder: Path, manifest_sha256: str, meta_verif
             cu, count = item_cu_seqlens(off, segs[:, 3], meta["seq_tokens"], seq_len)
             out["cu_seqlens"].add(cu)
             out["cu_offsets"].add(np.cumsum(count) + cu_base)
+            out["item_segments"].add(item_segments(off, segs, meta["seq_tokens"], seq_len))
             seg_base, cu_base = seg_base + len(segs), cu_base + len(cu)
     finally:
         for a in out.values():
@@ -156,6 +175,8 @@ def map_index(folder: Path, sequences: int) -> dict[str, np.ndarray]:
     for name, rows in want.items():
         if len(arrays[name]) != rows:
             raise ValueError(f"{folder / name}.npy: {len(arrays[name])} rows, expected {rows}")
+    if len(arrays["item_segments"]) != c - n:
+        raise ValueError(f"{folder / 'item_segments'}.npy: {len(arrays['item_segments'])} rows, expected {c - n}")
     if arrays["seg_offsets"][-1] != m or arrays["cu_offsets"][-1] != c:
         raise ValueError(f"{folder}: the offsets do not end at the arrays' lengths")
     return arrays

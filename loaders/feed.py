@@ -35,7 +35,9 @@ class SegmentTable:
     ``used`` int64 [R]: real tokens; ``steps`` int64 [R]: build step; ``cu``: every row's item
     ``cu_seqlens`` back to back (int32, trailing padding as one more segment) and where each begins (int64
     [R+1]), when a build index holds them, else None; ``segments``: the segments whole, int64 [M, 4] =
-    (source index, doc_id, start, length), ``lengths`` their last column (what provenance fields read)."""
+    (source index, doc_id, start, length), ``lengths`` their last column (what provenance fields read);
+    ``item_segments``: the index's every row's item ``segments`` back to back (int64 [E, 3]; row ``r``'s are
+    ``item_segments[cu[1][r] - r : cu[1][r+1] - r - 1]``), with ``cu``, else None."""
 
     offsets: np.ndarray
     lengths: np.ndarray
@@ -43,6 +45,7 @@ class SegmentTable:
     steps: np.ndarray
     segments: np.ndarray
     cu: tuple[np.ndarray, np.ndarray] | None = None
+    item_segments: np.ndarray | None = None
 
 
 class Feed(ABC):
@@ -97,7 +100,8 @@ class IndexFeed(Feed):
             shards, index = self.shards, self.shards.index
             offsets, segments = shards.segments
             cu = (index["cu_seqlens"], index["cu_offsets"]) if index is not None else None
-            self._table = SegmentTable(offsets, segments[:, 3], shards.seq_tokens, shards.steps, segments, cu)
+            items = index["item_segments"] if index is not None else None
+            self._table = SegmentTable(offsets, segments[:, 3], shards.seq_tokens, shards.steps, segments, cu, items)
         return self._table, idx
 
     def _stored(self, k: int) -> np.ndarray:

@@ -21,7 +21,7 @@ import torch
 
 from loaders.context_parallel import expand_runs, split, zigzag_runs
 from loaders.feed import Feed, SegmentTable, feed_for
-from loaders.fields import IGNORE_INDEX, PROVENANCE_FIELDS, check_fields
+from loaders.fields import IGNORE_INDEX, check_fields
 from loaders.world import World
 
 if TYPE_CHECKING:
@@ -47,7 +47,6 @@ class ItemBuilder:
             fixed = split(np.array([self.S]), world.cp_size, world.cp_rank, cp_split)
         self._fixed, self._fixed_t = fixed, torch.from_numpy(fixed)
         self._pool: dict[str, list[np.ndarray]] = {}
-        self._provenance = tuple(f for f in PROVENANCE_FIELDS if f in fields)
         self._lean = not self.zigzag and "labels" not in fields and "position_ids" not in fields
         self._narrow = np.uint16 if seq_len <= 2**16 else np.uint32  # holds every position (< S)
         self._ramp_of = np.zeros(0, self._narrow)
@@ -87,7 +86,7 @@ class ItemBuilder:
         table, rows = self.feed.read(np.asarray(seqs, dtype=np.int64), tokens[:N].reshape(n, S))
         used = table.used[rows]
         cols: dict[str, list[Any]] = {}
-        per_segment: dict[str, list[Any]] = {}  # provenance per segment: after the cu fields
+        layout = None
         if self._lean and table.cu is not None:  # no labels, positions or per-document split: the index's cu
             cus = []
             if "cu_seqlens" in want or "cu_seqlens_padded" in want:
@@ -101,15 +100,13 @@ class ItemBuilder:
                 gather += np.arange(len(gather))
                 cus = _pieces(cu_all[gather], count.tolist())
             sources = None
-            if self._provenance:  # the segments' lengths only for source_ids (no labels or positions here)
-                first, at, pad, seg, _ = self._layout(table, rows, used, lengths="source_ids" in want)
-                sources = self._provenance_fields(per_segment, table, used, first, at, pad, seg)
+            if "source_ids" in want:  # the segments' lengths only for it (no labels or positions here)
+                first, at, pad, seg, _ = layout = self._layout(table, rows, used)
+                sources = self._source_ids(table, used, at, pad, seg)
             self._whole(cols, tokens, np.zeros(0, np.int64), np.zeros(0, np.int64), used, sources)
         else:
-            first, at, pad, seg, cu = self._layout(table, rows, used)
-            sources = None
-            if self._provenance:
-                sources = self._provenance_fields(per_segment, table, used, first, at, pad, seg)
+            first, at, pad, seg, cu = layout = self._layout(table, rows, used)
+            sources = self._source_ids(table, used, at, pad, seg) if "source_ids" in want else None
             if self.zigzag:
                 self._zigzag(cols, tokens, seg, first, cu, used, sources)
             else:
@@ -121,7 +118,8 @@ class ItemBuilder:
             cols["cu_seqlens"] = cus
         if "cu_seqlens_padded" in want and not self.zigzag:
             cols["cu_seqlens_padded"] = cus
-        cols.update(per_segment)
+        if "segments" in want:  # per segment: after the cu fields
+            cols["segments"] = self._segments(table, rows, layout)
         cols["step"] = table.steps[rows].tolist()
         cols["sequence"] = list(seqs)
         cols["num_tokens"] = used.tolist()
@@ -131,16 +129,15 @@ class ItemBuilder:
         return list(map(dict, map(zip, itertools.repeat(keys), zip(*cols.values(), strict=True))))
 
     def _layout(
-        self, table: SegmentTable, rows: np.ndarray, used: np.ndarray, *, lengths: bool = True
+        self, table: SegmentTable, rows: np.ndarray, used: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Segments of ``table``'s ``rows`` back to back, each one's padding (if any) as one more segment (m
         *entries* in all; ``used``: the rows' real tokens): ``first`` [n+1] (item k's entries are
         ``first[k]:first[k+1]``), ``at`` [m] (each entry's row of ``table``; 0 for a padding entry), ``pad``
-        (the padding entries, ascending), then, when ``lengths``, the entries' lengths ``seg`` [m] and
-        boundaries ``cu`` [m+1] in the concatenated positions (item k starts at k·S), else two empty arrays.
-        All int64."""
-        # a few µs per chunk matter here (provenance's cost on lean items): np.add.accumulate and the
-        # ndarray.repeat method, not np.cumsum and np.repeat, whose Python wrappers cost about a µs each
+        (the padding entries, ascending), then the entries' lengths ``seg`` [m] and boundaries ``cu`` [m+1] in
+        the concatenated positions (item k starts at k·S). All int64."""
+        # a few µs per chunk matter here: np.add.accumulate and the ndarray.repeat method, not np.cumsum and
+        # np.repeat, whose Python wrappers cost about a µs each
         S, n = self.S, len(rows)
         lo = table.offsets[rows]
         padded = used < S
@@ -154,9 +151,6 @@ class ItemBuilder:
         at += np.arange(len(at))
         pad = (first[1:] - 1)[padded]
         at[pad] = 0
-        if not lengths:
-            empty = np.zeros(0, np.int64)
-            return first, at, pad, empty, empty
         # a table with no segment at all: every entry is padding
         seg = table.lengths[at] if len(table.lengths) else np.zeros(len(at), np.int64)
         seg[pad] = S - used[padded]
@@ -164,40 +158,47 @@ class ItemBuilder:
         np.add.accumulate(seg, out=cu[1:])
         return first, at, pad, seg, cu
 
-    def _provenance_fields(
-        self,
-        cols: dict[str, list[Any]],
-        table: SegmentTable,
-        used: np.ndarray,
-        first: np.ndarray,
-        at: np.ndarray,
-        pad: np.ndarray,
-        seg: np.ndarray,
-    ) -> np.ndarray | None:
-        """``cols``' ``segments`` of the entries :meth:`_layout` laid out (``first``, ``at``, ``pad``: each item's
-        segments in order then its trailing padding's, a row of -1; so aligned with the items' ``cu_seqlens``);
-        returns, when ``source_ids`` is asked, the source of every concatenated position (int32 [N + 1], -1 on
-        padding and on the extra slot N that a CP padding slot gathers), else None. ``seg``: the entries'
-        lengths (only ``source_ids`` reads them); ``used``: the rows' real tokens.
+    def _segments(
+        self, table: SegmentTable, rows: np.ndarray, layout: tuple[np.ndarray, ...] | None
+    ) -> list[torch.Tensor]:
+        """Each item's ``segments`` (int64 [k, 3], aligned with its ``cu_seqlens``: its segments in order, then a
+        row of -1 for its trailing padding): from the index's ``item_segments`` (each row's, laid out already:
+        one row gather), else from ``layout`` (a :meth:`_layout` of ``rows``: three column gathers of the
+        table, which is the build index's memory map or a chunk's own)."""
+        if table.item_segments is not None and table.cu is not None:
+            # µs count here (this is provenance's cost on lean items): methods and in-place operations, and
+            # ndarray.take, a third of fancy indexing's time for rows
+            at = table.cu[1]
+            start = at.take(rows)
+            count = at.take(rows + 1) - start
+            count -= 1  # item k's segments: one fewer than its boundaries
+            start -= rows  # row r's segments begin at cu[1][r] - r in item_segments (one boundary more per row)
+            head = np.add.accumulate(count)
+            head -= count
+            start -= head  # entry e of the chunk, item k's from head[k] on, is row start[k] + e
+            gather = start.repeat(count)
+            gather += np.arange(len(gather))
+            return _pieces(table.item_segments.take(gather, axis=0), count.tolist())
+        assert layout is not None, "a table without item_segments is laid out first"
+        first, at, pad = layout[:3]
+        cut = table.segments if len(table.segments) else np.full((1, 4), -1, np.int64)  # no segment at all
+        # the three columns gathered one by one and stacked: a gather of three of the table's four columns row
+        # by row costs ~3× more
+        segs = np.stack([cut[:, c][at] for c in range(3)], axis=1)
+        segs[pad] = -1
+        return _pieces(segs, (first[1:] - first[:-1]).tolist())
 
-        ``segments``: three column gathers stacked into one [m, 3] array, one tensor per item; ``source_ids``: one
-        ``np.repeat`` over the positions, in a narrow type, and one copy into a pooled int32 array, viewed per
-        item."""
-        want, cut = self.fields, table.segments
-        if not len(cut):  # a table with no segment at all: every entry is padding
-            cut = np.full((1, 4), -1, np.int64)
-        rows = None
-        if "segments" in want:
-            # the three columns gathered one by one and stacked: a gather of three of the table's four columns
-            # row by row costs ~3× more, and a contiguous copy of them would hold 24 bytes per segment of the
-            # build in every process (the table is the build index's memory map)
-            rows = np.stack([cut[:, c][at] for c in range(3)], axis=1)
-            rows[pad] = -1
-            cols["segments"] = _pieces(rows, (first[1:] - first[:-1]).tolist())
-        if "source_ids" not in want:
-            return None
-        # a fresh int32 copy of the source column (the one ``segments`` gathered, if asked)
-        source = (rows[:, 0] if rows is not None else cut[:, 0][at]).astype(np.int32)
+    def _source_ids(
+        self, table: SegmentTable, used: np.ndarray, at: np.ndarray, pad: np.ndarray, seg: np.ndarray
+    ) -> np.ndarray:
+        """The source of every concatenated position of the entries :meth:`_layout` laid out (``at``, ``pad``,
+        ``seg``: each entry's row of ``table``, the padding entries, each entry's length; ``used``: the rows'
+        real tokens): int32 [N + 1], -1 on padding and on the extra slot N that a CP padding slot gathers.
+
+        One ``np.repeat`` over the positions, in a narrow type, and one copy into a pooled int32 array, viewed
+        per item."""
+        cut = table.segments if len(table.segments) else np.full((1, 4), -1, np.int64)  # no segment at all
+        source = cut[:, 0][at].astype(np.int32)
         source[pad] = -1
         # each segment's source over its slots, into a pooled array (a fresh one faults its pages in every
         # chunk): repeated in the narrowest type that holds the ids (a quarter of the bytes for < 128

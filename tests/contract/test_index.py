@@ -119,6 +119,9 @@ def test_the_index_is_the_shards_metadata_whatever_the_split_into_shards(
     assert ix["seg_offsets"].tolist() == off.tolist() and ix["segments"][:, 3].tolist() == lengths.tolist()
     for i, lens in enumerate(seqs):
         assert ix["cu_seqlens"][ix["cu_offsets"][i] : ix["cu_offsets"][i + 1]].tolist() == boundaries(lens, seq_len)
+        # a loader item's segments: the sequence's own, then one row of -1 for its padding, one per boundary gap
+        own = ix["segments"][off[i] : off[i + 1], :3].tolist() + [[-1, -1, -1]] * (sum(lens) < seq_len)
+        assert ix["item_segments"][ix["cu_offsets"][i] - i : ix["cu_offsets"][i + 1] - i - 1].tolist() == own
     for name, (dtype, tail) in ARRAYS.items():  # plain .npy files: numpy reads them without a map too
         plain = np.load(root / "ix0" / f"{name}.npy", allow_pickle=False)
         assert plain.dtype == np.dtype(dtype) and plain.shape[1:] == tail and np.array_equal(plain, ix[name])
@@ -151,6 +154,8 @@ def damage(folder: Path, how: str) -> None:
         put("segments", ix["segments"][:, :3])
     elif how == "rows":
         put("seq_tokens", ix["seq_tokens"][:-1])
+    elif how == "items":
+        put("item_segments", ix["item_segments"][1:])
     elif how == "offsets":
         off = ix["cu_offsets"].copy()
         off[-1] -= 1
@@ -165,6 +170,7 @@ def damage(folder: Path, how: str) -> None:
         ("cut", r"segments\.npy: not a readable \.npy file"),
         ("shape", r"segments\.npy: holds int64 \(\d+, 3\), expected int64"),
         ("rows", r"seq_tokens\.npy: 5 rows, expected 6"),
+        ("items", r"item_segments\.npy: \d+ rows, expected \d+"),
         ("offsets", r"the offsets do not end at the arrays' lengths"),
         ("sequences", r"step\.npy: 6 rows, expected 7"),
     ],
