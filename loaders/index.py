@@ -5,8 +5,10 @@ them, the chunk builder cuts items with them). Read from the shards' ``meta.npz`
 copied into every process (about 90 bytes per segment: tens of GB per worker at 10^10 segments); the
 index (:mod:`contract.index`) holds them once as plain ``.npy`` files that the page cache shares.
 
-The index of a build lives in ``<cache_dir>/index/<sha256 of the manifest>/``: the manifest's bytes fix
-every meta file's sha256, so one index serves every copy of the build. The first process on the node to
+The index of a build lives in ``<cache_dir>/index/<sha256 of the manifest>.v<index version>/``: the manifest's
+bytes fix every meta file's sha256, so one index serves every copy of the build, and loaders of two index
+versions on one node (two jobs of different weir releases) each keep their own rather than remaking each
+other's. The first process on the node to
 open the build makes it under an exclusive lock (others wait, then map it): into a temporary folder,
 ``index.json`` last, renamed into place whole. Its files are checked like shard files
 (:mod:`loaders.integrity`): sizes always; with ``verify`` each file's sha256 against ``index.json``, once per
@@ -36,8 +38,8 @@ __all__ = ["index_folder", "open_index"]
 
 
 def index_folder(cache_dir: Path, manifest_bytes: bytes) -> Path:
-    """Where the node's index of the build with this manifest lives."""
-    return cache_dir / "index" / hashlib.sha256(manifest_bytes).hexdigest()[:32]
+    """Where the node's index (of this loader's index version) of the build with this manifest lives."""
+    return cache_dir / "index" / f"{hashlib.sha256(manifest_bytes).hexdigest()[:32]}.v{INDEX_VERSION}"
 
 
 def open_index(shards: VerifiedShardSet, cache_dir: Path) -> Path | None:

@@ -73,6 +73,7 @@ def test_the_index_arrays_are_memory_mapped_not_copied(sharded_build: Path, tmp_
     table = table_of(ds)
     assert table.cu is not None
     cu, at = table.cu
+    assert table.item_segments is not None
     arrays = [
         table.offsets,
         table.lengths,
@@ -85,12 +86,29 @@ def test_the_index_arrays_are_memory_mapped_not_copied(sharded_build: Path, tmp_
         segs,
         cu,
         at,
+        table.item_segments,
         shards.sequence(5).segments,
     ]
     assert all(mapped(a) for a in arrays)
     assert shards.steps is shards.steps and ds.planner.shards is shards  # the planner reads the same maps
     assert all(meta == {} for _, meta in shards._open.values())  # no shard's meta.npz was read into memory
     assert {p.name for p in folder_of(ds, tmp_path).iterdir()} == {INDEX, *(f"{a}.npy" for a in ARRAYS)}
+
+
+def test_loaders_of_two_index_versions_on_one_node_keep_their_own_index(
+    tiny_build: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Two jobs of different releases sharing a cache: neither remakes the other's index, nor warns."""
+    kw: dict[str, Any] = {"world": World(0, 1), "reading": Reading(cache_dir=tmp_path)}
+    first = folder_of(PackedDataset(tiny_build, **kw), tmp_path)
+    made = (first / INDEX).stat().st_mtime_ns
+    monkeypatch.setattr("loaders.index.INDEX_VERSION", 99)
+    other = folder_of(PackedDataset(tiny_build, **kw), tmp_path)
+    monkeypatch.undo()
+    assert PackedDataset(tiny_build, **kw).shards.index is not None
+    assert other != first and other.name.endswith(".v99") and (other / INDEX).exists()
+    assert (first / INDEX).stat().st_mtime_ns == made
+    assert not [w for w in recwarn if "index" in str(w.message)]
 
 
 @pytest.mark.parametrize("how", ["chunk", "item", "workers"])
