@@ -8,12 +8,11 @@ index (:mod:`contract.index`) holds them once as plain ``.npy`` files that the p
 The index of a build lives in ``<cache_dir>/index/<sha256 of the manifest>.v<index version>/``: the manifest's
 bytes fix every meta file's sha256, so one index serves every copy of the build, and loaders of two index
 versions on one node (two jobs of different weir releases) each keep their own rather than remaking each
-other's. The first process on the node to
-open the build makes it under an exclusive lock (others wait, then map it): into a temporary folder,
-``index.json`` last, renamed into place whole. Its files are checked like shard files
-(:mod:`loaders.integrity`): sizes always; with ``verify`` each file's sha256 against ``index.json``, once per
-node (the verdict kept as a marker), and an index made from meta files nobody verified is made again from
-verified ones. A damaged or foreign index is made again (with a warning naming it), never served; a
+other's. The first process on the node to open the build makes it under an exclusive lock (others wait, then
+map it): into a temporary folder, ``index.json`` last, renamed into place whole. Its files are checked like
+shard files (:mod:`loaders.integrity`): sizes always; with ``verify`` each file's sha256 against ``index.json``,
+once per node (the verdict kept as a marker), and an index made from meta files nobody verified is made again
+from verified ones. A damaged or foreign index is made again (with a warning naming it), never served; a
 ``cache_dir`` that cannot be written leaves the build on the shards' own metadata (with a warning).
 """
 
