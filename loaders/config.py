@@ -23,6 +23,7 @@ that needs ``seq_len`` divisible by ``2·cp_size``) is checked when resolved.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,9 @@ class Payload:
 
 @dataclass(frozen=True, kw_only=True)
 class Reading:
-    """How the build's files are read. ``cache_dir`` (default ``~/.cache/weir``): the node's index of a local
+    """How the build's files are read. ``cache_dir`` (default ``$WEIR_CACHE_DIR``, else ``~/.cache/weir``: a
+    training job points it at the node's local disk by the environment, as ``WEIR_WORK_DIR`` for builds): the
+    node's index of a local
     build, the verdicts on checked files, and a streamed build's shards (``s3://``/fsspec URIs: at most
     ``cache_bytes`` of shard files on the node, shared by its processes; ``storage_options`` go to fsspec, e.g.
     ``{"endpoint_url": ...}``; an outage of the store shorter than ``outage_s`` seconds is waited out,
@@ -164,8 +167,10 @@ class Reading:
 
     @property
     def cache(self) -> Path:
-        """The cache folder: ``cache_dir``, else ``~/.cache/weir``."""
-        return Path(self.cache_dir) if self.cache_dir is not None else Path.home() / ".cache" / "weir"
+        """The cache folder: ``cache_dir``, else ``$WEIR_CACHE_DIR`` (``~`` expanded), else ``~/.cache/weir``."""
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        return Path(os.environ.get("WEIR_CACHE_DIR") or "~/.cache/weir").expanduser()
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,11 @@ def pytest_configure(config: pytest.Config) -> None:
     the repository's .dagster_home, which tests must never write into. (Each pytest-xdist worker has its own.)"""
     config.stash[_OLD_HOME] = os.environ.get("DAGSTER_HOME")
     os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="weir-test-dagster-home-", dir=_ram_tmp())
+    # Nor into the user's caches (~/.cache/weir): the loader's node index and verdicts, the builds' working
+    # folders. One of each per session, so that a run starts as cold as CI's fresh machine does.
+    config.stash[_OLD_CACHES] = {name: os.environ.get(name) for name in _CACHES}
+    for name in _CACHES:
+        os.environ[name] = tempfile.mkdtemp(prefix=f"weir-test-{name.lower()}-")
     # Ray reads these when imported, here and in every driver subprocess (tests/ray_cluster.py)
     config.stash[_OLD_RAY_ENV] = {name: os.environ.get(name) for name in RAY_ENV}
     os.environ.update(RAY_ENV)
@@ -79,7 +84,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     old = config.stash.get(_OLD_HOME, None)
     if old is not None:
         os.environ["DAGSTER_HOME"] = old
-    for name, value in config.stash.get(_OLD_RAY_ENV, {}).items():
+    for name in _CACHES:
+        shutil.rmtree(os.environ.get(name, ""), ignore_errors=True)
+    empty: dict[str, str | None] = {}
+    old_env = [*config.stash.get(_OLD_RAY_ENV, empty).items(), *config.stash.get(_OLD_CACHES, empty).items()]
+    for name, value in old_env:
         if value is None:
             os.environ.pop(name, None)
         else:
@@ -87,6 +96,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _OLD_HOME = pytest.StashKey[str | None]()
+_CACHES = ("WEIR_CACHE_DIR", "WEIR_WORK_DIR")
+_OLD_CACHES = pytest.StashKey[dict[str, str | None]]()
 _OLD_RAY_ENV = pytest.StashKey[dict[str, str | None]]()
 
 

@@ -93,5 +93,9 @@ def test_a_split_of_whole_sequences_needs_seq_len_divisible_by_2cp(tiny_build: P
 
 def test_reading_has_one_default_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WEIR_CACHE_DIR", raising=False)
     assert Reading().cache == tmp_path / ".cache" / "weir"
     assert Reading(cache_dir="/scratch/weir").cache == Path("/scratch/weir")
+    monkeypatch.setenv("WEIR_CACHE_DIR", "~/local-disk/weir")  # a job's environment names the node's disk
+    assert Reading().cache == tmp_path / "local-disk" / "weir"
+    assert Reading(cache_dir="/scratch/weir").cache == Path("/scratch/weir")  # the argument wins
