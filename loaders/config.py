@@ -145,13 +145,13 @@ class Payload:
 class Reading:
     """How the build's files are read. ``cache_dir`` (default ``$WEIR_CACHE_DIR``, else ``~/.cache/weir``: a
     training job points it at the node's local disk by the environment, as ``WEIR_WORK_DIR`` for builds): the
-    node's index of a local
-    build, the verdicts on checked files, and a streamed build's shards (``s3://``/fsspec URIs: at most
-    ``cache_bytes`` of shard files on the node, shared by its processes; ``storage_options`` go to fsspec, e.g.
-    ``{"endpoint_url": ...}``; an outage of the store shorter than ``outage_s`` seconds is waited out,
-    :mod:`loaders.remote`). ``verify``: every shard file is checked against the manifest's size and sha256
-    before any of its data is used (:class:`loaders.integrity.CorruptShardError` names a damaged one);
-    ``False`` trusts the files as they are (files fetched from object storage are checked either way)."""
+    node's index of a local build, the verdicts on checked files, and a streamed build's shards
+    (``s3://``/fsspec URIs: at most ``cache_bytes`` of shard files on the node, shared by its processes;
+    ``storage_options`` go to fsspec, e.g. ``{"endpoint_url": ...}``; an outage of the store shorter than
+    ``outage_s`` seconds is waited out, :mod:`loaders.remote`). ``verify``: every shard file is checked
+    against the manifest's size and sha256 before any of its data is used
+    (:class:`loaders.integrity.CorruptShardError` names a damaged one); ``False`` trusts the files as they are
+    (files fetched from object storage are checked either way)."""
 
     cache_dir: str | Path | None = None
     cache_bytes: int = 8 << 30
