@@ -125,13 +125,16 @@ def load() -> str:
     return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
-def compare(build: Path, before: str, repeat: int, min_s: float) -> dict[str, dict[str, float]]:
+def compare(
+    build: Path, before: str, repeat: int, min_s: float, before_tree: Path | None = None
+) -> dict[str, dict[str, float]]:
     """Samples every payload's readers (before: off; this checkout: off and on) ``repeat`` rounds; prints and
-    returns per payload the best tokens/s and the medians of the rounds' ratios."""
+    returns per payload the best tokens/s and the medians of the rounds' ratios. ``before_tree``: ``before``'s
+    packages exported already (else exported here with ``git archive``)."""
     offs: list[tuple[str, ...]] = sorted({off for _, off, _ in PAIRS})
     mine = offs + [on for _, _, on in PAIRS]
     with tempfile.TemporaryDirectory() as tmp:
-        tree = str(export(before, Path(tmp)))
+        tree = str(before_tree or export(before, Path(tmp)))
         # one process per reader: a process holding several readers' pooled arrays reads each more slowly
         children: dict[tuple[str, tuple[str, ...]], Child] = {
             ("before", f): Child(tree, build, [f], min_s) for f in offs
@@ -179,6 +182,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--build", type=Path, default=ROOT / "build/bench/demo-8192")
     ap.add_argument("--before", default="0d4bc82", help="the commit whose loader is 'today's' (before provenance)")
+    ap.add_argument(
+        "--before-tree",
+        type=Path,
+        default=None,
+        help="the --before commit's packages, exported already (git archive REV contract loaders mixing): for a"
+        " machine without the repository's history",
+    )
     ap.add_argument("--repeat", type=int, default=9, help="interleaved rounds")
     ap.add_argument("--min-s", type=float, default=0.5, help="seconds per sample")
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)
@@ -192,9 +202,13 @@ def main() -> None:
             f"no build at {args.build}: make one first, e.g. after make demo: .venv/bin/weir build"
             " benchmarks/mixes/demo_8192.yaml --out build/bench/demo-8192"
         )
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    print(f"commit {commit.stdout.strip()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    compare(args.build, args.before, args.repeat, args.min_s)
+    try:
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        commit = git.stdout.strip() or "(not a git checkout)"
+    except OSError:  # no git on this machine
+        commit = "(no git here)"
+    print(f"commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    compare(args.build, args.before, args.repeat, args.min_s, args.before_tree)
 
 
 if __name__ == "__main__":
