@@ -91,14 +91,9 @@ class ItemBuilder:
             cus = []
             if "cu_seqlens" in want or "cu_seqlens_padded" in want:
                 cu_all, at = table.cu
-                start = at[rows]
-                count = at[rows + 1] - start  # ≥ 2 boundaries per item
-                # boundary b of the chunk is cu_all[start[k] + b - head[k]] for item k (b from head[k] on):
-                # one repeat and an in-place add (fewer numpy calls than expand_runs' fill, scatter and cumsum)
-                head = np.add.accumulate(count) - count
-                gather = (start - head).repeat(count)
-                gather += np.arange(len(gather))
-                cus = _pieces(cu_all[gather], count.tolist())
+                start = at.take(rows)
+                count = at.take(rows + 1) - start  # ≥ 2 boundaries per item
+                cus = _pieces(cu_all[_ranges(start, count)], count.tolist())
             sources = None
             if "source_ids" in want:  # the segments' lengths only for it (no labels or positions here)
                 first, at, pad, seg, _ = layout = self._layout(table, rows, used)
@@ -166,22 +161,17 @@ class ItemBuilder:
         one row gather), else from ``layout`` (a :meth:`_layout` of ``rows``: three column gathers of the
         table, which is the build index's memory map or a chunk's own)."""
         if table.item_segments is not None and table.cu is not None:
-            # µs count here (this is provenance's cost on lean items): methods and in-place operations, and
-            # ndarray.take, a third of fancy indexing's time for rows
+            # µs count here (this is provenance's cost on lean items): ndarray.take, a third of fancy
+            # indexing's time for rows
             at = table.cu[1]
             start = at.take(rows)
             count = at.take(rows + 1) - start
             count -= 1  # item k's segments: one fewer than its boundaries
             start -= rows  # row r's segments begin at cu[1][r] - r in item_segments (one boundary more per row)
-            head = np.add.accumulate(count)
-            head -= count
-            start -= head  # entry e of the chunk, item k's from head[k] on, is row start[k] + e
-            gather = start.repeat(count)
-            gather += np.arange(len(gather))
-            return _pieces(table.item_segments.take(gather, axis=0), count.tolist())
+            return _pieces(table.item_segments.take(_ranges(start, count), axis=0), count.tolist())
         assert layout is not None, "a table without item_segments is laid out first"
         first, at, pad = layout[:3]
-        cut = table.segments if len(table.segments) else np.full((1, 4), -1, np.int64)  # no segment at all
+        cut = _whole_segments(table)
         # the three columns gathered one by one and stacked: a gather of three of the table's four columns row
         # by row costs ~3× more
         segs = np.stack([cut[:, c][at] for c in range(3)], axis=1)
@@ -197,8 +187,7 @@ class ItemBuilder:
 
         One ``np.repeat`` over the positions, in a narrow type, and one copy into a pooled int32 array, viewed
         per item."""
-        cut = table.segments if len(table.segments) else np.full((1, 4), -1, np.int64)  # no segment at all
-        source = cut[:, 0][at].astype(np.int32)
+        source = _whole_segments(table)[:, 0][at].astype(np.int32)
         source[pad] = -1
         # each segment's source over its slots, into a pooled array (a fresh one faults its pages in every
         # chunk): repeated in the narrowest type that holds the ids (a quarter of the bytes for < 128
@@ -371,6 +360,23 @@ class ItemBuilder:
         elif len(pool) < 4:  # bounded: a consumer that keeps every item gets fresh arrays
             pool.append(fresh)
         return fresh[:size]
+
+
+def _ranges(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """``start[k] … start[k] + count[k] − 1`` for every k, back to back (int64 [Σ count]): one shift per range
+    over a count, one repeat and an in-place add (fewer numpy calls than expand_runs' fill, scatter and cumsum;
+    a few µs per chunk matter here)."""
+    head = np.add.accumulate(count)
+    head -= count
+    flat = (start - head).repeat(count)
+    flat += np.arange(len(flat))
+    return flat
+
+
+def _whole_segments(table: SegmentTable) -> np.ndarray:
+    """``table``'s segments [M, 4], or one row of -1 for a table with no segment at all (every entry is padding,
+    and a padding entry reads row 0)."""
+    return table.segments if len(table.segments) else np.full((1, 4), -1, np.int64)
 
 
 def _pieces(arr: np.ndarray, sizes: list[int]) -> list[torch.Tensor]:
